@@ -1,0 +1,3 @@
+from trtfuse.cli import main
+
+raise SystemExit(main())
