@@ -1,0 +1,62 @@
+"""The plugin library compiles against both TensorRT header sets (8.5.3 and 11.1) with nvcc.
+
+This is CI's check that the IPluginV2DynamicExt plugins stay source-compatible with the TensorRT
+that runs on the lent GPU machine (8.5) and with the current API (11.x). It compiles every source
+in plugins/ without linking, so it needs nvcc but no GPU.
+"""
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from trtfuse import plugin_build
+from trtfuse.errors import UserError
+
+REPO = Path(__file__).resolve().parent.parent
+HEADER_SETS = REPO.parent / "shared" / "third_party" / "tensorrt"
+
+needs_nvcc = pytest.mark.skipif(
+    not (os.environ.get("CUDACXX") or shutil.which("nvcc")), reason="nvcc not installed"
+)
+
+
+@needs_nvcc
+@pytest.mark.slow
+@pytest.mark.parametrize("version", ["8.5.3", "11.1"])
+def test_plugins_compile_against_tensorrt_headers(version, tmp_path):
+    include = HEADER_SETS / version / "include"
+    if not (include / "NvInfer.h").is_file():
+        pytest.skip(f"TensorRT {version} headers are not beside this checkout")
+    plan = plugin_build.BuildPlan(
+        source_dir=plugin_build.plugins_source_dir(),
+        build_dir=tmp_path,
+        archs=("90",),  # one architecture keeps CI time down; the device build uses 80,90
+        tensorrt_include=include,
+    )
+    both, plugin_only = plan.sources()
+    assert plugin_only, "no *_plugin.cpp sources found: the plugins would not be checked"
+    plugin_build.build(plan, link=False, jobs=2, progress=lambda *_: None)
+    objects = list((tmp_path / "obj").glob("*.o"))
+    assert len(objects) == len(both) + len(plugin_only)
+
+
+def test_missing_tensorrt_headers_is_a_user_error(tmp_path, monkeypatch):
+    monkeypatch.delenv("TENSORRT_ROOT", raising=False)
+    with pytest.raises(UserError, match="TensorRT headers not given"):
+        plugin_build.tensorrt_include_dir(None)
+    with pytest.raises(UserError, match="no NvInfer.h"):
+        plugin_build.tensorrt_include_dir(tmp_path)
+
+
+def test_missing_library_names_the_build_command(tmp_path, monkeypatch):
+    monkeypatch.setenv("TRTFUSE_PLUGIN_LIB", str(tmp_path / "nope.so"))
+    with pytest.raises(UserError, match="trtfuse plugins build"):
+        plugin_build.library_path("plugins")
+
+
+def test_gencode_flags_embed_ptx_of_the_highest_plain_arch():
+    flags = plugin_build.gencode_flags(("80", "90", "90a"))
+    assert "arch=compute_90a,code=sm_90a" in flags
+    assert flags[-1] == "arch=compute_90,code=compute_90"
