@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# One device call: build, SASS check, correctness, compute-sanitizer, tuner, benchmark. Logs under $OUT.
+#   run: bash benchmarks/residual_conv_device.sh [quick]
+set -uo pipefail
+OUT=${OUT:-/tmp/rconv_out}; mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+source tools/dev_env.sh
+status=0
+step() { echo "=== $* ($(date +%T))"; }
+
+step build
+python3 -m trtfuse.plugin_build build --kernels-only --archs 90 2>&1 | tail -3 || exit 1
+LIB=build/plugins/libtrtfuse_kernels.so
+
+step sass
+{
+  nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,clocks.mem,power.draw,temperature.gpu --format=csv
+  cuobjdump -res-usage "$LIB" 2>&1 | grep -A1 residual_conv_kernel | grep -oE "(TileConfigILi[0-9A-Za-z]*|REG:[0-9]+|STACK:[0-9]+|LOCAL:[0-9]+)" | paste - - - -
+  for k in ILi64ELi64ELi64ELi32ELi32ELi3ELi4 ILi128ELi128ELi64ELi64ELi32ELi3ELi1; do
+    echo "-- $k"; cuobjdump -sass "$LIB" | awk -v k="$k" '/Function :/{f=index($0,k)>0} f' \
+      | grep -oE "\b(IMMA[.A-Z0-9]*|LDSM[.A-Z0-9]*|LDGSTS[.A-Z0-9]*|STG[.A-Z0-9]*|LDS[.A-Z0-9]*|STS[.A-Z0-9]*|LDG[.A-Z0-9]*|LDL[.A-Z0-9]*|STL[.A-Z0-9]*|BAR[.A-Z0-9]*)" | sort | uniq -c
+  done
+} > "$OUT/sass.txt" 2>&1
+grep -E "REG|IMMA|LDL|STL|STG|^--" "$OUT/sass.txt" | head -30
+
+step pytest
+python3 -m pytest -q -m gpu -rs -s tests/test_residual_conv.py -p no:cacheprovider > "$OUT/pytest.log" 2>&1 || status=1
+grep -E "LSB|passed|failed|Error|assert" "$OUT/pytest.log" | tail -25
+
+step sanitizer
+SAN="compute-sanitizer --error-exitcode 9 --print-limit 20"
+K="small_every_config or (small_auto_config and (1x144 or 3x128 or 1x32)) or rejects"
+{ $SAN --tool memcheck python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_residual_conv.py -k "$K" 2>&1; echo "memcheck rc=$?";
+  $SAN --tool racecheck --racecheck-report analysis python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_residual_conv.py -k "small_every_config and 3x128" 2>&1; echo "racecheck rc=$?";
+  $SAN --tool synccheck python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_residual_conv.py -k "small_every_config and 3x128" 2>&1; echo "synccheck rc=$?";
+} > "$OUT/sanitizer.log"
+grep -E "ERROR SUMMARY|RACECHECK SUMMARY|rc=|passed|failed" "$OUT/sanitizer.log"
+
+step tune
+python3 -m trtfuse.tuning --out "$OUT/residual_conv_tuning_h100.json" ${1:+--reps 30} 2>&1 | tee "$OUT/tune.log" | cut -c1-400
+
+step bench
+TRTFUSE_RESIDUAL_CONV_CACHE="$OUT/residual_conv_tuning_h100.json" \
+  python3 benchmarks/residual_conv_bench.py --out "$OUT/residual_conv_bench_h100.json" 2>&1 | tee "$OUT/bench.log" | tail -12
+
+
+step ncu
+ncu --section SpeedOfLight --section WarpStateStats --section Occupancy --section MemoryWorkloadAnalysis \
+  -k regex:residual_conv --launch-skip 12 --launch-count 1 \
+  env TRTFUSE_RESIDUAL_CONV_CACHE="$OUT/residual_conv_tuning_h100.json" \
+  python3 benchmarks/residual_conv_bench.py --stages res2 --batches 2048 --no-peer --reps 5 --out /tmp/ncu_bench.json \
+  > "$OUT/ncu.txt" 2>&1
+grep -E "Throughput|Duration|Achieved Occupancy|Registers|Stall|Theoretical Occupancy|Issue Slots|Executed Ipc|Block Limit" "$OUT/ncu.txt" | head -30
+echo "pytest/sanitizer status=$status"

@@ -1,0 +1,550 @@
+"""TensorRT 8.5 side by side: TensorRT's own fused int8 conv+add+relu vs the TrtfuseResidualConv plugin.
+
+For each ResNet-50 conv3 stage and batch, on identical int8 data (kCHW32 in and out, device resident):
+  (a) a one-layer engine of TensorRT's own int8 Conv(1x1) + Add(residual) + ReLU: network API, int8 I/O through
+      dynamic ranges (implicit quantization; scale = range / 127), allowed formats CHW32, INT8 flag, tactic
+      sources 0 (no cuBLAS/cuDNN on the GPU machine);
+  (b) a one-layer engine with the plugin on the same int8 tensors;
+checks both against the exact integer reference (the plugin: bit-exact with the rounding rule; TensorRT: within
+1 LSB of the float64 formula, counted) and against each other; times both (CUDA events, median); measures device
+copy bandwidth (cudaMemcpy D2D, bytes read + written); records the layers/tactics TensorRT picked; writes
+benchmarks/results/residual_conv_h100.json. With --qdq it also builds the explicitly quantized ONNX graph
+Q -> TrtfuseResidualConv -> DQ (the form the ONNX rewrite emits) and checks its output.
+
+Run on the GPU machine with TensorRT 8.5 staged (see ../shared/device/README.md):
+  source /opt/trt85/env.sh && source tools/dev_env.sh
+  python3 -m trtfuse.plugin_build build --tensorrt-root /opt/trt85 --archs 90
+  TRTFUSE_RESIDUAL_CONV_CACHE=benchmarks/results/residual_conv_tuning_h100.json \\
+    python3.10 benchmarks/residual_conv_trt.py --qdq --out benchmarks/results/residual_conv_h100.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+try:
+    from cuda.bindings import runtime as cudart  # cuda-python >= 12.6
+except ImportError:  # older cuda-python
+    from cuda import cudart
+
+import tensorrt as trt
+from trtfuse.ops import residual_conv_reference as ref
+
+STAGES = {
+    "res2": (64, 256, 56),
+    "res3": (128, 512, 28),
+    "res4": (256, 1024, 14),
+    "res5": (512, 2048, 7),
+}
+LOGGER = trt.Logger(trt.Logger.WARNING)
+
+
+# ------------------------------------------------------------------------------------------------ CUDA
+def ck(result):
+    """cuda-python returns (err, values...): raise on error, return the values."""
+    err, *rest = result if isinstance(result, tuple) else (result,)
+    if int(err) != 0:
+        raise RuntimeError(f"CUDA error {err}")
+    return rest[0] if len(rest) == 1 else (tuple(rest) if rest else None)
+
+
+class DeviceBuffer:
+    def __init__(self, nbytes: int):
+        self.nbytes = nbytes
+        self.ptr = int(ck(cudart.cudaMalloc(max(nbytes, 1))))
+
+    def upload(self, a: np.ndarray):
+        a = np.ascontiguousarray(a)
+        assert a.nbytes == self.nbytes
+        ck(
+            cudart.cudaMemcpy(
+                self.ptr, a.ctypes.data, a.nbytes, cudart.cudaMemcpyKind.cudaMemcpyHostToDevice
+            )
+        )
+        return self
+
+    def download(self, like: np.ndarray) -> np.ndarray:
+        out = np.empty_like(like)
+        ck(
+            cudart.cudaMemcpy(
+                out.ctypes.data, self.ptr, out.nbytes, cudart.cudaMemcpyKind.cudaMemcpyDeviceToHost
+            )
+        )
+        return out
+
+    def fill(self, byte: int):
+        ck(cudart.cudaMemset(self.ptr, byte, self.nbytes))
+
+    def free(self):
+        if self.ptr:
+            ck(cudart.cudaFree(self.ptr))
+            self.ptr = 0
+
+
+def time_ms(fn, stream, reps: int, warmup: int = 10) -> float:
+    """Median of `reps` CUDA-event-timed calls of fn(i) on `stream`."""
+    for i in range(warmup):
+        fn(i)
+    ck(cudart.cudaStreamSynchronize(stream))
+    evs = [(ck(cudart.cudaEventCreate()), ck(cudart.cudaEventCreate())) for _ in range(reps)]
+    for i, (a, b) in enumerate(evs):
+        ck(cudart.cudaEventRecord(a, stream))
+        fn(i)
+        ck(cudart.cudaEventRecord(b, stream))
+    ck(cudart.cudaStreamSynchronize(stream))
+    times = [ck(cudart.cudaEventElapsedTime(a, b)) for a, b in evs]
+    for a, b in evs:
+        ck(cudart.cudaEventDestroy(a))
+        ck(cudart.cudaEventDestroy(b))
+    return float(np.median(times))
+
+
+def copy_gbps(stream, nbytes: int = 1 << 30) -> float:
+    a, b = DeviceBuffer(nbytes), DeviceBuffer(nbytes)
+    a.fill(7)
+    kind = cudart.cudaMemcpyKind.cudaMemcpyDeviceToDevice
+    ms = time_ms(
+        lambda i: ck(cudart.cudaMemcpyAsync(b.ptr, a.ptr, nbytes, kind, stream)), stream, 30, 5
+    )
+    a.free()
+    b.free()
+    return 2 * nbytes / ms / 1e6
+
+
+# ------------------------------------------------------------------------------------------------ engines
+def load_plugin_library() -> str:
+    from trtfuse.plugin_build import library_path
+
+    path = str(library_path("plugins"))
+    ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
+    return path
+
+
+def plugin_creator():
+    creator = trt.get_plugin_registry().get_plugin_creator("TrtfuseResidualConv", "1", "")
+    if creator is None:
+        raise RuntimeError(
+            "TrtfuseResidualConv is not registered: was libtrtfuse_plugins.so loaded?"
+        )
+    return creator
+
+
+def plugin_fields(L: dict, cin: int, cout: int) -> trt.PluginFieldCollection:
+    F = trt.PluginFieldType
+    return trt.PluginFieldCollection(
+        [
+            # INT32: what the ONNX parser passes for an int-list attribute (the creator also takes INT8 and FLOAT)
+            trt.PluginField(
+                "weights", np.ascontiguousarray(L["w"], dtype=np.int32).reshape(-1), F.INT32
+            ),
+            trt.PluginField(
+                "w_scale", np.ascontiguousarray(L["w_scale"], dtype=np.float32), F.FLOAT32
+            ),
+            trt.PluginField("bias", np.ascontiguousarray(L["bias"], dtype=np.float32), F.FLOAT32),
+            trt.PluginField("x_scale", np.array([L["x_scale"]], dtype=np.float32), F.FLOAT32),
+            trt.PluginField("r_scale", np.array([L["r_scale"]], dtype=np.float32), F.FLOAT32),
+            trt.PluginField("out_scale", np.array([L["out_scale"]], dtype=np.float32), F.FLOAT32),
+            trt.PluginField("relu", np.array([int(L["relu"])], dtype=np.int32), F.INT32),
+            trt.PluginField("cin", np.array([cin], dtype=np.int32), F.INT32),
+            trt.PluginField("cout", np.array([cout], dtype=np.int32), F.INT32),
+        ]
+    )
+
+
+def _int8_io(t: trt.ITensor, scale: float):
+    t.dtype = trt.int8
+    t.allowed_formats = 1 << int(trt.TensorFormat.CHW32)
+    t.dynamic_range = (-127.0 * scale, 127.0 * scale)  # TensorRT's int8 scale = range / 127
+
+
+def build_engine(kind: str, L: dict, n: int, cin: int, cout: int, hw: int):
+    """kind 'trt': Conv + Add + ReLU by TensorRT; 'plugin': TrtfuseResidualConv. Returns (engine, layer info)."""
+    builder = trt.Builder(LOGGER)
+    network = builder.create_network(1 << int(trt.NetworkDefinitionCreationFlag.EXPLICIT_BATCH))
+    x = network.add_input("x", trt.int8, (n, cin, hw, hw))
+    r = network.add_input("r", trt.int8, (n, cout, hw, hw))
+    _int8_io(x, L["x_scale"])
+    _int8_io(r, L["r_scale"])
+    if kind == "trt":
+        w_float = (L["w"].astype(np.float32) * L["w_scale"][:, None]).reshape(cout, cin, 1, 1)
+        conv = network.add_convolution_nd(
+            x,
+            cout,
+            (1, 1),
+            trt.Weights(np.ascontiguousarray(w_float)),
+            trt.Weights(np.ascontiguousarray(L["bias"], dtype=np.float32)),
+        )
+        # the conv output is not materialized when TensorRT fuses the Add and ReLU into the conv (inspector
+        # shows it); a range is still required on every tensor in implicit int8 mode
+        conv.get_output(0).dynamic_range = (-127.0 * L["out_scale"], 127.0 * L["out_scale"])
+        add = network.add_elementwise(conv.get_output(0), r, trt.ElementWiseOperation.SUM)
+        add.get_output(0).dynamic_range = (-127.0 * L["out_scale"], 127.0 * L["out_scale"])
+        last = add
+        if L["relu"]:
+            last = network.add_activation(add.get_output(0), trt.ActivationType.RELU)
+        out = last.get_output(0)
+    else:
+        plugin = plugin_creator().create_plugin("residual_conv", plugin_fields(L, cin, cout))
+        if plugin is None:
+            raise RuntimeError("create_plugin refused the fields (see stderr)")
+        out = network.add_plugin_v2([x, r], plugin).get_output(0)
+    out.name = "out"
+    network.mark_output(out)
+    _int8_io(out, L["out_scale"])
+
+    config = builder.create_builder_config()
+    config.set_flag(trt.BuilderFlag.INT8)
+    config.set_tactic_sources(0)  # no cuBLAS/cuDNN/cuBLASLt on the GPU machine
+    config.profiling_verbosity = trt.ProfilingVerbosity.DETAILED
+    config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, 1 << 30)
+    blob = builder.build_serialized_network(network, config)
+    if blob is None:
+        raise RuntimeError(f"building the {kind} engine failed")
+    engine = trt.Runtime(LOGGER).deserialize_cuda_engine(blob)
+    info = engine.create_engine_inspector().get_engine_information(trt.LayerInformationFormat.JSON)
+    return engine, json.loads(info)
+
+
+def layer_summary(info: dict) -> list[str]:
+    out = []
+    for layer in info.get("Layers", []):
+        if isinstance(layer, str):
+            out.append(layer)
+            continue
+        fmt = [i.get("Format/Datatype", "") for i in layer.get("Inputs", [])]
+        out.append(
+            f"{layer.get('LayerType', '?')} {layer.get('Name', '')} tactic={layer.get('TacticName', '')} "
+            f"in={fmt}"
+        )
+    return out
+
+
+def check_binding_formats(engine):
+    for i in range(engine.num_bindings):
+        assert engine.get_binding_dtype(i) == trt.int8, (
+            engine.get_binding_name(i),
+            engine.get_binding_dtype(i),
+        )
+        assert engine.get_binding_format(i) == trt.TensorFormat.CHW32, (
+            engine.get_binding_format_desc(i)
+        )
+
+
+# ------------------------------------------------------------------------------------------------ one case
+def compare(name: str, got: np.ndarray, want: np.ndarray, exact: bool) -> dict:
+    one, more = ref.count_lsb_diffs(got, want)
+    res = {
+        "name": name,
+        "elements": int(got.size),
+        "diff_1lsb": one,
+        "diff_more": more,
+        "ok": (one == 0 and more == 0) if exact else more == 0,
+    }
+    print(
+        f"    {name}: {got.size} elements, {one} differ by 1 LSB, {more} by more -> {'ok' if res['ok'] else 'FAIL'}",
+        flush=True,
+    )
+    return res
+
+
+def run_case(stage: str, n: int, reps: int, stream, rng) -> dict:
+    cin, cout, hw = STAGES[stage]
+    L = ref.random_layer(rng, cin, cout, relu=True)
+    x = rng.integers(-128, 128, size=(n, cin, hw, hw), dtype=np.int8)
+    r = rng.integers(-128, 128, size=(n, cout, hw, hw), dtype=np.int8)
+    x32, r32 = ref.to_nc32hw32(x), ref.to_nc32hw32(r)
+    out_like = np.empty((n, cout // 32, hw, hw, 32), dtype=np.int8)
+    # Rotate among input sets when one set would sit in L2 (50 MB) between runs; both engines get the same.
+    sets = int(max(1, min(4, np.ceil((256 << 20) / (x32.nbytes + 2 * r32.nbytes)))))
+    bufs = [
+        (
+            DeviceBuffer(x32.nbytes).upload(x32),
+            DeviceBuffer(r32.nbytes).upload(r32),
+            DeviceBuffer(out_like.nbytes),
+        )
+        for _ in range(sets)
+    ]
+
+    row = {
+        "stage": stage,
+        "batch": n,
+        "bytes": int(x.nbytes + r.nbytes * 2 + L["w"].nbytes),
+        "ops": int(2 * n * hw * hw * cin * cout),
+    }
+    outs = {}
+    for kind in ("trt", "plugin"):
+        t0 = time.time()
+        engine, info = build_engine(kind, L, n, cin, cout, hw)
+        check_binding_formats(engine)
+        ctx = engine.create_execution_context()
+        names = [engine.get_binding_name(i) for i in range(engine.num_bindings)]
+        bindings = [
+            [{"x": xb.ptr, "r": rb.ptr, "out": ob.ptr}[nm] for nm in names] for xb, rb, ob in bufs
+        ]
+        for _, _, ob in bufs:
+            ob.fill(0x5A)  # poison
+        if not ctx.execute_async_v2(bindings[0], int(stream)):
+            raise RuntimeError(f"{kind}: execute_async_v2 failed")
+        ck(cudart.cudaStreamSynchronize(stream))
+        outs[kind] = ref.from_nc32hw32(bufs[0][2].download(out_like), cout)
+        row[f"{'ours' if kind == 'plugin' else 'trt'}_ms"] = time_ms(
+            lambda i: ctx.execute_async_v2(bindings[i % sets], int(stream)), stream, reps
+        )
+        row[f"{kind}_layers"] = layer_summary(info)
+        print(
+            f"  {stage} batch {n} {kind}: built in {time.time() - t0:.0f} s, "
+            f"{row['ours_ms' if kind == 'plugin' else 'trt_ms']:.4f} ms; layers: {row[f'{kind}_layers']}",
+            flush=True,
+        )
+        del ctx, engine
+    for b in bufs:
+        for buf in b:
+            buf.free()
+
+    # Exact reference on a few images (all of them when small): the first, the last, one in the middle.
+    idx = np.unique([0, n // 2, n - 1]) if n > 8 else np.arange(n)
+    args = (
+        x[idx],
+        L["w"],
+        L["w_scale"],
+        L["bias"],
+        r[idx],
+        L["x_scale"],
+        L["r_scale"],
+        L["out_scale"],
+        True,
+    )
+    acc = ref.accumulate(x[idx], L["w"])
+    want32, want64 = ref.reference_fp32(*args, acc=acc), ref.reference_fp64(*args, acc=acc)
+    row["checks"] = [
+        compare("plugin vs rounding rule (exact)", outs["plugin"][idx], want32, exact=True),
+        compare("plugin vs float64 formula", outs["plugin"][idx], want64, exact=False),
+        compare("TensorRT vs float64 formula", outs["trt"][idx], want64, exact=False),
+        compare("plugin vs TensorRT (all images)", outs["plugin"], outs["trt"], exact=False),
+    ]
+    row["speedup"] = row["trt_ms"] / row["ours_ms"]
+    return row
+
+
+# ------------------------------------------------------------------------------------------------ small checks
+def run_engine_once(
+    engine, x32: np.ndarray, r32: np.ndarray, out_like: np.ndarray, stream
+) -> np.ndarray:
+    bx, br, bo = (DeviceBuffer(a.nbytes) for a in (x32, r32, out_like))
+    bx.upload(x32)
+    br.upload(r32)
+    bo.fill(0x5A)  # poison
+    ctx = engine.create_execution_context()
+    ptrs = {"x": bx.ptr, "r": br.ptr, "out": bo.ptr}
+    if not ctx.execute_async_v2(
+        [ptrs[engine.get_binding_name(i)] for i in range(engine.num_bindings)], int(stream)
+    ):
+        raise RuntimeError("execute_async_v2 failed")
+    ck(cudart.cudaStreamSynchronize(stream))
+    out = bo.download(out_like)
+    for b in (bx, br, bo):
+        b.free()
+    return out
+
+
+def plugin_round_trip_check(rng, stream, relu: bool = True) -> dict:
+    """One small plugin layer (odd N*H*W, Cout not a multiple of 64): exact against the rounding rule, before and
+    after engine serialization + deserialization."""
+    n, cin, cout, hw = 3, 96, 160, 5
+    L = ref.random_layer(rng, cin, cout, relu)
+    x = rng.integers(-128, 128, size=(n, cin, hw, hw), dtype=np.int8)
+    r = rng.integers(-128, 128, size=(n, cout, hw, hw), dtype=np.int8)
+    x32, r32 = ref.to_nc32hw32(x), ref.to_nc32hw32(r)
+    out_like = np.empty((n, cout // 32, hw, hw, 32), np.int8)
+    engine, info = build_engine("plugin", L, n, cin, cout, hw)
+    check_binding_formats(engine)
+    want = ref.reference_fp32(
+        x, L["w"], L["w_scale"], L["bias"], r, L["x_scale"], L["r_scale"], L["out_scale"], relu
+    )
+    got = ref.from_nc32hw32(run_engine_once(engine, x32, r32, out_like, stream), cout)
+    engine2 = trt.Runtime(LOGGER).deserialize_cuda_engine(engine.serialize())
+    if engine2 is None:
+        raise RuntimeError("deserializing the plugin engine failed")
+    got2 = ref.from_nc32hw32(run_engine_once(engine2, x32, r32, out_like, stream), cout)
+    res = {
+        "built": compare(f"small plugin layer relu={relu}", got, want, exact=True),
+        "round_trip": compare(
+            f"small plugin layer relu={relu} after serialize/deserialize", got2, want, exact=True
+        ),
+        "layers": layer_summary(info),
+    }
+    res["ok"] = res["built"]["ok"] and res["round_trip"]["ok"]
+    return res
+
+
+# ------------------------------------------------------------------------------------------------ Q/DQ ONNX
+def qdq_onnx_check(rng, stream) -> dict:
+    """x, r float -> QuantizeLinear -> TrtfuseResidualConv (domain trtfuse; weights an INT32 tensor attribute, as
+    models/residual_conv_rewrite.py emits them) -> DequantizeLinear -> float,
+    parsed by TensorRT's ONNX parser, built with the INT8 flag: the plugin must see int8 in and out."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    n, cin, cout, hw = 2, 256, 1024, 14
+    L = ref.random_layer(rng, cin, cout, relu=True)
+    xq = rng.integers(-128, 128, size=(n, cin, hw, hw), dtype=np.int8)
+    rq = rng.integers(-128, 128, size=(n, cout, hw, hw), dtype=np.int8)
+    xf = xq.astype(np.float32) * np.float32(
+        L["x_scale"]
+    )  # exactly representable, re-quantizes to xq
+    rf = rq.astype(np.float32) * np.float32(L["r_scale"])
+
+    def scal(name, v, dt=TensorProto.FLOAT):
+        return helper.make_tensor(name, dt, [], [v])
+
+    node = helper.make_node(
+        "TrtfuseResidualConv",
+        ["xq", "rq"],
+        ["yq"],
+        domain="trtfuse",
+        plugin_version="1",
+        plugin_namespace="",
+        weights=numpy_helper.from_array(L["w"].astype(np.int32), "weights"),
+        w_scale=[float(v) for v in L["w_scale"]],
+        bias=[float(v) for v in L["bias"]],
+        x_scale=float(L["x_scale"]),
+        r_scale=float(L["r_scale"]),
+        out_scale=float(L["out_scale"]),
+        relu=1,
+        cin=cin,
+        cout=cout,
+    )
+    graph = helper.make_graph(
+        [
+            helper.make_node("QuantizeLinear", ["x", "xs", "zp"], ["xq"]),
+            helper.make_node("QuantizeLinear", ["r", "rs", "zp"], ["rq"]),
+            node,
+            helper.make_node("DequantizeLinear", ["yq", "ys", "zp"], ["y"]),
+        ],
+        "qdq_residual_conv",
+        [
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, [n, cin, hw, hw]),
+            helper.make_tensor_value_info("r", TensorProto.FLOAT, [n, cout, hw, hw]),
+        ],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [n, cout, hw, hw])],
+        initializer=[
+            scal("xs", L["x_scale"]),
+            scal("rs", L["r_scale"]),
+            scal("ys", L["out_scale"]),
+            scal("zp", 0, TensorProto.INT8),
+        ],
+    )
+    model = helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", 13), helper.make_opsetid("trtfuse", 1)]
+    )
+    builder = trt.Builder(LOGGER)
+    network = builder.create_network(1 << int(trt.NetworkDefinitionCreationFlag.EXPLICIT_BATCH))
+    parser = trt.OnnxParser(network, LOGGER)
+    if not parser.parse(model.SerializeToString()):
+        raise RuntimeError(
+            "ONNX parse failed: "
+            + "; ".join(str(parser.get_error(i)) for i in range(parser.num_errors))
+        )
+    config = builder.create_builder_config()
+    config.set_flag(trt.BuilderFlag.INT8)
+    config.set_tactic_sources(0)
+    config.profiling_verbosity = trt.ProfilingVerbosity.DETAILED
+    blob = builder.build_serialized_network(network, config)
+    if blob is None:
+        raise RuntimeError("building the Q/DQ engine failed")
+    engine = trt.Runtime(LOGGER).deserialize_cuda_engine(blob)
+    info = json.loads(
+        engine.create_engine_inspector().get_engine_information(trt.LayerInformationFormat.JSON)
+    )
+    ctx = engine.create_execution_context()
+    bx, br = DeviceBuffer(xf.nbytes).upload(xf), DeviceBuffer(rf.nbytes).upload(rf)
+    y_like = np.empty((n, cout, hw, hw), np.float32)
+    by = DeviceBuffer(y_like.nbytes)
+    by.fill(0x7F)
+    ptrs = {"x": bx.ptr, "r": br.ptr, "y": by.ptr}
+    if not ctx.execute_async_v2(
+        [ptrs[engine.get_binding_name(i)] for i in range(engine.num_bindings)], int(stream)
+    ):
+        raise RuntimeError("Q/DQ engine: execute_async_v2 failed")
+    ck(cudart.cudaStreamSynchronize(stream))
+    y = by.download(y_like)
+    for b in (bx, br, by):
+        b.free()
+    want = ref.reference_fp32(
+        xq, L["w"], L["w_scale"], L["bias"], rq, L["x_scale"], L["r_scale"], L["out_scale"], True
+    )
+    yq = np.rint(y / np.float32(L["out_scale"])).astype(np.int32)
+    res = compare(
+        "Q/DQ ONNX graph with the plugin vs rounding rule",
+        yq.clip(-128, 127).astype(np.int8),
+        want,
+        exact=True,
+    )
+    res["layers"] = layer_summary(info)
+    print(f"    Q/DQ engine layers: {res['layers']}")
+    return res
+
+
+# ------------------------------------------------------------------------------------------------ main
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--stages", default="res2,res3,res4,res5")
+    p.add_argument("--batches", default="256,2048")
+    p.add_argument("--reps", type=int, default=100)
+    p.add_argument(
+        "--qdq", action="store_true", help="also check the explicitly quantized ONNX path"
+    )
+    p.add_argument("--out", default="benchmarks/results/residual_conv_h100.json")
+    args = p.parse_args(argv)
+
+    lib = load_plugin_library()
+    print(f"TensorRT {trt.__version__}, plugin library {lib}")
+    ck(cudart.cudaSetDevice(0))
+    props = ck(cudart.cudaGetDeviceProperties(0))
+    gpu = props.name.decode() if isinstance(props.name, bytes) else str(props.name)
+    stream = ck(cudart.cudaStreamCreate())
+    rng = np.random.default_rng()
+    gbps = copy_gbps(stream)
+    print(f"{gpu}: device copy {gbps:.0f} GB/s (read + write)", flush=True)
+
+    result = {"gpu": gpu, "copy_gbps": gbps, "tensorrt": trt.__version__, "rows": []}
+    result["round_trip_check"] = [
+        plugin_round_trip_check(rng, stream, relu) for relu in (True, False)
+    ]
+    if args.qdq:
+        result["qdq_check"] = qdq_onnx_check(rng, stream)
+    for stage in args.stages.split(","):
+        for n in (int(b) for b in args.batches.split(",")):
+            result["rows"].append(run_case(stage, n, args.reps, stream, rng))
+            Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+            Path(args.out).write_text(
+                json.dumps(result, indent=1) + "\n"
+            )  # partial results survive a crash
+
+    ok = (
+        all(c["ok"] for row in result["rows"] for c in row["checks"])
+        and all(c["ok"] for c in result["round_trip_check"])
+        and result.get("qdq_check", {}).get("ok", True)
+    )
+    print(f"\n{gpu}, TensorRT {trt.__version__}: copy {gbps:.0f} GB/s")
+    print(
+        f"{'stage':5} {'batch':>5} {'ours ms':>8} {'trt ms':>8} {'speedup':>7} {'floor ms':>8} {'%floor':>6} {'checks':>6}"
+    )
+    for row in result["rows"]:
+        floor = row["bytes"] / gbps / 1e6
+        print(
+            f"{row['stage']:5} {row['batch']:5d} {row['ours_ms']:8.4f} {row['trt_ms']:8.4f} {row['speedup']:7.3f} "
+            f"{floor:8.4f} {100 * floor / row['ours_ms']:6.1f} {'ok' if all(c['ok'] for c in row['checks']) else 'FAIL':>6}"
+        )
+    print(f"wrote {args.out}; all checks {'passed' if ok else 'FAILED'}")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,164 @@
+"""ctypes wrapper over the C ABI of the fused int8 residual conv (plugins/residual_conv/residual_conv.h).
+
+Device memory is passed as integer pointers (torch/cupy `data_ptr()`), so this module needs neither torch
+nor cupy; `check` needs no GPU at all.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+
+import numpy as np
+from trtfuse.errors import UserError
+
+
+@functools.cache
+def library(path: str | None = None) -> ctypes.CDLL:
+    from trtfuse.plugin_build import library_path
+
+    lib = ctypes.CDLL(str(path or library_path("kernels")))
+    c_i8p, c_fp = ctypes.POINTER(ctypes.c_int8), ctypes.POINTER(ctypes.c_float)
+    lib.trtfuse_residual_conv_check.argtypes = [
+        ctypes.c_int,
+        ctypes.c_int,
+        c_i8p,
+        c_fp,
+        c_fp,
+        ctypes.c_float,
+        ctypes.c_float,
+        ctypes.c_float,
+    ]
+    lib.trtfuse_residual_conv_create.argtypes = [
+        ctypes.c_int,
+        ctypes.c_int,
+        c_i8p,
+        c_fp,
+        c_fp,
+        ctypes.c_float,
+        ctypes.c_float,
+        ctypes.c_float,
+        ctypes.c_int,
+        ctypes.POINTER(ctypes.c_void_p),
+    ]
+    lib.trtfuse_residual_conv_destroy.argtypes = [ctypes.c_void_p]
+    lib.trtfuse_residual_conv_forward.argtypes = (
+        [ctypes.c_void_p] * 4 + [ctypes.c_int] * 4 + [ctypes.c_void_p]
+    )
+    lib.trtfuse_residual_conv_config_name.restype = ctypes.c_char_p
+    lib.trtfuse_residual_conv_config_name.argtypes = [ctypes.c_int]
+    lib.trtfuse_residual_conv_select_config.argtypes = [ctypes.c_int] * 4
+    lib.trtfuse_residual_conv_load_cache.argtypes = [ctypes.c_char_p]
+    lib.trtfuse_residual_conv_error_string.restype = ctypes.c_char_p
+    lib.trtfuse_residual_conv_error_string.argtypes = [ctypes.c_int]
+    return lib
+
+
+def _ptr(a: np.ndarray, ctype):
+    return a.ctypes.data_as(ctypes.POINTER(ctype))
+
+
+def _raise(status: int, what: str) -> None:
+    if status != 0:
+        msg = library().trtfuse_residual_conv_error_string(status).decode()
+        raise RuntimeError(f"trtfuse_residual_conv_{what} failed ({status}): {msg}")
+
+
+def check(cin, cout, w, w_scale, bias, x_scale, r_scale, out_scale) -> int:
+    """Validation of the layer fields (no GPU): 0 or the C ABI's negative status."""
+    w = np.ascontiguousarray(w, dtype=np.int8)
+    ws = np.ascontiguousarray(w_scale, dtype=np.float32)
+    b = np.ascontiguousarray(bias, dtype=np.float32)
+    if w.size != cin * cout or ws.size != cout or b.size != cout:
+        return -2
+    return library().trtfuse_residual_conv_check(
+        cin,
+        cout,
+        _ptr(w, ctypes.c_int8),
+        _ptr(ws, ctypes.c_float),
+        _ptr(b, ctypes.c_float),
+        x_scale,
+        r_scale,
+        out_scale,
+    )
+
+
+def num_configs() -> int:
+    return library().trtfuse_residual_conv_num_configs()
+
+
+def config_names() -> list[str]:
+    return [library().trtfuse_residual_conv_config_name(i).decode() for i in range(num_configs())]
+
+
+def select_config(cin: int, cout: int, n: int, hw: int) -> int:
+    return library().trtfuse_residual_conv_select_config(cin, cout, n, hw)
+
+
+def load_cache(path: str | None) -> int:
+    st = library().trtfuse_residual_conv_load_cache(path.encode() if path else None)
+    if st < 0:
+        raise UserError(
+            f"tuning cache {path} could not be read",
+            "regenerate it with `python -m trtfuse.tuning`",
+        )
+    return st
+
+
+class ResidualConv:
+    """One layer's packed weights on the device; forward() on kCHW32 int8 device buffers."""
+
+    def __init__(
+        self, w, w_scale, bias, x_scale: float, r_scale: float, out_scale: float, relu: bool
+    ):
+        w = np.ascontiguousarray(w, dtype=np.int8)
+        self.cout, self.cin = w.shape
+        ws = np.ascontiguousarray(w_scale, dtype=np.float32)
+        b = np.ascontiguousarray(bias, dtype=np.float32)
+        h = ctypes.c_void_p()
+        _raise(
+            library().trtfuse_residual_conv_create(
+                self.cin,
+                self.cout,
+                _ptr(w, ctypes.c_int8),
+                _ptr(ws, ctypes.c_float),
+                _ptr(b, ctypes.c_float),
+                x_scale,
+                r_scale,
+                out_scale,
+                int(relu),
+                ctypes.byref(h),
+            ),
+            "create",
+        )
+        self._h = h
+
+    def forward(
+        self,
+        x_ptr: int,
+        r_ptr: int,
+        out_ptr: int,
+        n: int,
+        h: int,
+        w: int,
+        config: int = -1,
+        stream: int = 0,
+    ) -> None:
+        """x [n, cin, h, w], r and out [n, cout, h, w]: int8 kCHW32 device pointers; config -1 = pick."""
+        _raise(
+            library().trtfuse_residual_conv_forward(
+                self._h, x_ptr, r_ptr, out_ptr, n, h, w, config, stream
+            ),
+            "forward",
+        )
+
+    def close(self) -> None:
+        if self._h:
+            _raise(library().trtfuse_residual_conv_destroy(self._h), "destroy")
+            self._h = None
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass

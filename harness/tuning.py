@@ -1,0 +1,148 @@
+"""Tile-configuration tuner for the fused int8 residual conv (``python -m trtfuse.tuning``).
+
+For every (shape, batch) it times each tile configuration the kernels library offers on the current GPU
+(CUDA events, median of many launches, inputs rotated so that L2 does not hold them), and writes the
+winners to a JSON cache that the C ABI and the TensorRT plugin read (``$TRTFUSE_RESIDUAL_CONV_CACHE``):
+
+    {"version": 1, "entries": [{"gpu", "cin", "cout", "hw", "batch", "config", "ms", "candidates_ms"}, ...]}
+
+Entries of other GPUs in an existing cache are kept. Needs torch with CUDA (device buffers and events).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+RESNET50_STAGES = {  # name: (cin, cout, h == w)
+    "res2": (64, 256, 56),
+    "res3": (128, 512, 28),
+    "res4": (256, 1024, 14),
+    "res5": (512, 2048, 7),
+}
+L2_FLUSH_BYTES = 256 << 20  # rotate among enough input sets that every launch reads from DRAM
+
+
+def make_problem(cin: int, cout: int, hw: int, batch: int, seed: int = 0):
+    """Random int8 layer + kCHW32 device buffers (several sets when one set would fit in L2)."""
+    import torch
+    from trtfuse.ops import residual_conv as op
+    from trtfuse.ops import residual_conv_reference as ref
+
+    rng = np.random.default_rng(seed)
+    L = ref.random_layer(rng, cin, cout, True)
+    kc, nc = -(-cin // 32), -(-cout // 32)
+    xb, rb = batch * kc * hw * hw * 32, batch * nc * hw * hw * 32
+    sets = max(1, min(8, -(-L2_FLUSH_BYTES // (xb + 2 * rb))))
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    bufs = []
+    for _ in range(sets):
+        x = torch.randint(-128, 128, (xb,), dtype=torch.int8, device="cuda", generator=g)
+        r = torch.randint(-128, 128, (rb,), dtype=torch.int8, device="cuda", generator=g)
+        o = torch.empty(rb, dtype=torch.int8, device="cuda")
+        bufs.append((x, r, o))
+    layer = op.ResidualConv(
+        L["w"], L["w_scale"], L["bias"], L["x_scale"], L["r_scale"], L["out_scale"], True
+    )
+    return layer, L, bufs
+
+
+def time_launches(launch, sets: int, warmup: int = 10, reps: int = 60) -> float:
+    """Median milliseconds of one launch (CUDA events around each, inputs rotated among `sets`)."""
+    import torch
+
+    for i in range(warmup):
+        launch(i % sets)
+    torch.cuda.synchronize()
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    for i in range(reps):
+        starts[i].record()
+        launch(i % sets)
+        ends[i].record()
+    torch.cuda.synchronize()
+    return float(np.median([s.elapsed_time(e) for s, e in zip(starts, ends)]))
+
+
+def tune_shape(cin: int, cout: int, hw: int, batch: int, reps: int = 60) -> dict:
+    import torch
+    from trtfuse.ops import residual_conv as op
+
+    layer, L, bufs = make_problem(cin, cout, hw, batch)
+    stream = torch.cuda.current_stream().cuda_stream
+    times = {}
+    for c, name in enumerate(op.config_names()):
+
+        def launch(i, c=c):
+            x, r, o = bufs[i]
+            layer.forward(x.data_ptr(), r.data_ptr(), o.data_ptr(), batch, hw, hw, c, stream)
+
+        times[name] = time_launches(launch, len(bufs), reps=reps)
+    layer.close()
+    del bufs
+    torch.cuda.empty_cache()
+    best = min(times, key=times.get)
+    return {
+        "gpu": torch.cuda.get_device_name(),
+        "cin": cin,
+        "cout": cout,
+        "hw": hw * hw,
+        "batch": batch,
+        "config": best,
+        "ms": times[best],
+        "candidates_ms": times,
+    }
+
+
+def merge_cache(path: Path, new: list[dict]) -> dict:
+    old = json.loads(path.read_text()) if path.is_file() else {"version": 1, "entries": []}
+    keys = {(e["gpu"], e["cin"], e["cout"], e["hw"], e["batch"]) for e in new}
+    kept = [
+        e
+        for e in old.get("entries", [])
+        if (e["gpu"], e["cin"], e["cout"], e["hw"], e["batch"]) not in keys
+    ]
+    return {"version": 1, "entries": kept + new}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m trtfuse.tuning", description=__doc__.split("\n")[0])
+    p.add_argument(
+        "--stages", default="res2,res3,res4,res5", help="ResNet-50 conv3 stages (comma-separated)"
+    )
+    p.add_argument(
+        "--shape",
+        action="append",
+        default=[],
+        metavar="CIN,COUT,HW",
+        help="an extra shape: input channels, output channels, spatial side (square)",
+    )
+    p.add_argument("--batches", default="256,2048")
+    p.add_argument("--reps", type=int, default=60)
+    p.add_argument("--out", required=True, help="the cache JSON (merged with an existing one)")
+    args = p.parse_args(argv)
+    shapes = [RESNET50_STAGES[s] for s in args.stages.split(",") if s]
+    shapes += [tuple(int(v) for v in s.split(",")) for s in args.shape]
+    entries = []
+    for cin, cout, hw in shapes:
+        for batch in (int(b) for b in args.batches.split(",")):
+            e = tune_shape(cin, cout, hw, batch, args.reps)
+            entries.append(e)
+            cands = "  ".join(f"{k}={v:.4f}" for k, v in e["candidates_ms"].items())
+            print(
+                f"tune {cin}->{cout} {hw}x{hw} batch {batch}: best {e['config']} {e['ms']:.4f} ms | {cands}",
+                flush=True,
+            )
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(merge_cache(out, entries), indent=1) + "\n")
+    print(f"wrote {out} ({len(entries)} entries)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

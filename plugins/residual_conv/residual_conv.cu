@@ -1,0 +1,288 @@
+// Tile configurations, dispatch and the C ABI of the fused int8 residual conv.
+#include "common/cuda_check.h"
+#include "residual_conv/residual_conv.h"
+#include "residual_conv/residual_conv_kernel.cuh"
+#include "residual_conv/tuning_cache.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace trtfuse {
+namespace rconv {
+namespace {
+
+// Candidates the tuner times. Names are what the cache stores (stable across reorderings of this list).
+//                 BM   BN  BK  WM  WN  STAGES MIN_BLOCKS
+using C0 = TileConfig<64, 128, 64, 32, 32, 3, 2>;   // the reference design: 8 warps, 2 x 4
+using C1 = TileConfig<64, 64, 64, 32, 32, 3, 4>;    // 4 warps, 2 x 2: many small blocks, many bytes in flight
+using C2 = TileConfig<64, 64, 64, 32, 32, 4, 4>;    // ... one stage deeper
+using C3 = TileConfig<128, 128, 64, 64, 32, 3, 1>;  // 8 warps, 2 x 4: B fragments reused twice as often
+using C4 = TileConfig<128, 64, 64, 32, 32, 3, 2>;   // 8 warps, 4 x 2
+using C5 = TileConfig<64, 256, 64, 32, 64, 3, 1>;   // 8 warps, 2 x 4: x read once for Cout <= 256
+using C6 = TileConfig<64, 64, 32, 32, 32, 4, 4>;    // 4 warps, thin k stages
+using C7 = TileConfig<128, 128, 64, 64, 32, 2, 2>;  // 8 warps, double buffered, register capped
+using C8 = TileConfig<64, 64, 64, 32, 32, 3, 6>;    // C1 capped at 85 registers: 6 blocks per SM
+using C9 = TileConfig<64, 128, 64, 32, 32, 3, 3>;   // C0 capped at 85 registers: 3 blocks per SM
+using C10 = TileConfig<128, 128, 64, 64, 32, 3, 2>; // C7 one stage deeper: a tile's residual 2 tiles ahead
+using C11 = TileConfig<128, 128, 32, 64, 32, 4, 2>; // thin stages, 3 stages of lead time
+using C12 = TileConfig<128, 64, 64, 64, 32, 3, 3>;  // 4 warps with 64 x 32 warp tiles, 3 blocks per SM
+
+struct ConfigInfo {
+    char const* name;
+    int bm, bn, threads, smem;
+    void (*kernel)(Params);
+};
+
+template <class C>
+constexpr ConfigInfo info(char const* name) {
+    return {name, C::BM, C::BN, C::THREADS, C::SMEM, residual_conv_kernel<C>};
+}
+
+ConfigInfo const kConfigs[] = {
+    info<C0>("64x128x64_w32x32_s3"), info<C1>("64x64x64_w32x32_s3"),   info<C2>("64x64x64_w32x32_s4"),
+    info<C3>("128x128x64_w64x32_s3"), info<C4>("128x64x64_w32x32_s3"), info<C5>("64x256x64_w32x64_s3"),
+    info<C6>("64x64x32_w32x32_s4"),  info<C7>("128x128x64_w64x32_s2"),
+    info<C8>("64x64x64_w32x32_s3_b6"), info<C9>("64x128x64_w32x32_s3_b3"),
+    info<C10>("128x128x64_w64x32_s3_b2"), info<C11>("128x128x32_w64x32_s4_b2"), info<C12>("128x64x64_w64x32_s3_b3"),
+};
+constexpr int kNumConfigs = sizeof(kConfigs) / sizeof(kConfigs[0]);
+
+struct Layer {
+    int cin, cout, kc, nc, kpad, npad;
+    float lo;          // lower clamp: 0 with ReLU, -128 without
+    int8_t* w = nullptr;
+    float* abs = nullptr;   // [3][npad]: a, b, s of the rounding rule
+};
+
+int round_up(int v, int m) { return (v + m - 1) / m * m; }
+bool good_scale(float s) { return std::isfinite(s) && s > 0.f; }
+
+// ---- tuning cache: process-wide, loaded once on first use ----
+std::mutex g_cache_mu;
+bool g_cache_loaded = false;
+std::vector<CacheEntry> g_cache;
+
+int load_cache_locked(char const* path) {
+    g_cache_loaded = true;
+    g_cache.clear();
+    std::string p = path ? path : "";
+    if (p.empty()) {
+        char const* env = std::getenv("TRTFUSE_RESIDUAL_CONV_CACHE");
+        if (!env || !*env) return 0;   // no cache: the heuristic decides
+        p = env;
+    }
+    std::string error;
+    if (!read_tuning_cache(p, &g_cache, &error)) {
+        std::fprintf(stderr, "trtfuse: residual_conv tuning cache ignored: %s\n", error.c_str());
+        g_cache.clear();
+        return TRTFUSE_RCONV_ERR_CACHE;
+    }
+    return static_cast<int>(g_cache.size());
+}
+
+int config_by_name(std::string const& name) {
+    for (int i = 0; i < kNumConfigs; ++i)
+        if (name == kConfigs[i].name) return i;
+    return -1;
+}
+
+// Without a cache entry (docs/residual_conv.md has the measurements behind it).
+int heuristic(int cout, int64_t m, int sms) {
+    int coutp = round_up(cout, 32);
+    (void)m; (void)sms;
+    // 128 x 128 double buffered was the fastest at every ResNet-50 shape and batch in the H100 runs
+    return config_by_name(coutp <= 64 ? "64x64x64_w32x32_s3" : "128x128x64_w64x32_s2");
+}
+
+int select_config(int cin, int cout, int n, int hw) {
+    int dev = 0;
+    cudaDeviceProp prop;
+    if (cudaGetDevice(&dev) != cudaSuccess || cudaGetDeviceProperties(&prop, dev) != cudaSuccess) {
+        cudaGetLastError();
+        return heuristic(cout, static_cast<int64_t>(n) * hw, 132);
+    }
+    {
+        std::lock_guard<std::mutex> lock(g_cache_mu);
+        if (!g_cache_loaded) load_cache_locked(nullptr);
+        if (CacheEntry const* e = lookup(g_cache, prop.name, cin, cout, hw, n)) {
+            int c = config_by_name(e->config);
+            if (c >= 0) return c;
+        }
+    }
+    return heuristic(cout, static_cast<int64_t>(n) * hw, prop.multiProcessorCount);
+}
+
+// Blocks of `config` that fit on the whole current GPU at once (SMs x blocks per SM). Also raises the
+// kernel's dynamic shared-memory limit; both are cached per (device, config): they never change.
+int resident_blocks(int config, int* out) {
+    static std::mutex mu;
+    static int cache[64][kNumConfigs] = {};
+    int dev = 0;
+    TRTFUSE_CUDA_RETURN(cudaGetDevice(&dev));
+    if (dev < 64) {
+        std::lock_guard<std::mutex> lock(mu);
+        if (cache[dev][config] > 0) { *out = cache[dev][config]; return 0; }
+    }
+    ConfigInfo const& C = kConfigs[config];
+    TRTFUSE_CUDA_RETURN(cudaFuncSetAttribute(C.kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C.smem));
+    int per_sm = 0, sms = 0;
+    TRTFUSE_CUDA_RETURN(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, C.kernel, C.threads, C.smem));
+    TRTFUSE_CUDA_RETURN(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    if (per_sm <= 0) return static_cast<int>(cudaErrorInvalidConfiguration);
+    *out = per_sm * sms;
+    if (dev < 64) {
+        std::lock_guard<std::mutex> lock(mu);
+        cache[dev][config] = *out;
+    }
+    return 0;
+}
+
+}  // namespace
+}  // namespace rconv
+}  // namespace trtfuse
+
+using namespace trtfuse::rconv;
+
+extern "C" int trtfuse_residual_conv_check(int cin, int cout, int8_t const* weights, float const* w_scale,
+                                           float const* bias, float x_scale, float r_scale, float out_scale) {
+    if (cin <= 0 || cout <= 0 || cin > (1 << 16) || cout > (1 << 16)) return TRTFUSE_RCONV_ERR_SHAPE;
+    if (!weights || !w_scale || !bias) return TRTFUSE_RCONV_ERR_NULL;
+    if (!good_scale(x_scale) || !good_scale(r_scale) || !good_scale(out_scale)) return TRTFUSE_RCONV_ERR_SCALE;
+    for (int i = 0; i < cout; ++i)
+        if (!good_scale(w_scale[i]) || !std::isfinite(bias[i])) return TRTFUSE_RCONV_ERR_SCALE;
+    for (int64_t i = 0; i < static_cast<int64_t>(cin) * cout; ++i)
+        if (weights[i] < -127) return TRTFUSE_RCONV_ERR_WEIGHT;
+    return 0;
+}
+
+extern "C" int trtfuse_residual_conv_create(int cin, int cout, int8_t const* weights, float const* w_scale,
+                                            float const* bias, float x_scale, float r_scale, float out_scale,
+                                            int relu, void** handle) {
+    if (!handle) return TRTFUSE_RCONV_ERR_NULL;
+    *handle = nullptr;
+    if (int st = trtfuse_residual_conv_check(cin, cout, weights, w_scale, bias, x_scale, r_scale, out_scale))
+        return st;
+    Layer L;
+    L.cin = cin;
+    L.cout = cout;
+    L.kc = (cin + 31) / 32;
+    L.nc = (cout + 31) / 32;
+    L.kpad = round_up(L.kc * 32, 128);   // every BK divides 128: the B loader needs no K predicate
+    L.npad = round_up(L.nc * 32, 256);   // every BN divides 256: no N predicate
+    L.lo = relu ? 0.f : -128.f;
+    std::vector<int8_t> w(static_cast<size_t>(L.npad) * L.kpad, 0);
+    std::vector<float> abs(3 * static_cast<size_t>(L.npad), 0.f);   // zero in the padding: padded channels -> 0
+    // The rounding rule's constants, each an fp32 operation in this order (docs/residual_conv.md).
+    float const inv_out = 1.0f / out_scale;
+    for (int n = 0; n < cout; ++n) {
+        for (int k = 0; k < cin; ++k) w[static_cast<size_t>(n) * L.kpad + k] = weights[static_cast<size_t>(n) * cin + k];
+        float alpha = x_scale * w_scale[n];
+        abs[n] = alpha * inv_out;
+        abs[L.npad + n] = bias[n] * inv_out;
+        abs[2 * L.npad + n] = r_scale * inv_out;
+    }
+    cudaError_t e = cudaMalloc(&L.w, w.size());
+    if (e == cudaSuccess) e = cudaMalloc(&L.abs, abs.size() * sizeof(float));
+    if (e == cudaSuccess) e = cudaMemcpy(L.w, w.data(), w.size(), cudaMemcpyHostToDevice);
+    if (e == cudaSuccess) e = cudaMemcpy(L.abs, abs.data(), abs.size() * sizeof(float), cudaMemcpyHostToDevice);
+    if (e != cudaSuccess) {
+        cudaFree(L.w);
+        cudaFree(L.abs);
+        return static_cast<int>(e);
+    }
+    *handle = new Layer(L);
+    return 0;
+}
+
+extern "C" int trtfuse_residual_conv_destroy(void* handle) {
+    if (!handle) return 0;
+    Layer* L = static_cast<Layer*>(handle);
+    cudaError_t e1 = cudaFree(L->w), e2 = cudaFree(L->abs);
+    delete L;
+    return e1 ? e1 : e2;
+}
+
+extern "C" int trtfuse_residual_conv_forward(void const* handle, void const* x, void const* r, void* out, int n,
+                                             int h, int w, int config, void* stream) {
+    if (!handle || !x || !r || !out) return TRTFUSE_RCONV_ERR_NULL;
+    if (n <= 0 || h <= 0 || w <= 0 || static_cast<int64_t>(h) * w > (1 << 24)) return TRTFUSE_RCONV_ERR_SHAPE;
+    if ((reinterpret_cast<uintptr_t>(x) | reinterpret_cast<uintptr_t>(r) | reinterpret_cast<uintptr_t>(out)) & 15)
+        return TRTFUSE_RCONV_ERR_ALIGN;
+    if (config < -1 || config >= kNumConfigs) return TRTFUSE_RCONV_ERR_CONFIG;
+    Layer const* L = static_cast<Layer const*>(handle);
+    int const hw = h * w;
+    int64_t const M = static_cast<int64_t>(n) * hw;
+    if (M >= (int64_t(1) << 31) - 256) return TRTFUSE_RCONV_ERR_SHAPE;
+    if (config < 0) config = select_config(L->cin, L->cout, n, hw);
+    ConfigInfo const& C = kConfigs[config];
+
+    Params p;
+    p.x = static_cast<int8_t const*>(x);
+    p.r = static_cast<int8_t const*>(r);
+    p.out = static_cast<int8_t*>(out);
+    p.w = L->w;
+    p.a = L->abs;
+    p.b = L->abs + L->npad;
+    p.s = L->abs + 2 * L->npad;
+    p.lo = L->lo;
+    p.small_acc = 16256LL * L->cin < (1LL << 22);   // 128 * 127 * Cin bounds |acc|
+    p.M = static_cast<int>(M);
+    p.HW = hw;
+    p.Kc = L->kc;
+    p.Kpad = L->kpad;
+    p.Nc = L->nc;
+    p.n_blocks = (L->nc * 32 + C.bn - 1) / C.bn;
+    int64_t tiles = (M + C.bm - 1) / C.bm * p.n_blocks;
+    if (tiles >= (int64_t(1) << 31)) return TRTFUSE_RCONV_ERR_SHAPE;
+    int resident = 0;
+    if (int st = resident_blocks(config, &resident)) return st;
+    // Persistent grid: every resident block slot gets a block, each walks tiles with a grid stride.
+    int64_t blocks = std::min<int64_t>(tiles, resident);
+    C.kernel<<<static_cast<unsigned>(blocks), C.threads, C.smem, static_cast<cudaStream_t>(stream)>>>(p);
+    TRTFUSE_LAUNCH_CHECK();
+    return 0;
+}
+
+extern "C" int trtfuse_residual_conv_num_configs(void) { return kNumConfigs; }
+
+extern "C" char const* trtfuse_residual_conv_config_name(int config) {
+    return config >= 0 && config < kNumConfigs ? kConfigs[config].name : nullptr;
+}
+
+extern "C" int trtfuse_residual_conv_select_config(int cin, int cout, int n, int hw) {
+    if (cin <= 0 || cout <= 0 || n <= 0 || hw <= 0) return -1;
+    return select_config(cin, cout, n, hw);
+}
+
+extern "C" int trtfuse_residual_conv_load_cache(char const* path) {
+    std::lock_guard<std::mutex> lock(g_cache_mu);
+    int st = load_cache_locked(path);
+    if (st < 0) return st;
+    int dev = 0;
+    cudaDeviceProp prop;
+    if (cudaGetDevice(&dev) != cudaSuccess || cudaGetDeviceProperties(&prop, dev) != cudaSuccess) {
+        cudaGetLastError();
+        return static_cast<int>(g_cache.size());   // no GPU: count every entry
+    }
+    int count = 0;
+    for (auto const& e : g_cache) count += e.gpu == prop.name;
+    return count;
+}
+
+extern "C" char const* trtfuse_residual_conv_error_string(int status) {
+    switch (status) {
+        case 0: return "success";
+        case TRTFUSE_RCONV_ERR_NULL: return "a required pointer is NULL";
+        case TRTFUSE_RCONV_ERR_SHAPE: return "a dimension is <= 0 or too large";
+        case TRTFUSE_RCONV_ERR_SCALE: return "a scale is not finite and > 0 (or a bias is not finite)";
+        case TRTFUSE_RCONV_ERR_WEIGHT: return "a weight is outside [-127, 127]";
+        case TRTFUSE_RCONV_ERR_CONFIG: return "unknown tile configuration";
+        case TRTFUSE_RCONV_ERR_ALIGN: return "x, r or out is not 16-byte aligned";
+        case TRTFUSE_RCONV_ERR_CACHE: return "the tuning cache is unreadable or malformed";
+        default: return status > 0 ? cudaGetErrorString(static_cast<cudaError_t>(status)) : "unknown error";
+    }
+}

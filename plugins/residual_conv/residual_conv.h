@@ -1,0 +1,48 @@
+// C ABI of the fused int8 1x1 conv + BN + residual Add (+ReLU) (see docs/residual_conv.md).
+// Used by tests/benchmarks through ctypes (libtrtfuse_kernels.so) and by the TensorRT plugin.
+//
+// Return codes: 0 success; a cudaError_t value (> 0) for CUDA errors; negative for argument errors:
+#pragma once
+#include <stdint.h>
+
+#define TRTFUSE_RCONV_ERR_NULL (-1)        /* a required pointer is NULL */
+#define TRTFUSE_RCONV_ERR_SHAPE (-2)       /* a dimension is <= 0 or too large */
+#define TRTFUSE_RCONV_ERR_SCALE (-3)       /* a scale is not finite and > 0 */
+#define TRTFUSE_RCONV_ERR_WEIGHT (-4)      /* a weight outside [-127, 127] */
+#define TRTFUSE_RCONV_ERR_CONFIG (-5)      /* unknown tile configuration */
+#define TRTFUSE_RCONV_ERR_ALIGN (-6)       /* x, r or out not 16-byte aligned */
+#define TRTFUSE_RCONV_ERR_CACHE (-7)       /* tuning cache unreadable or malformed */
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Validation only (no GPU): 0 if a layer with these fields is accepted. Any cin/cout >= 1 is accepted:
+   kCHW32 pads channels to a multiple of 32; weights are zero padded and padded output channels are 0. */
+int trtfuse_residual_conv_check(int cin, int cout, int8_t const* weights, float const* w_scale,
+                                float const* bias, float x_scale, float r_scale, float out_scale);
+
+/* Uploads weights [cout][cin] (row-major int8 in [-127,127]), w_scale[cout], bias[cout] and the scales in
+   the packed layout the kernels read; relu: 1 = ReLU, 0 = identity. *handle receives an opaque handle. */
+int trtfuse_residual_conv_create(int cin, int cout, int8_t const* weights, float const* w_scale,
+                                 float const* bias, float x_scale, float r_scale, float out_scale, int relu,
+                                 void** handle);
+int trtfuse_residual_conv_destroy(void* handle);
+
+/* out = q(act(...)) for x [n, cin, h, w] and r, out [n, cout, h, w], all int8 kCHW32 device pointers.
+   config: index of a tile configuration, or -1 to pick (tuning cache, else heuristic). stream: cudaStream_t. */
+int trtfuse_residual_conv_forward(void const* handle, void const* x, void const* r, void* out, int n, int h,
+                                  int w, int config, void* stream);
+
+int trtfuse_residual_conv_num_configs(void);
+char const* trtfuse_residual_conv_config_name(int config);
+/* The configuration forward(config=-1) would use on the current device; -1 on error. */
+int trtfuse_residual_conv_select_config(int cin, int cout, int n, int hw);
+/* (Re)load the tuning cache: path, or NULL for $TRTFUSE_RESIDUAL_CONV_CACHE. Returns the number of entries
+   for this GPU (>= 0) or a negative error. Without a call, the first forward(config=-1) loads it. */
+int trtfuse_residual_conv_load_cache(char const* path);
+char const* trtfuse_residual_conv_error_string(int status);
+
+#ifdef __cplusplus
+}
+#endif

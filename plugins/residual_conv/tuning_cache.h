@@ -1,0 +1,25 @@
+// Reader of the tuner's JSON cache (written by `python -m trtfuse.tuning`), no CUDA, no TensorRT.
+// Format: {"version": 1, "entries": [{"gpu": str, "cin": int, "cout": int, "hw": int, "batch": int,
+//          "config": str, ...}, ...]}  (extra keys ignored; entry objects must not nest).
+#pragma once
+#include <string>
+#include <vector>
+
+namespace trtfuse {
+namespace rconv {
+
+struct CacheEntry {
+    std::string gpu, config;
+    int cin = 0, cout = 0, hw = 0, batch = 0;
+};
+
+// false (and *error set) if the file cannot be read or parsed.
+bool parse_tuning_cache(std::string const& text, std::vector<CacheEntry>* entries, std::string* error);
+bool read_tuning_cache(std::string const& path, std::vector<CacheEntry>* entries, std::string* error);
+
+// The entry for (gpu, cin, cout, hw) whose batch is closest to `batch` (in log scale); nullptr if none.
+CacheEntry const* lookup(std::vector<CacheEntry> const& entries, std::string const& gpu, int cin, int cout, int hw,
+                         int batch);
+
+}  // namespace rconv
+}  // namespace trtfuse

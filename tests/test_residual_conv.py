@@ -1,0 +1,312 @@
+"""Fused int8 1x1 conv + BN + residual Add (+ReLU): exactness against the integer reference.
+
+GPU tests use only the CUDA runtime through ctypes (no torch/cupy), so the same file runs under
+compute-sanitizer quickly:  compute-sanitizer --tool memcheck python -m pytest -m gpu tests/test_residual_conv.py -k small
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+
+import numpy as np
+import pytest
+from trtfuse.ops import residual_conv_reference as ref
+
+POISON = 0x5A  # 90: a valid int8 output value, so only the per-element comparison can catch unwritten bytes
+
+
+# ---------------------------------------------------------------------------------------------- CPU
+def test_layout_round_trip():
+    rng = np.random.default_rng()
+    a = rng.integers(-128, 128, size=(3, 40, 5, 7), dtype=np.int8)
+    b = ref.to_nc32hw32(a)
+    assert b.shape == (3, 2, 5, 7, 32)
+    assert (b[:, 1, :, :, 8:] == 0).all()  # channels 40..63 are padding
+    # element (n, c, h, w) at ((n*Cb + c//32)*H*W + h*W + w)*32 + c%32
+    flat = b.reshape(-1)
+    n, c, h, w = 2, 37, 4, 6
+    assert flat[((n * 2 + c // 32) * 35 + h * 7 + w) * 32 + c % 32] == a[n, c, h, w]
+    assert (ref.from_nc32hw32(b, 40) == a).all()
+
+
+def test_reference_rules_agree_within_one_lsb():
+    rng = np.random.default_rng()
+    L = ref.random_layer(rng, 96, 64)
+    x = rng.integers(-128, 128, size=(2, 96, 6, 5), dtype=np.int8)
+    r = rng.integers(-128, 128, size=(2, 64, 6, 5), dtype=np.int8)
+    a = ref.reference_fp32(
+        x, L["w"], L["w_scale"], L["bias"], r, L["x_scale"], L["r_scale"], L["out_scale"], True
+    )
+    b = ref.reference_fp64(
+        x, L["w"], L["w_scale"], L["bias"], r, L["x_scale"], L["r_scale"], L["out_scale"], True
+    )
+    one, more = ref.count_lsb_diffs(a, b)
+    assert more == 0
+    assert one < a.size // 100
+    # the layer spans the int8 range, so saturation and ReLU are both exercised
+    assert (a == 127).any() and (a == 0).mean() > 0.2 and (a > 0).mean() > 0.2
+
+
+def test_fma32_is_exact():
+    rng = np.random.default_rng()
+    x = rng.standard_normal(200000).astype(np.float32)
+    y = rng.standard_normal(200000).astype(np.float32)
+    z = (rng.standard_normal(200000) * 1e-3).astype(np.float32)
+    got = ref.fma32(x, y, z)
+    # exact reference: fractions on a sample, plus constructed midpoint cases
+    from fractions import Fraction
+
+    for i in range(0, 200000, 997):
+        exact = Fraction(float(x[i])) * Fraction(float(y[i])) + Fraction(float(z[i]))
+        lo = np.float32(float(exact))
+        cands = [lo, np.nextafter(lo, np.float32(np.inf)), np.nextafter(lo, np.float32(-np.inf))]
+        best = min(
+            cands,
+            key=lambda c: (abs(Fraction(float(c)) - exact), int(np.float32(c).view(np.int32)) & 1),
+        )
+        assert got[i] == best
+    # (1 + 2^-12)^2 = 1 + 2^-11 + 2^-24 is an fp32 midpoint; a tiny z (lost in the float64 sum) decides the
+    # direction: a true fma rounds towards it, a double rounding would tie to even
+    u = np.float32(1 + 2**-12)
+    assert ref.fma32(u, u, np.float32(2**-80)) == np.float32(1 + 2**-11 + 2**-23)
+    assert ref.fma32(u, u, np.float32(-(2**-80))) == np.float32(1 + 2**-11)
+    assert ref.fma32(u, u, np.float32(0)) == np.float32(1 + 2**-11)  # exact tie: to even
+
+
+def test_accumulate_is_exact_int():
+    rng = np.random.default_rng()
+    x = rng.integers(-128, 128, size=(1, 64, 2, 3), dtype=np.int8)
+    w = rng.integers(-127, 128, size=(8, 64), dtype=np.int8)
+    acc = ref.accumulate(x, w)
+    n, h, ww = 0, 1, 2
+    assert acc[n, 5, h, ww] == sum(int(x[n, k, h, ww]) * int(w[5, k]) for k in range(64))
+
+
+def _kernels_lib():
+    from trtfuse.errors import UserError
+
+    try:
+        from trtfuse.ops import residual_conv as op
+
+        op.library()
+        return op
+    except (UserError, OSError) as e:
+        pytest.skip(f"kernels library not built: {e}")
+
+
+def test_c_abi_validates_arguments_without_gpu():
+    op = _kernels_lib()
+    rng = np.random.default_rng()
+    L = ref.random_layer(rng, 64, 32)
+    args = (64, 32, L["w"], L["w_scale"], L["bias"], 0.02, 0.03, 0.04)
+    assert op.check(*args) == 0
+    assert op.check(0, 32, L["w"], L["w_scale"], L["bias"], 0.02, 0.03, 0.04) == -2
+    assert op.check(64, 32, L["w"], L["w_scale"], L["bias"], 0.0, 0.03, 0.04) == -3
+    assert op.check(64, 32, L["w"], L["w_scale"], L["bias"], 0.02, float("nan"), 0.04) == -3
+    bad_w = L["w"].copy()
+    bad_w[3, 7] = -128
+    assert op.check(64, 32, bad_w, L["w_scale"], L["bias"], 0.02, 0.03, 0.04) == -4
+    bad_s = L["w_scale"].copy()
+    bad_s[5] = -1.0
+    assert op.check(64, 32, L["w"], bad_s, L["bias"], 0.02, 0.03, 0.04) == -3
+    # channels that are not multiples of 32 are accepted (kCHW32 padding)
+    L2 = ref.random_layer(rng, 144, 24)
+    assert op.check(144, 24, L2["w"], L2["w_scale"], L2["bias"], 0.02, 0.03, 0.04) == 0
+
+
+def test_tuning_cache_is_read(tmp_path):
+    op = _kernels_lib()
+    names = op.config_names()
+    assert len(names) == len(set(names)) >= 2
+    cache = tmp_path / "c.json"
+    cache.write_text(
+        json.dumps(
+            {
+                "version": 1,
+                "note": {"nested": [1, 2]},
+                "entries": [
+                    {
+                        "gpu": "GPU A",
+                        "cin": 64,
+                        "cout": 256,
+                        "hw": 3136,
+                        "batch": 256,
+                        "config": names[1],
+                        "ms": 0.5,
+                    },
+                    {
+                        "gpu": "GPU B",
+                        "cin": 64,
+                        "cout": 256,
+                        "hw": 3136,
+                        "batch": 256,
+                        "config": names[0],
+                        "ms": 0.5,
+                    },
+                    {
+                        "gpu": "GPU A",
+                        "cin": 512,
+                        "cout": 2048,
+                        "hw": 49,
+                        "batch": 2048,
+                        "config": names[2],
+                    },
+                ],
+            }
+        )
+    )
+    assert op.load_cache(str(cache)) >= 0
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"entries": [ {"gpu": "x", "cin": 1.5} ]}')
+    from trtfuse.errors import UserError
+
+    with pytest.raises(UserError):
+        op.load_cache(str(bad))
+
+
+# ---------------------------------------------------------------------------------------------- GPU
+class Cuda:
+    """The CUDA runtime the kernels library already loaded, through ctypes."""
+
+    def __init__(self):
+        op = _kernels_lib()
+        path = next(line.split()[-1] for line in open("/proc/self/maps") if "libcudart.so" in line)
+        self.rt = ctypes.CDLL(path)
+        self.op = op
+
+    def ok(self, st):
+        assert st == 0, f"CUDA error {st}"
+
+    def upload(self, a: np.ndarray) -> ctypes.c_void_p:
+        p = ctypes.c_void_p()
+        self.ok(self.rt.cudaMalloc(ctypes.byref(p), ctypes.c_size_t(max(a.nbytes, 1))))
+        self.ok(
+            self.rt.cudaMemcpy(p, a.ctypes.data_as(ctypes.c_void_p), ctypes.c_size_t(a.nbytes), 1)
+        )
+        return p
+
+    def download(self, p, like: np.ndarray) -> np.ndarray:
+        out = np.empty_like(like)
+        self.ok(
+            self.rt.cudaMemcpy(
+                out.ctypes.data_as(ctypes.c_void_p), p, ctypes.c_size_t(out.nbytes), 2
+            )
+        )
+        return out
+
+    def free(self, *ps):
+        for p in ps:
+            self.ok(self.rt.cudaFree(p))
+
+    def sync(self):
+        self.ok(self.rt.cudaDeviceSynchronize())
+
+
+@pytest.fixture(scope="module")
+def cuda():
+    return Cuda()
+
+
+def run_case(cuda, n, cin, cout, h, w, relu, config, rng):
+    L = ref.random_layer(rng, cin, cout, relu)
+    x = rng.integers(-128, 128, size=(n, cin, h, w), dtype=np.int8)
+    r = rng.integers(-128, 128, size=(n, cout, h, w), dtype=np.int8)
+    x32, r32 = ref.to_nc32hw32(x), ref.to_nc32hw32(r)
+    poisoned = np.full_like(r32, POISON)
+    dx, dr, do = cuda.upload(x32), cuda.upload(r32), cuda.upload(poisoned)
+    layer = cuda.op.ResidualConv(
+        L["w"], L["w_scale"], L["bias"], L["x_scale"], L["r_scale"], L["out_scale"], relu
+    )
+    try:
+        layer.forward(dx.value, dr.value, do.value, n, h, w, config)
+        cuda.sync()
+        got32 = cuda.download(do, poisoned)
+        assert (cuda.download(dr, r32) == r32).all(), "the residual input was modified"
+    finally:
+        layer.close()
+        cuda.free(dx, dr, do)
+    # padded output channels are written as 0
+    assert (ref.from_nc32hw32(got32, got32.shape[1] * 32)[:, cout:] == 0).all()
+    got = ref.from_nc32hw32(got32, cout)
+    args = (x, L["w"], L["w_scale"], L["bias"], r, L["x_scale"], L["r_scale"], L["out_scale"], relu)
+    acc = ref.accumulate(x, L["w"])
+    want = ref.reference_fp32(*args, acc=acc)
+    mism = int((got != want).sum())
+    assert mism == 0, f"{mism} of {got.size} outputs differ from the fp32 rounding rule"
+    one, more = ref.count_lsb_diffs(got, ref.reference_fp64(*args, acc=acc))
+    assert more == 0
+    return got.size, one
+
+
+SMALL = [  # (n, cin, cout, h, w)
+    (1, 64, 256, 8, 8),  # res2-like, batch 1
+    (3, 128, 512, 5, 7),  # odd N*H*W = 105: M tiles straddle images and the last one is partial
+    (5, 512, 2048, 7, 7),  # res5 shape at batch 5: M = 245
+    (2, 256, 1024, 14, 14),  # res4 shape
+    (1, 144, 24, 3, 5),  # EfficientNet-Lite-like: Cin, Cout not multiples of 32 (padded)
+    (2, 1152, 192, 7, 7),  # EfficientNet-Lite0 tail
+    (1, 32, 32, 1, 1),  # M = 1
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("relu", [True, False])
+@pytest.mark.parametrize("shape", SMALL, ids=lambda s: "x".join(map(str, s)))
+def test_small_auto_config(cuda, shape, relu):
+    size, one = run_case(cuda, *shape, relu, -1, np.random.default_rng())
+    print(
+        f"shape {shape} relu {relu}: {size} outputs, {one} differ from the float64 formula by 1 LSB"
+    )
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("config", range(13))
+@pytest.mark.parametrize(
+    "shape",
+    [(3, 128, 512, 5, 7), (1, 96, 72, 9, 11), (2, 512, 256, 7, 7)],
+    ids=lambda s: "x".join(map(str, s)),
+)
+def test_small_every_config(cuda, shape, config):
+    if config >= cuda.op.num_configs():
+        pytest.skip("no such config")
+    run_case(cuda, *shape, True, config, np.random.default_rng())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("stage", ["res2", "res3", "res4", "res5"])
+def test_resnet_stages_batch_8(cuda, stage):
+    cin, cout, hw = {
+        "res2": (64, 256, 56),
+        "res3": (128, 512, 28),
+        "res4": (256, 1024, 14),
+        "res5": (512, 2048, 7),
+    }[stage]
+    size, one = run_case(
+        cuda, 8 if stage != "res2" else 3, cin, cout, hw, hw, True, -1, np.random.default_rng()
+    )
+    print(f"{stage}: {size} outputs, {one} differ from the float64 formula by 1 LSB")
+
+
+@pytest.mark.gpu
+def test_forward_rejects_bad_arguments(cuda):
+    rng = np.random.default_rng()
+    L = ref.random_layer(rng, 64, 64)
+    with pytest.raises(RuntimeError, match=r"\(-3\)"):
+        cuda.op.ResidualConv(
+            L["w"], L["w_scale"], L["bias"], L["x_scale"], 0.0, L["out_scale"], True
+        )
+    layer = cuda.op.ResidualConv(
+        L["w"], L["w_scale"], L["bias"], L["x_scale"], L["r_scale"], L["out_scale"], True
+    )
+    buf = cuda.upload(np.zeros(64 * 64 * 4, np.int8))
+    try:
+        with pytest.raises(RuntimeError, match=r"\(-6\)"):
+            layer.forward(buf.value + 1, buf.value, buf.value, 1, 8, 8)
+        with pytest.raises(RuntimeError, match=r"\(-5\)"):
+            layer.forward(buf.value, buf.value, buf.value, 1, 8, 8, config=99)
+        with pytest.raises(RuntimeError, match=r"\(-2\)"):
+            layer.forward(buf.value, buf.value, buf.value, 0, 8, 8)
+    finally:
+        layer.close()
+        cuda.free(buf)

@@ -1,0 +1,65 @@
+"""TrtfuseResidualConv inside TensorRT: one small layer, exact against the rounding rule, and a serialize round trip.
+
+Needs TensorRT's Python API, cuda-python, a GPU and libtrtfuse_plugins.so (`trtfuse plugins build --tensorrt-root`).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytestmark = pytest.mark.tensorrt
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def side():
+    spec = importlib.util.spec_from_file_location(
+        "residual_conv_trt", ROOT / "benchmarks" / "residual_conv_trt.py"
+    )
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    mod.load_plugin_library()
+    return mod
+
+
+@pytest.mark.parametrize("relu", [True, False])
+def test_plugin_engine_exact_and_round_trip(side, relu):
+    stream = side.ck(side.cudart.cudaStreamCreate())
+    res = side.plugin_round_trip_check(np.random.default_rng(), stream, relu)
+    assert res["built"]["diff_1lsb"] == 0 and res["built"]["diff_more"] == 0
+    assert res["round_trip"]["diff_1lsb"] == 0 and res["round_trip"]["diff_more"] == 0
+    assert any("PluginV2" in line or "residual_conv" in line for line in res["layers"]), res[
+        "layers"
+    ]
+
+
+def test_creator_refuses_bad_fields(side):
+    import tensorrt as trt
+    from trtfuse.ops import residual_conv_reference as ref
+
+    L = ref.random_layer(np.random.default_rng(), 64, 32)
+    creator = side.plugin_creator()
+    names = {f.name for f in creator.field_names}
+    assert names == {
+        "weights",
+        "w_scale",
+        "bias",
+        "x_scale",
+        "r_scale",
+        "out_scale",
+        "relu",
+        "cin",
+        "cout",
+    }
+    assert creator.create_plugin("ok", side.plugin_fields(L, 64, 32)) is not None
+    bad = dict(L, out_scale=-1.0)
+    assert creator.create_plugin("bad", side.plugin_fields(bad, 64, 32)) is None
+    assert (
+        creator.create_plugin("bad", side.plugin_fields(L, 64, 33)) is None
+    )  # weights size != cin * cout
+    del trt

@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# TensorRT 8.5 work on the lent GPU machine, once /opt/trt85 is staged (../shared/device/README.md).
+#
+#   bash tools/device_trt.sh STEP [STEP ...]
+#
+# Steps: build (the plugin library against /opt/trt85), layernorm (plugin tests), conv (TensorRT's
+# own int8 conv+add+relu vs the plugin, benchmark), minilm (rewritten MiniLM engine vs PyTorch),
+# e2e-stash (keep a carried e2e bundle part), e2e:STAGES (resnet50_e2e.py run --stages STAGES).
+# A failing step does not stop the next. Logs and results accumulate in /tmp/trtfuse-results (outside
+# the work tree, which each call replaces); $OUT gets the JSON results and logs.tgz (at most 8 files come back).
+# Exit status: the number of failed steps.
+set -u
+cd "$(dirname "$0")/.."
+# shellcheck disable=SC1091
+source /opt/trt85/env.sh
+# shellcheck disable=SC1091
+source tools/dev_env.sh
+OUT=${OUT:-/tmp/trtfuse-out}
+RESULTS=/tmp/trtfuse-results
+mkdir -p "$OUT" "$RESULTS/logs"
+export PYTHONUNBUFFERED=1
+export TRTFUSE_BUILD_DIR=/tmp/trtfuse-build   # kept between calls on a warm machine
+export TRTFUSE_PLUGIN_LIB=$TRTFUSE_BUILD_DIR/libtrtfuse_plugins.so
+failed=0
+
+run_step() {
+    local name=$1; shift
+    echo "=== $name: $*"
+    local t0=$SECONDS
+    "$@" > "$RESULTS/logs/$name.log" 2>&1
+    local rc=$?
+    echo "=== $name rc=$rc ($((SECONDS - t0)) s)"
+    tail -n "${TAIL:-12}" "$RESULTS/logs/$name.log"
+    [ "$rc" = 0 ] || failed=$((failed + 1))
+}
+
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
+for step in "$@"; do
+    case $step in
+        build) run_step build python3.10 -m trtfuse.plugin_build build --tensorrt-root "$TENSORRT_ROOT" --archs 90 ;;
+        layernorm) run_step layernorm python3.10 -m pytest -q -m tensorrt -p no:cacheprovider tests/test_layernorm_plugin.py ;;
+        conv) run_step conv env TRTFUSE_RESIDUAL_CONV_CACHE=benchmarks/results/residual_conv_tuning_h100.json \
+                  python3.10 benchmarks/residual_conv_trt.py --qdq --out "$RESULTS/residual_conv_h100.json" ;;
+        conv-test) run_step conv-test python3.10 -m pytest -q -m tensorrt -p no:cacheprovider tests/test_residual_conv_plugin.py ;;
+        minilm) run_step minilm python3.10 benchmarks/minilm_trt.py check --out "$RESULTS/minilm_trt.json" ;;
+        e2e-stash) run_step e2e-stash python3.10 benchmarks/resnet50_e2e.py stash ;;
+        e2e:*) run_step "e2e-${step#e2e:}" python3.10 benchmarks/resnet50_e2e.py run \
+                   --out "$RESULTS/resnet50_e2e_h100.json" --stages "${step#e2e:}" ;;
+        *) echo "unknown step $step"; failed=$((failed + 1)) ;;
+    esac
+done
+cp "$RESULTS"/*.json "$OUT"/ 2>/dev/null
+tar -C "$RESULTS" -czf "$OUT/logs.tgz" logs
+exit "$failed"
