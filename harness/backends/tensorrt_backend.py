@@ -1,0 +1,211 @@
+"""TensorRT backend: a deserialized engine, N streams each with its own context and pinned buffers.
+
+Why N slots: LoadGen's issue threads call ``infer`` concurrently; while one slot's batch computes,
+another's host->device copy runs, so copies hide behind compute. Each slot owns one optimization
+profile (TensorRT 8.x lets a profile serve one context at a time; the engine is built with one per
+slot) and, per batch size, a CUDA graph of the engine launch once that batch size has been seen
+(graphs remove the per-layer launch cost; copies stay outside the graph so the buffers can be reused).
+Input in int8: when the engine was built with int8 input, the host sends ``round(x / s)``, exactly
+what the network's first QuantizeLinear would compute, in a quarter of the bytes.
+"""
+
+from __future__ import annotations
+
+import queue
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+from trtfuse.backends import Backend
+from trtfuse.engine import (
+    QDQ_FILE,
+    BuildConfig,
+    build_engine,
+    import_tensorrt,
+    input_scale,
+    load_plugin_library,
+)
+from trtfuse.errors import UserError
+
+_NP = {"FLOAT": np.float32, "HALF": np.float16, "INT8": np.int8, "INT32": np.int32}
+
+
+class _Slot:
+    def __init__(self, cr, engine, index, max_batch, in_name, out_name, in_shape, out_shape,
+                 in_dtype, out_dtype):
+        self.cr, self.index = cr, index
+        self.stream = cr.Stream()
+        self.context = engine.create_execution_context()
+        if engine.num_optimization_profiles > 1:
+            self.context.set_optimization_profile_async(index, self.stream.ptr)
+        self.in_name, self.out_name = in_name, out_name
+        self.in_shape, self.out_shape = in_shape, out_shape
+        self.host_in = cr.PinnedBuffer((max_batch, *in_shape), in_dtype)
+        self.host_out = cr.PinnedBuffer((max_batch, *out_shape), out_dtype)
+        self.dev_in = cr.DeviceBuffer(self.host_in.nbytes)
+        self.dev_out = cr.DeviceBuffer(self.host_out.nbytes)
+        self.context.set_tensor_address(in_name, self.dev_in.ptr)
+        self.context.set_tensor_address(out_name, self.dev_out.ptr)
+        self.graphs: dict[int, object] = {}
+        self.shape_n = None
+
+    def enqueue(self, n: int, use_graph: bool) -> None:
+        """Launch the engine for batch n on this slot's stream (graph when captured)."""
+        if self.shape_n != n:
+            self.context.set_input_shape(self.in_name, (n, *self.in_shape))
+            self.shape_n = n
+        graph = self.graphs.get(n)
+        if graph is not None:
+            graph.launch()
+            return
+        if not self.context.execute_async_v3(self.stream.ptr):
+            raise RuntimeError("TensorRT execute_async_v3 failed")
+        if use_graph and n not in self.graphs:
+            # Capture after one plain run with this shape (TensorRT settles its state on the first).
+            self.stream.synchronize()
+            try:
+                with self.cr.Graph.capture(self.stream) as g:
+                    self.context.execute_async_v3(self.stream.ptr)
+                self.graphs[n] = g
+            except Exception as e:  # noqa: BLE001 - any capture failure: run this batch size plainly
+                print(f"note: CUDA graph capture failed for batch {n} ({e}); running without",
+                      file=sys.stderr)
+                self.graphs[n] = None
+
+    def free(self) -> None:
+        for g in self.graphs.values():
+            if g is not None:
+                g.destroy()
+        for b in (self.host_in, self.host_out, self.dev_in, self.dev_out):
+            b.free()
+        self.stream.destroy()
+
+
+class TensorRTBackend(Backend):
+    """Options: engine (a built engine file; else one is built for the model), precision ("int8"),
+    plugins (False), streams (2), cuda_graphs (True), input_format ("float" | "int8"), plugin_lib."""
+
+    name = "tensorrt"
+
+    def __init__(self, engine: str | None = None, precision: str = "int8", plugins: bool = False,
+                 streams: int = 2, cuda_graphs: bool = True, input_format: str = "float",
+                 plugin_lib: str | None = None, **_ignored):
+        self.trt = import_tensorrt()
+        from trtfuse import cuda_runtime
+
+        cuda_runtime.require_gpu()
+        self.cr = cuda_runtime
+        self.engine_path = engine
+        self.precision, self.plugins = precision, bool(plugins)
+        self.n_streams, self.cuda_graphs, self.input_format = int(streams), bool(cuda_graphs), input_format
+        self.plugin_lib = plugin_lib
+        self.slots: list[_Slot] = []
+        self._free: queue.Queue = queue.Queue()
+        self._scale = None
+        self._int8_input = False
+
+    def load(self, model, batch_size: int) -> None:
+        trt = self.trt
+        if self.engine_path is None:
+            cfg = BuildConfig(precision=self.precision, plugins=self.plugins, batch=batch_size,
+                              input_format=self.input_format, profiles=self.n_streams)
+            self.engine_path = str(build_engine(model.dir, cfg, self.plugin_lib))
+        path = Path(self.engine_path)
+        if not path.is_file():
+            raise UserError(f"engine file {path} does not exist", "build one with `trtfuse build`")
+        self.logger = trt.Logger(trt.Logger.WARNING)
+        trt.init_libnvinfer_plugins(self.logger, "")
+        if self.plugins:
+            load_plugin_library(self.plugin_lib)
+        else:
+            # An engine built with plugins needs their creators registered to deserialize, even when
+            # the caller did not say so: load the library if it is built, quietly skip it if not.
+            try:
+                load_plugin_library(self.plugin_lib)
+            except UserError:
+                pass
+        runtime = trt.Runtime(self.logger)
+        self.engine = runtime.deserialize_cuda_engine(path.read_bytes())
+        if self.engine is None:
+            raise UserError(f"TensorRT could not deserialize {path}",
+                            "rebuild it with this TensorRT version (and load the plugins it uses)")
+        names = [self.engine.get_tensor_name(i) for i in range(self.engine.num_io_tensors)]
+        inputs = [n for n in names if self.engine.get_tensor_mode(n) == trt.TensorIOMode.INPUT]
+        outputs = [n for n in names if self.engine.get_tensor_mode(n) == trt.TensorIOMode.OUTPUT]
+        in_name = inputs[0]
+        out_name = model.output_name if model.output_name in outputs else outputs[0]
+        if hasattr(self.engine, "get_tensor_profile_shape"):  # TensorRT >= 8.5
+            profile_max = self.engine.get_tensor_profile_shape(in_name, 0)[2]
+        else:
+            profile_max = self.engine.get_profile_shape(0, in_name)[2]
+        self.max_batch = min(int(profile_max[0]), batch_size) if batch_size else int(profile_max[0])
+        in_shape = tuple(int(d) for d in profile_max[1:])
+        out_shape = tuple(int(d) for d in self.engine.get_tensor_shape(out_name)[1:])
+        in_dtype = _NP[self.engine.get_tensor_dtype(in_name).name]
+        out_dtype = _NP[self.engine.get_tensor_dtype(out_name).name]
+        self._int8_input = in_dtype == np.int8
+        if self._int8_input or (Path(model.dir) / QDQ_FILE).is_file():
+            self._scale = np.float32(input_scale(model.dir))
+        n_slots = min(self.n_streams, self.engine.num_optimization_profiles)
+        if n_slots < self.n_streams:
+            print(f"note: engine has {n_slots} optimization profile(s); using {n_slots} stream(s)",
+                  file=sys.stderr)
+        for i in range(n_slots):
+            slot = _Slot(self.cr, self.engine, i, self.max_batch, in_name, out_name,
+                         in_shape, out_shape, in_dtype, out_dtype)
+            self.slots.append(slot)
+            self._free.put(slot)
+
+    def _stage_input(self, slot: _Slot, batch: np.ndarray) -> None:
+        """Write the batch into the pinned input in the engine's type. int8 batches are already
+        quantized with the input scale (the QuantizeLinear's output): passed through to an int8
+        engine, dequantized for a float one."""
+        n = len(batch)
+        if self._int8_input and batch.dtype != np.int8:
+            slot.host_in.array[:n] = np.clip(np.rint(batch / self._scale), -128, 127).astype(np.int8)
+        elif not self._int8_input and batch.dtype == np.int8:
+            if self._scale is None:
+                raise ValueError("int8 input batch for a float engine without a Q/DQ model to scale it")
+            slot.host_in.array[:n] = batch.astype(np.float32) * self._scale
+        else:
+            slot.host_in.array[:n] = batch
+
+    def infer(self, batch: np.ndarray) -> np.ndarray:
+        n = len(batch)
+        if n > self.max_batch:
+            raise ValueError(f"batch {n} exceeds max_batch {self.max_batch}")
+        slot = self._free.get()
+        try:
+            self._stage_input(slot, batch)
+            nbytes_in = slot.host_in.array[:n].nbytes
+            self.cr.copy_htod_async(slot.dev_in, slot.host_in, nbytes_in, slot.stream)
+            slot.enqueue(n, self.cuda_graphs)
+            self.cr.copy_dtoh_async(slot.host_out, slot.dev_out, slot.host_out.array[:n].nbytes, slot.stream)
+            slot.stream.synchronize()
+            return slot.host_out.array[:n].reshape(n, -1).astype(np.float32, copy=True)
+        finally:
+            self._free.put(slot)
+
+    def engine_throughput(self, batch: int, seconds: float = 5.0, warmup: int = 10) -> float:
+        """Samples/s of the engine alone, input resident on the device (no copies), all slots busy."""
+        for slot in self.slots:
+            self.cr.memset(slot.dev_in, 1)
+            for _ in range(warmup):
+                slot.enqueue(batch, self.cuda_graphs)
+            slot.stream.synchronize()
+        runs = 0
+        start = time.perf_counter()
+        while time.perf_counter() - start < seconds:
+            for slot in self.slots:
+                for _ in range(4):
+                    slot.enqueue(batch, self.cuda_graphs)
+                runs += 4
+            for slot in self.slots:
+                slot.stream.synchronize()
+        return runs * batch / (time.perf_counter() - start)
+
+    def close(self) -> None:
+        for slot in self.slots:
+            slot.free()
+        self.slots = []

@@ -1,0 +1,179 @@
+"""A small checked layer over the CUDA runtime from cuda-python: memory, streams, events, graphs.
+
+cuda-python names the module ``cuda.bindings.runtime`` (12.x later, 13.x) or ``cuda.cudart``
+(older); both are tried. Every call returns ``(err, *values)`` there: ``check`` turns a failure into
+an exception naming the call, so a failing CUDA call is never silently ignored.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from trtfuse.errors import UserError
+
+try:  # cuda-python >= 12.6 / 13
+    from cuda.bindings import runtime as cudart
+except ImportError:  # pragma: no cover - older cuda-python
+    try:
+        from cuda import cudart  # type: ignore[no-redef]
+    except ImportError as e:
+        raise UserError("cuda-python is not installed (the TensorRT backend drives the GPU with it)",
+                        "pip install cuda-python") from e
+
+
+class CudaError(RuntimeError):
+    pass
+
+
+def check(result, what: str = "CUDA call"):
+    """Unpack a cuda-python ``(err, *values)`` result, raising on error."""
+    err, *values = result if isinstance(result, tuple) else (result,)
+    if int(err) != 0:
+        _, name = cudart.cudaGetErrorName(err)
+        raise CudaError(f"{what} failed: {name.decode() if isinstance(name, bytes) else name}")
+    if not values:
+        return None
+    return values[0] if len(values) == 1 else tuple(values)
+
+
+def device_count() -> int:
+    err, n = cudart.cudaGetDeviceCount()
+    return int(n) if int(err) == 0 else 0
+
+
+def require_gpu() -> None:
+    if device_count() == 0:
+        raise UserError("no CUDA GPU is visible (cudaGetDeviceCount found none or the driver is missing)",
+                        "run on a machine with an NVIDIA GPU and driver, or use --backend onnxruntime")
+
+
+def device_name(device: int = 0) -> str:
+    props = check(cudart.cudaGetDeviceProperties(device), "cudaGetDeviceProperties")
+    name = props.name
+    return (name.decode() if isinstance(name, bytes) else str(name)).rstrip("\x00").strip()
+
+
+class DeviceBuffer:
+    """``nbytes`` of device memory (cudaMalloc), freed by ``free()``."""
+
+    def __init__(self, nbytes: int):
+        self.nbytes = int(nbytes)
+        self.ptr = int(check(cudart.cudaMalloc(max(self.nbytes, 1)), f"cudaMalloc({nbytes})"))
+
+    def free(self) -> None:
+        if self.ptr:
+            check(cudart.cudaFree(self.ptr), "cudaFree")
+            self.ptr = 0
+
+
+class PinnedBuffer:
+    """Page-locked host memory viewed as a numpy array (async copies need pinned memory)."""
+
+    def __init__(self, shape, dtype):
+        self.dtype = np.dtype(dtype)
+        self.nbytes = int(np.prod(shape)) * self.dtype.itemsize
+        self.ptr = int(check(cudart.cudaMallocHost(max(self.nbytes, 1)), f"cudaMallocHost({self.nbytes})"))
+        import ctypes
+
+        raw = (ctypes.c_byte * max(self.nbytes, 1)).from_address(self.ptr)
+        self.array = np.frombuffer(raw, dtype=self.dtype, count=int(np.prod(shape))).reshape(shape)
+
+    def free(self) -> None:
+        if self.ptr:
+            self.array = None
+            check(cudart.cudaFreeHost(self.ptr), "cudaFreeHost")
+            self.ptr = 0
+
+
+class Stream:
+    def __init__(self):
+        self.handle = check(cudart.cudaStreamCreateWithFlags(cudart.cudaStreamNonBlocking),
+                            "cudaStreamCreate")
+
+    @property
+    def ptr(self) -> int:
+        return int(self.handle)
+
+    def synchronize(self) -> None:
+        check(cudart.cudaStreamSynchronize(self.handle), "cudaStreamSynchronize")
+
+    def wait(self, event: Event) -> None:
+        check(cudart.cudaStreamWaitEvent(self.handle, event.handle, 0), "cudaStreamWaitEvent")
+
+    def destroy(self) -> None:
+        if self.handle is not None:
+            check(cudart.cudaStreamDestroy(self.handle), "cudaStreamDestroy")
+            self.handle = None
+
+
+class Event:
+    def __init__(self, timing: bool = False):
+        flags = cudart.cudaEventDefault if timing else cudart.cudaEventDisableTiming
+        self.handle = check(cudart.cudaEventCreateWithFlags(flags), "cudaEventCreate")
+
+    def record(self, stream: Stream) -> None:
+        check(cudart.cudaEventRecord(self.handle, stream.handle), "cudaEventRecord")
+
+    def synchronize(self) -> None:
+        check(cudart.cudaEventSynchronize(self.handle), "cudaEventSynchronize")
+
+    def elapsed_ms(self, start: Event) -> float:
+        return float(check(cudart.cudaEventElapsedTime(start.handle, self.handle), "cudaEventElapsedTime"))
+
+    def destroy(self) -> None:
+        if self.handle is not None:
+            check(cudart.cudaEventDestroy(self.handle), "cudaEventDestroy")
+            self.handle = None
+
+
+def copy_htod_async(dst: DeviceBuffer | int, src: PinnedBuffer, nbytes: int, stream: Stream) -> None:
+    dptr = dst.ptr if isinstance(dst, DeviceBuffer) else int(dst)
+    check(cudart.cudaMemcpyAsync(dptr, src.ptr, nbytes, cudart.cudaMemcpyKind.cudaMemcpyHostToDevice,
+                                 stream.handle), "cudaMemcpyAsync H2D")
+
+
+def copy_dtoh_async(dst: PinnedBuffer, src: DeviceBuffer | int, nbytes: int, stream: Stream) -> None:
+    sptr = src.ptr if isinstance(src, DeviceBuffer) else int(src)
+    check(cudart.cudaMemcpyAsync(dst.ptr, sptr, nbytes, cudart.cudaMemcpyKind.cudaMemcpyDeviceToHost,
+                                 stream.handle), "cudaMemcpyAsync D2H")
+
+
+def memset(dst: DeviceBuffer, value: int = 0) -> None:
+    check(cudart.cudaMemset(dst.ptr, value, dst.nbytes), "cudaMemset")
+
+
+class Graph:
+    """A captured CUDA graph: ``with Graph.capture(stream) as g: <enqueue work>`` then ``g.launch``."""
+
+    def __init__(self, stream: Stream):
+        self.stream = stream
+        self.graph = None
+        self.exec = None
+
+    @classmethod
+    def capture(cls, stream: Stream) -> Graph:
+        return cls(stream)
+
+    def __enter__(self) -> Graph:
+        mode = cudart.cudaStreamCaptureMode.cudaStreamCaptureModeThreadLocal
+        check(cudart.cudaStreamBeginCapture(self.stream.handle, mode), "cudaStreamBeginCapture")
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        graph = check(cudart.cudaStreamEndCapture(self.stream.handle), "cudaStreamEndCapture")
+        if exc_type is not None:
+            if graph is not None:
+                cudart.cudaGraphDestroy(graph)
+            return
+        self.graph = graph
+        self.exec = check(cudart.cudaGraphInstantiate(graph, 0), "cudaGraphInstantiate")
+
+    def launch(self, stream: Stream | None = None) -> None:
+        check(cudart.cudaGraphLaunch(self.exec, (stream or self.stream).handle), "cudaGraphLaunch")
+
+    def destroy(self) -> None:
+        if self.exec is not None:
+            check(cudart.cudaGraphExecDestroy(self.exec), "cudaGraphExecDestroy")
+            self.exec = None
+        if self.graph is not None:
+            check(cudart.cudaGraphDestroy(self.graph), "cudaGraphDestroy")
+            self.graph = None

@@ -1,0 +1,294 @@
+"""``trtfuse build``: quantize (CPU, ONNX Runtime), rewrite for the fused plugin, build a TensorRT engine.
+
+    trtfuse build MODEL_DIR --precision int8 --calibration IMAGES [--calib-method max] --plugins on --batch 256
+    trtfuse build MODEL_DIR --precision int8 --calibration IMAGES --quantize-only   # no TensorRT needed
+
+int8 needs an explicitly quantized graph: ``MODEL_DIR/model.int8.onnx`` (written by the quantize step
+from ``--calibration``, reused afterwards). ``--plugins on`` rewrites its residual tails into
+TrtfuseResidualConv nodes (``model.int8.plugins.onnx``) and loads the plugin library before parsing.
+Engines are cached under ``$TRTFUSE_HOME/engines/`` keyed by the hash of the ONNX bytes handed to
+the parser + the build config + the TensorRT version + the GPU name; a timing cache lives beside them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import dataclasses
+import hashlib
+import json
+import sys
+import time
+from pathlib import Path
+
+from trtfuse.errors import UserError
+
+QDQ_FILE = "model.int8.onnx"
+PLUGIN_FILE = "model.int8.plugins.onnx"
+QUANT_META = "quantize.json"
+
+
+@dataclasses.dataclass
+class BuildConfig:
+    precision: str = "int8"          # int8 | fp16 | fp32
+    plugins: bool = False
+    batch: int = 256                 # max (= opt) batch of the optimization profile
+    min_batch: int = 1
+    workspace_gb: float = 8.0
+    input_format: str = "float"      # float | int8 (CHW4 int8 input: the host sends quantized pixels)
+    tactic_sources_off: bool = True  # TensorRT 8.5 on the lent machine has no cuBLAS/cuDNN
+    weight_dtype: str = "int32"      # how the plugin's int8 weights travel in the ONNX attribute
+    profiles: int = 2                # one optimization profile per concurrent context (stream)
+
+    def key(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+# ----------------------------------------------------------------------------- quantize step
+def quantize_model_dir(model_dir: Path, calibration: str, method: str = "max", percentile: float = 99.99,
+                       every: int = 7, batch: int = 16, force: bool = False) -> Path:
+    """Write ``model_dir/model.int8.onnx`` (Q/DQ, per-channel int8 weights) from the fp32 model,
+    calibrated on the images of ``calibration`` whose sorted index i has ``i % every == 0``."""
+    import onnx
+    from trtfuse.data import open_dataset
+    from trtfuse.models import load_prepared
+    from trtfuse.models.bn_fold import fold_pad_into_conv
+    from trtfuse.models.quantize import calibrate, calibration_split, quantize
+
+    out = model_dir / QDQ_FILE
+    meta_path = model_dir / QUANT_META
+    wanted = {"calibration": str(Path(calibration).resolve()) if calibration != "demo" else "demo",
+              "method": method, "percentile": percentile, "every": every}
+    if out.is_file() and meta_path.is_file() and not force:
+        meta = json.loads(meta_path.read_text())
+        if {k: meta.get(k) for k in wanted} == wanted:
+            return out
+    prepared = load_prepared(model_dir)
+    dataset = open_dataset(calibration, prepared.preprocess)
+    calib, _ = calibration_split(dataset.names, every)
+    print(f"trtfuse: calibrating {prepared.name} on {len(calib)} of {len(dataset)} images "
+          f"(sorted index % {every} == 0), method {method}", file=sys.stderr)
+    model, pads = fold_pad_into_conv(onnx.load(prepared.onnx_path))
+    images = dataset.images(calib)
+    batches = [images[i:i + batch] for i in range(0, len(images), batch)]
+    stats = calibrate(model, batches)
+    result = quantize(model, stats, method, percentile)
+    onnx.save(result.model, out)
+    meta = {**wanted, "calibration_images": [dataset.names[i] for i in calib], "folded_pad": pads,
+            "folded_bn": result.folded_bn, "activation_qdq": result.activation_qdq,
+            "weight_qdq": result.weight_qdq, "identity_adds": result.identity_adds}
+    meta_path.write_text(json.dumps(meta, indent=1) + "\n")
+    print(f"trtfuse: wrote {out} ({result.activation_qdq} activation Q/DQ, {result.weight_qdq} "
+          f"per-channel weights, {result.folded_bn} BN folded)", file=sys.stderr)
+    return out
+
+
+def onnx_for_build(model_dir: Path, cfg: BuildConfig) -> bytes:
+    """The ONNX bytes the parser gets for ``cfg`` (int8: Q/DQ graph, rewritten when plugins on)."""
+    import onnx
+    from trtfuse.models import load_prepared
+    from trtfuse.models.quantize import weights_as_float_qdq
+    from trtfuse.models.residual_conv_rewrite import rewrite
+
+    if cfg.precision != "int8":
+        if cfg.plugins:
+            raise UserError("--plugins on needs --precision int8 (the fused plugin is int8)",
+                            "add --precision int8, or use --plugins off")
+        return Path(load_prepared(model_dir).onnx_path).read_bytes()
+    qdq = model_dir / QDQ_FILE
+    if not qdq.is_file():
+        raise UserError(f"{qdq} does not exist: int8 needs a calibrated Q/DQ model",
+                        f"quantize first: `trtfuse build {model_dir} --precision int8 --calibration "
+                        "IMAGES --quantize-only` (IMAGES: a folder of labelled images)")
+    model = onnx.load(qdq)
+    if cfg.plugins:
+        model, n = rewrite(model, cfg.weight_dtype)
+        print(f"trtfuse: replaced {n} residual tails with TrtfuseResidualConv", file=sys.stderr)
+        if n == 0:
+            raise UserError("--plugins on found no residual tail to fuse in this model",
+                            "use --plugins off for it")
+        onnx.save(model, model_dir / PLUGIN_FILE)
+    # TensorRT 8.5's parser wants quantized weights as float constants behind a QuantizeLinear; every
+    # later version parses that form too, so it is the one handed over.
+    return weights_as_float_qdq(model).SerializeToString()
+
+
+# ----------------------------------------------------------------------------- TensorRT
+def import_tensorrt():
+    try:
+        import tensorrt as trt
+    except ImportError as e:
+        from trtfuse.backends import TENSORRT_MISSING
+
+        raise TENSORRT_MISSING from e
+    return trt
+
+
+def load_plugin_library(path: str | None = None) -> Path:
+    """dlopen libtrtfuse_plugins.so (RTLD_GLOBAL) so its creators register before parsing."""
+    from trtfuse.plugin_build import library_path
+
+    lib = Path(path) if path else Path(library_path("plugins"))
+    if not lib.is_file():
+        raise UserError(f"the TensorRT plugin library {lib} does not exist",
+                        "build it with `trtfuse plugins build --tensorrt-root $TENSORRT_ROOT` "
+                        "(or set TRTFUSE_PLUGIN_LIB)")
+    ctypes.CDLL(str(lib), mode=ctypes.RTLD_GLOBAL)
+    return lib
+
+
+def engine_cache_dir() -> Path:
+    from trtfuse.models.prepared import trtfuse_home
+
+    return trtfuse_home() / "engines"
+
+
+def engine_key(onnx_bytes: bytes, cfg: BuildConfig, trt_version: str, gpu: str) -> str:
+    text = json.dumps({"onnx": hashlib.sha256(onnx_bytes).hexdigest(), "config": cfg.key(),
+                       "tensorrt": trt_version, "gpu": gpu}, sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:20]
+
+
+def build_engine(model_dir: str | Path, cfg: BuildConfig, plugin_lib: str | None = None,
+                 rebuild: bool = False) -> Path:
+    """Build (or find in the cache) the engine for ``model_dir`` and ``cfg``; returns its path."""
+    model_dir = Path(model_dir)
+    trt = import_tensorrt()
+    from trtfuse import cuda_runtime
+    from trtfuse.models import load_prepared
+
+    cuda_runtime.require_gpu()
+    gpu = cuda_runtime.device_name()
+    prepared = load_prepared(model_dir)
+    onnx_bytes = onnx_for_build(model_dir, cfg)
+    key = engine_key(onnx_bytes, cfg, trt.__version__, gpu)
+    cache = engine_cache_dir()
+    cache.mkdir(parents=True, exist_ok=True)
+    path = cache / f"{prepared.name}-{cfg.precision}-{'plugins' if cfg.plugins else 'stock'}-b{cfg.batch}-{key}.engine"
+    if path.is_file() and not rebuild:
+        print(f"trtfuse: engine cached: {path}", file=sys.stderr)
+        return path
+
+    logger = trt.Logger(trt.Logger.WARNING)
+    trt.init_libnvinfer_plugins(logger, "")
+    if cfg.plugins:
+        print(f"trtfuse: plugin library {load_plugin_library(plugin_lib)}", file=sys.stderr)
+    builder = trt.Builder(logger)
+    network = builder.create_network(1 << int(trt.NetworkDefinitionCreationFlag.EXPLICIT_BATCH))
+    parser = trt.OnnxParser(network, logger)
+    if not parser.parse(onnx_bytes):
+        errors = "; ".join(str(parser.get_error(i)) for i in range(parser.num_errors))
+        raise UserError(f"TensorRT's ONNX parser rejected the model: {errors}",
+                        "check the plugin library is built for this TensorRT (trtfuse plugins build)")
+    config = builder.create_builder_config()
+    config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, int(cfg.workspace_gb * (1 << 30)))
+    if cfg.precision in ("int8", "fp16"):
+        config.set_flag(trt.BuilderFlag.FP16)  # layers left in float may use fp16
+    if cfg.precision == "int8":
+        config.set_flag(trt.BuilderFlag.INT8)
+    if cfg.tactic_sources_off:
+        config.set_tactic_sources(0)
+
+    inp = network.get_input(0)
+    c, h, w = prepared.input_shape
+    for _ in range(max(cfg.profiles, 1)):  # identical profiles: one per concurrent context
+        profile = builder.create_optimization_profile()
+        profile.set_shape(inp.name, (cfg.min_batch, c, h, w), (cfg.batch, c, h, w), (cfg.batch, c, h, w))
+        config.add_optimization_profile(profile)
+    if cfg.input_format == "int8":
+        if cfg.precision != "int8":
+            raise UserError("--input-format int8 needs --precision int8", "use --input-format float")
+        inp.dtype = trt.int8
+        inp.allowed_formats = 1 << int(trt.TensorFormat.CHW4)
+        # The int8 input holds round(x / s) for the scale s of the input's QuantizeLinear; the
+        # dynamic range says so (retried without it below if this TensorRT refuses it in a Q/DQ net).
+        scale = input_scale(model_dir)
+        inp.set_dynamic_range(-127 * scale, 127 * scale)
+
+    timing_path = cache / f"timing-{hashlib.sha256((trt.__version__ + gpu).encode()).hexdigest()[:12]}.cache"
+    timing = config.create_timing_cache(timing_path.read_bytes() if timing_path.is_file() else b"")
+    config.set_timing_cache(timing, ignore_mismatch=False)
+
+    print(f"trtfuse: building {path.name} on {gpu} with TensorRT {trt.__version__} "
+          f"(precision {cfg.precision}, plugins {'on' if cfg.plugins else 'off'}, batch {cfg.batch}) ...",
+          file=sys.stderr, flush=True)
+    t0 = time.time()
+    serialized = builder.build_serialized_network(network, config)
+    if serialized is None and cfg.input_format == "int8":
+        print("trtfuse: build failed with a dynamic range on the int8 input; retrying without it",
+              file=sys.stderr, flush=True)
+        inp.reset_dynamic_range()
+        serialized = builder.build_serialized_network(network, config)
+    if serialized is None:
+        raise UserError("TensorRT failed to build the engine (see its log above)",
+                        "try --workspace with more GB, or --plugins off to isolate the plugin")
+    tmp = path.with_suffix(".tmp")
+    tmp.write_bytes(bytes(serialized))
+    tmp.replace(path)
+    timing_path.write_bytes(bytes(config.get_timing_cache().serialize()))
+    meta = {"model": prepared.name, "config": cfg.key(), "tensorrt": trt.__version__, "gpu": gpu,
+            "build_s": round(time.time() - t0, 1)}
+    path.with_suffix(".json").write_text(json.dumps(meta, indent=1) + "\n")
+    print(f"trtfuse: built in {meta['build_s']} s -> {path}", file=sys.stderr)
+    return path
+
+
+def input_scale(model_dir: Path) -> float:
+    """The scale of the QuantizeLinear that reads the network input (int8 input = its output)."""
+    import onnx
+    from onnx import numpy_helper
+
+    model = onnx.load(Path(model_dir) / QDQ_FILE)
+    name = model.graph.input[0].name
+    inits = {t.name: t for t in model.graph.initializer}
+    for node in model.graph.node:
+        if node.op_type == "QuantizeLinear" and node.input[0] == name:
+            return float(numpy_helper.to_array(inits[node.input[1]]))
+    raise UserError(f"{QDQ_FILE} has no QuantizeLinear on its input", "quantize it again with trtfuse build")
+
+
+# ----------------------------------------------------------------------------- CLI
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="trtfuse build", description=__doc__.splitlines()[0])
+    p.add_argument("model_dir", help="a prepared model folder (trtfuse prepare)")
+    p.add_argument("--precision", choices=("int8", "fp16", "fp32"), default="int8")
+    p.add_argument("--plugins", choices=("on", "off"), default="off")
+    p.add_argument("--batch", type=int, default=256)
+    p.add_argument("--workspace", type=float, default=8.0, metavar="GB")
+    p.add_argument("--input-format", choices=("float", "int8"), default="float")
+    p.add_argument("--tactic-sources", choices=("none", "default"), default="none",
+                   help="none: no cuBLAS/cuDNN tactics (TensorRT 8.5 on the lent GPU machine)")
+    p.add_argument("--weight-dtype", choices=("int8", "int32", "float"), default="int32",
+                   help="type of the plugin's weights attribute")
+    p.add_argument("--calibration", help="labelled images to calibrate int8 on (quantize step)")
+    p.add_argument("--calib-method", choices=("max", "percentile", "entropy"), default="max")
+    p.add_argument("--percentile", type=float, default=99.99)
+    p.add_argument("--calib-every", type=int, default=7,
+                   help="calibrate on the images whose sorted index %% N == 0 (never evaluate on them)")
+    p.add_argument("--quantize-only", action="store_true", help="write model.int8.onnx and stop")
+    p.add_argument("--streams", type=int, default=2, help="optimization profiles (concurrent contexts)")
+    p.add_argument("--plugin-lib", help="libtrtfuse_plugins.so (default: the built one)")
+    p.add_argument("--rebuild", action="store_true", help="ignore the engine cache")
+    return p
+
+
+def cli_main(argv: list[str]) -> int:
+    args = _parser().parse_args(argv)
+    model_dir = Path(args.model_dir).expanduser()
+    if not (model_dir / "model.json").is_file():
+        raise UserError(f"{model_dir} is not a prepared model folder (no model.json)",
+                        "run `trtfuse prepare MODEL` first and pass its folder")
+    if args.batch < 1:
+        raise UserError(f"--batch {args.batch} must be at least 1", "pass a positive batch size")
+    if args.precision == "int8" and args.calibration:
+        quantize_model_dir(model_dir, args.calibration, args.calib_method, args.percentile, args.calib_every)
+    if args.quantize_only:
+        if not args.calibration:
+            raise UserError("--quantize-only needs --calibration IMAGES", "pass the calibration images")
+        return 0
+    cfg = BuildConfig(precision=args.precision, plugins=args.plugins == "on", batch=args.batch,
+                      workspace_gb=args.workspace, input_format=args.input_format,
+                      tactic_sources_off=args.tactic_sources == "none", weight_dtype=args.weight_dtype,
+                      profiles=args.streams)
+    print(build_engine(model_dir, cfg, args.plugin_lib, args.rebuild))
+    return 0

@@ -1,0 +1,404 @@
+"""Post-training int8 quantization of a CNN's ONNX graph into explicit QuantizeLinear/DequantizeLinear.
+
+Placement (what TensorRT's explicit-quantization fusions and the TrtfuseResidualConv plugin need):
+  * every Conv's activation input: one Q/DQ pair per tensor (per-tensor scale, zero point 0), shared
+    by every conv (and residual Add) that reads the tensor;
+  * every Conv's weight: per output channel (axis 0), symmetric, ``scale = amax / 127``, stored as an
+    int8 initializer feeding a DequantizeLinear (``weights_as_float_qdq`` gives TensorRT 8.5 the
+    older float-weight ``Q -> DQ`` form of the same values);
+  * residual Add: only the identity branch is quantized (the other input comes straight from a conv,
+    so TensorRT fuses the Add into that conv), and the block output (after its ReLU, if any) too,
+    so every bottleneck tail has int8 on all its edges (the fused plugin's contract);
+  * nothing between a conv and its BN/ReLU: BNs are folded first (``bn_fold``).
+
+Calibration runs the fp32 model in ONNX Runtime over a fixed calibration subset and collects, for
+every tensor to quantize, its absolute max and a 2048-bin histogram of |x| (TensorRT's layout);
+``max``, ``percentile`` and ``entropy`` (KL divergence, as TensorRT's entropy calibrator) turn the
+same statistics into amax, so all methods cost one pair of calibration passes.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+from trtfuse.errors import UserError
+from trtfuse.models.bn_fold import fold_batchnorm
+
+HIST_BINS = 2048
+METHODS = ("max", "percentile", "entropy")
+QDQ_OPSET = 13  # per-axis DequantizeLinear; TensorRT 8.5 parses opsets up to 17
+
+
+# ----------------------------------------------------------------------------- calibration subset
+def calibration_split(names: list[str], every: int = 7) -> tuple[list[int], list[int]]:
+    """(calibration indices, evaluation indices): image i (in sorted-name order) calibrates iff
+    ``i % every == 0``. A fixed rule so the two sets never overlap and anyone can rebuild them."""
+    order = sorted(range(len(names)), key=lambda i: names[i])
+    calib = sorted(order[i] for i in range(0, len(order), every))
+    chosen = set(calib)
+    return calib, [i for i in range(len(names)) if i not in chosen]
+
+
+# ----------------------------------------------------------------------------- graph analysis
+@dataclass
+class QuantPlan:
+    """Which tensors get an activation Q/DQ, and which (node, input index) read them through it."""
+
+    activations: dict[str, list[tuple[onnx.NodeProto, int]]] = field(default_factory=dict)
+    convs: list[onnx.NodeProto] = field(default_factory=list)
+    identity_adds: int = 0
+
+    def add(self, tensor: str, node=None, index: int = 0) -> None:
+        readers = self.activations.setdefault(tensor, [])
+        if node is not None and (node, index) not in readers:
+            readers.append((node, index))
+
+
+def _users(graph) -> dict[str, list[onnx.NodeProto]]:
+    users = defaultdict(list)
+    for node in graph.node:
+        for name in node.input:
+            users[name].append(node)
+    return users
+
+
+def residual_branches(graph, add: onnx.NodeProto, producer, users) -> tuple[int, int] | None:
+    """(main input index, identity input index) of a residual Add, or None if it is not one.
+
+    Main branch: produced by a Conv whose output only this Add reads and whose own input has a
+    single reader. That tells the last conv of a block from a projection shortcut (its input fans
+    out to the block's first conv too) and from the previous block's output (read again later).
+    """
+    if add.op_type != "Add" or len(add.input) != 2:
+        return None
+
+    def is_main(i):
+        conv = producer.get(add.input[i])
+        return (conv is not None and conv.op_type == "Conv" and len(users[add.input[i]]) == 1
+                and len(users[conv.input[0]]) == 1)
+
+    def is_activation(i):
+        return add.input[i] in producer or add.input[i] in {g.name for g in graph.input}
+
+    if not (is_activation(0) and is_activation(1)):
+        return None  # a bias or constant Add, not a residual
+    if is_main(0):
+        return 0, 1
+    if is_main(1):
+        return 1, 0
+    return None
+
+
+def plan_quantization(model: onnx.ModelProto) -> QuantPlan:
+    """Find the tensors to quantize in a BN-folded fp32 graph (see the module docstring)."""
+    graph = model.graph
+    inits = {t.name for t in graph.initializer}
+    producer = {out: node for node in graph.node for out in node.output}
+    users = _users(graph)
+    plan = QuantPlan()
+    for node in graph.node:
+        if node.op_type == "Conv":
+            if len(node.input) < 2 or node.input[1] not in inits:
+                raise UserError(f"Conv {node.name!r} has a weight that is not a constant",
+                                "export the model with constant weights (eval mode, constant folding on)")
+            plan.convs.append(node)
+            plan.add(node.input[0], node, 0)
+    for node in graph.node:
+        branches = residual_branches(graph, node, producer, users)
+        if branches is None:
+            continue
+        _, ident = branches
+        plan.add(node.input[ident], node, ident)
+        plan.identity_adds += 1
+        # The block output: after the ReLU that follows the Add, if one does.
+        out = node.output[0]
+        after = users[out]
+        if len(after) == 1 and after[0].op_type == "Relu":
+            out = after[0].output[0]
+        plan.add(out)
+    return plan
+
+
+# ----------------------------------------------------------------------------- statistics
+@dataclass
+class TensorStats:
+    amax: float = 0.0
+    hist: np.ndarray | None = None  # HIST_BINS counts of |x| over [0, amax]
+
+
+def collect_stats(model: onnx.ModelProto, batches, tensors: list[str], progress: bool = True,
+                  threads: int = 0) -> dict[str, TensorStats]:
+    """Run the fp32 ``model`` in ONNX Runtime over ``batches`` (a re-iterable of float32 arrays)
+    twice: once for each tensor's |x| max, once for its histogram over [0, max]."""
+    import onnxruntime as ort
+
+    probe = onnx.ModelProto.FromString(model.SerializeToString())
+    existing = {o.name for o in probe.graph.output}
+    for name in tensors:
+        if name not in existing:
+            probe.graph.output.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, None))
+    opts = ort.SessionOptions()
+    if threads:
+        opts.intra_op_num_threads = threads
+    session = ort.InferenceSession(probe.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+    input_name = session.get_inputs()[0].name
+    stats = {name: TensorStats() for name in tensors}
+
+    def run(label):
+        batches_list = list(batches)
+        for i, batch in enumerate(batches_list):
+            if progress:
+                print(f"\r  calibration {label}: batch {i + 1}/{len(batches_list)}", end="",
+                      file=sys.stderr, flush=True)
+            yield dict(zip(tensors, session.run(tensors, {input_name: batch})))
+        if progress:
+            print(file=sys.stderr)
+
+    for values in run("pass 1/2 (max)"):
+        for name, v in values.items():
+            stats[name].amax = max(stats[name].amax, float(np.abs(v).max()))
+    for name in tensors:
+        stats[name].hist = np.zeros(HIST_BINS, np.int64)
+    for values in run("pass 2/2 (histograms)"):
+        for name, v in values.items():
+            top = stats[name].amax or 1.0
+            h, _ = np.histogram(np.abs(v), bins=HIST_BINS, range=(0.0, top))
+            stats[name].hist += h
+    return stats
+
+
+def amax_from_stats(stats: TensorStats, method: str, percentile: float = 99.99) -> float:
+    """One tensor's clipping threshold by ``method`` (max | percentile | entropy)."""
+    if method == "max" or stats.amax == 0.0:
+        return stats.amax
+    width = stats.amax / HIST_BINS
+    if method == "percentile":
+        cdf = np.cumsum(stats.hist) / max(stats.hist.sum(), 1)
+        idx = int(np.searchsorted(cdf, percentile / 100.0))
+        return float(min(idx + 1, HIST_BINS) * width)
+    if method == "entropy":
+        return float(_entropy_bins(stats.hist) * width)
+    raise UserError(f"unknown calibration method {method!r}", f"use one of: {', '.join(METHODS)}")
+
+
+def _entropy_bins(hist: np.ndarray, levels: int = 128, start: int = 128) -> int:
+    """Number of histogram bins to keep that minimises KL(P || Q), as TensorRT's entropy calibrator:
+    P = the histogram cut at i bins with the tail folded into the last bin, Q = P squeezed into
+    ``levels`` int8 levels and expanded back over P's non-empty bins."""
+    hist = hist.astype(np.float64)
+    if hist.sum() == 0:
+        return len(hist)
+    best_i, best_kl = len(hist), np.inf
+    for i in range(start, len(hist) + 1):
+        p = hist[:i].copy()
+        p[-1] += hist[i:].sum()
+        nonzero = hist[:i] > 0
+        edges = np.linspace(0, i, levels + 1).astype(np.int64)
+        sums = np.add.reduceat(hist[:i], edges[:-1])
+        counts = np.add.reduceat(nonzero.astype(np.float64), edges[:-1])
+        per_bin = np.divide(sums, counts, out=np.zeros_like(sums), where=counts > 0)
+        q = np.repeat(per_bin, np.diff(edges)) * nonzero
+        p_sum, q_sum = p.sum(), q.sum()
+        if q_sum == 0:
+            continue
+        p, q = p / p_sum, q / q_sum
+        mask = p > 0
+        if (q[mask] == 0).any():
+            continue  # P has mass where Q has none (the folded tail): KL is infinite
+        kl = float(np.sum(p[mask] * np.log(p[mask] / q[mask])))
+        if kl < best_kl:
+            best_i, best_kl = i, kl
+    return best_i
+
+
+# ----------------------------------------------------------------------------- QDQ insertion
+def _scale(amax: float) -> float:
+    # A tensor that is all zeros on the calibration set still needs a valid (non-zero) scale.
+    return float(amax) / 127.0 if amax > 0 else 1.0 / 127.0
+
+
+def quantize_weights(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per-output-channel symmetric int8: (int8 values, float32 scales [Cout]), q = round(w/s)."""
+    flat = np.abs(w.reshape(w.shape[0], -1)).max(axis=1).astype(np.float64)
+    scale = np.where(flat > 0, flat / 127.0, 1.0)
+    q = np.clip(np.round(w / scale.reshape(-1, *([1] * (w.ndim - 1)))), -127, 127).astype(np.int8)
+    return q, scale.astype(np.float32)
+
+
+def insert_qdq(model: onnx.ModelProto, plan: QuantPlan, amax: dict[str, float]) -> onnx.ModelProto:
+    """``model`` with Q/DQ pairs per ``plan`` (activation scales from ``amax``) and int8 weights."""
+    graph = model.graph
+    inits = {t.name: t for t in graph.initializer}
+    new_nodes_after: dict[str, list[onnx.NodeProto]] = defaultdict(list)  # tensor -> nodes to add
+    weight_nodes: dict[int, list[onnx.NodeProto]] = defaultdict(list)      # conv id -> DQ nodes
+
+    for tensor, readers in plan.activations.items():
+        if tensor not in amax:
+            raise KeyError(f"no calibration amax for {tensor}")
+        s, zp, q, dq = (f"{tensor}_scale", f"{tensor}_zero_point", f"{tensor}_quantized",
+                        f"{tensor}_dequantized")
+        graph.initializer.append(numpy_helper.from_array(np.array(_scale(amax[tensor]), np.float32), s))
+        graph.initializer.append(numpy_helper.from_array(np.array(0, np.int8), zp))
+        new_nodes_after[tensor] = [
+            helper.make_node("QuantizeLinear", [tensor, s, zp], [q], name=f"{tensor}_QuantizeLinear"),
+            helper.make_node("DequantizeLinear", [q, s, zp], [dq], name=f"{tensor}_DequantizeLinear"),
+        ]
+        for node, index in readers:
+            node.input[index] = dq
+        if not readers:
+            # A block output read by non-conv layers only (the last block -> pooling): they read the
+            # dequantized tensor, so the tail's int8 output scale is real, not just recorded.
+            for node in graph.node:
+                for k, name in enumerate(node.input):
+                    if name == tensor:
+                        node.input[k] = dq
+
+    for conv in plan.convs:
+        w_name = conv.input[1]
+        w = numpy_helper.to_array(inits[w_name]).astype(np.float32)
+        q, scale = quantize_weights(w)
+        base = f"{conv.name or conv.output[0]}_weight"
+        graph.initializer.append(numpy_helper.from_array(q, f"{base}_int8"))
+        graph.initializer.append(numpy_helper.from_array(scale, f"{base}_scale"))
+        graph.initializer.append(numpy_helper.from_array(np.zeros(len(scale), np.int8), f"{base}_zero_point"))
+        weight_nodes[id(conv)].append(helper.make_node(
+            "DequantizeLinear", [f"{base}_int8", f"{base}_scale", f"{base}_zero_point"],
+            [f"{base}_dequantized"], name=f"{base}_DequantizeLinear", axis=0))
+        conv.input[1] = f"{base}_dequantized"
+
+    # Rebuild the node list in topological order: Q/DQ right after the producer of their tensor
+    # (graph inputs first), weight DQs right before their conv.
+    graph_inputs = {i.name for i in graph.input}
+    ordered = []
+    for tensor in plan.activations:
+        if tensor in graph_inputs:
+            ordered.extend(new_nodes_after.pop(tensor))
+    for node in list(graph.node):
+        ordered.extend(weight_nodes.get(id(node), []))
+        ordered.append(node)
+        for out in node.output:
+            ordered.extend(new_nodes_after.pop(out, []))
+    if new_nodes_after:
+        raise ValueError(f"tensors to quantize with no producer: {sorted(new_nodes_after)[:5]}")
+    del graph.node[:]
+    graph.node.extend(ordered)
+    _drop_unused(graph)
+    _ensure_opset(model, QDQ_OPSET)
+    return model
+
+
+def _drop_unused(graph) -> None:
+    used = {name for node in graph.node for name in node.input}
+    keep = [t for t in graph.initializer if t.name in used]
+    stale = {t.name for t in graph.initializer} - used
+    del graph.initializer[:]
+    graph.initializer.extend(keep)
+    inputs = [i for i in graph.input if i.name not in stale]
+    del graph.input[:]
+    graph.input.extend(inputs)
+
+
+def _ensure_opset(model: onnx.ModelProto, version: int) -> None:
+    for opset in model.opset_import:
+        if opset.domain in ("", "ai.onnx") and opset.version < version:
+            raise UserError(f"the model uses ONNX opset {opset.version}; per-channel "
+                            f"QuantizeLinear needs opset {version} or newer",
+                            f"re-export the model with opset_version >= {version}")
+
+
+def weights_as_float_qdq(model: onnx.ModelProto) -> onnx.ModelProto:
+    """The same network with each int8 weight ``DQ(W_int8)`` rewritten as ``DQ(Q(W_float))``.
+
+    Why: TensorRT 8.5's ONNX parser expects quantized weights as float constants behind a
+    QuantizeLinear (the pytorch-quantization export form); newer TensorRT reads both. The values are
+    exactly ``W_int8 * scale``, so ``Q`` gives back ``W_int8`` and the network is unchanged.
+    """
+    model = onnx.ModelProto.FromString(model.SerializeToString())
+    graph = model.graph
+    inits = {t.name: t for t in graph.initializer}
+    out_nodes = []
+    for node in graph.node:
+        src = node.input[0] if node.op_type == "DequantizeLinear" else None
+        if src in inits and inits[src].data_type == TensorProto.INT8:
+            q = numpy_helper.to_array(inits[src]).astype(np.float32)
+            scale = numpy_helper.to_array(inits[node.input[1]]).astype(np.float32)
+            axis = next((a.i for a in node.attribute if a.name == "axis"), 1)
+            shape = [1] * q.ndim
+            if scale.ndim:
+                shape[axis] = -1
+            fname = f"{src}_float"
+            graph.initializer.append(numpy_helper.from_array(q * scale.reshape(shape), fname))
+            qname = f"{src}_requantized"
+            out_nodes.append(helper.make_node(
+                "QuantizeLinear", [fname, *node.input[1:]], [qname], name=f"{src}_QuantizeLinear",
+                **({"axis": axis} if scale.ndim else {})))
+            node.input[0] = qname
+        out_nodes.append(node)
+    del graph.node[:]
+    graph.node.extend(out_nodes)
+    _drop_unused(graph)
+    return model
+
+
+# ----------------------------------------------------------------------------- the whole step
+@dataclass
+class QuantizeResult:
+    model: onnx.ModelProto
+    method: str
+    folded_bn: int
+    activation_qdq: int
+    weight_qdq: int
+    identity_adds: int
+
+
+def quantize(model: onnx.ModelProto, stats: dict[str, TensorStats], method: str,
+             percentile: float = 99.99) -> QuantizeResult:
+    """BN-fold ``model`` (if not done) and insert Q/DQ with amax from ``stats`` by ``method``."""
+    folded, n_bn = fold_batchnorm(model)
+    plan = plan_quantization(folded)
+    amax = {name: amax_from_stats(stats[name], method, percentile) for name in plan.activations}
+    out = insert_qdq(folded, plan, amax)
+    onnx.checker.check_model(out)
+    return QuantizeResult(out, method, n_bn, len(plan.activations), len(plan.convs),
+                          plan.identity_adds)
+
+
+def calibrate(model: onnx.ModelProto, batches, progress: bool = True) -> dict[str, TensorStats]:
+    """Statistics of every tensor ``plan_quantization`` picks, from the fp32 model on ``batches``."""
+    folded, _ = fold_batchnorm(model)
+    plan = plan_quantization(folded)
+    return collect_stats(folded, batches, list(plan.activations), progress)
+
+
+def top1_onnxruntime(model: onnx.ModelProto | bytes, images: np.ndarray, labels: np.ndarray,
+                     label_offset: int = 0, batch: int = 32, progress: bool = True) -> tuple[float, np.ndarray]:
+    """(top-1 accuracy, logits) of ``model`` in ONNX Runtime CPU, Q/DQ evaluated as written.
+
+    Why graph optimizations are off: ORT would fuse DQ->Conv->Q into its x86 int8 kernels, whose
+    u8s8 VPMADDUBSW path saturates 16-bit sums with full-range int8 weights (ORT's documented
+    "saturation issue"); on EfficientNet-Lite0 that alone cost 20 points of top-1 here. Unfused,
+    every Q/DQ rounds and clamps exactly as ONNX defines it and the conv accumulates in fp32: the
+    int8 network as TensorRT means it, up to TensorRT's own accumulation order.
+    """
+    import onnxruntime as ort
+
+    data = model if isinstance(model, bytes) else model.SerializeToString()
+    opts = ort.SessionOptions()
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    session = ort.InferenceSession(data, opts, providers=["CPUExecutionProvider"])
+    name = session.get_inputs()[0].name
+    outs = []
+    for start in range(0, len(images), batch):
+        if progress:
+            print(f"\r  onnxruntime: {start}/{len(images)}", end="", file=sys.stderr, flush=True)
+        outs.append(session.run(None, {name: np.ascontiguousarray(images[start:start + batch])})[0])
+    if progress:
+        print(file=sys.stderr)
+    logits = np.concatenate(outs).reshape(len(images), -1)
+    pred = logits.argmax(axis=1) - label_offset
+    return float((pred == labels).mean()), logits

@@ -1,0 +1,366 @@
+"""Replace every residual block tail of a Q/DQ graph with one TrtfuseResidualConv plugin node.
+
+A tail, as ``models/quantize.py`` leaves it (BN folded, so "conv" means conv + BN):
+
+    Q(x) -> DQ -> Conv 1x1 (int8 weights, per-channel DQ; bias) -> Add <- DQ <- Q(r)   [identity]
+                                                                 -> Relu? -> Q(out) -> DQ -> ...
+
+becomes ``Q(x) -> TrtfuseResidualConv(x_q, r_q) -> DQ -> ...``: the plugin reads the two int8
+tensors and writes the int8 tensor that ``Q(out)`` produced, so TensorRT gives it INT8 I/O (and,
+with kCHW32, feeds it straight from the int8 conv before it). The Add's inputs may come in either
+order (torchvision: ``Add(main, identity)``; TensorFlow exports such as MLPerf's resnet50_v1.onnx
+may swap them); the identity may be a plain tensor or a projection conv's output, as long as it
+passed through a Q/DQ. EfficientNet-Lite's MBConv tails have no ReLU (``relu=0``).
+
+Fields follow docs/ARCHITECTURE.md exactly; the activation scales are copied from the neighbouring
+Q/DQ nodes because TensorRT passes no scales to plugins in explicitly quantized networks.
+``evaluate_with_reference`` runs a rewritten graph on CPU (ONNX Runtime between plugin nodes, the
+numpy reference of the plugin at them) to check that the rewrite computes the same network.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections import defaultdict
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+PLUGIN_OP = "TrtfuseResidualConv"
+PLUGIN_DOMAIN = "trtfuse"
+WEIGHT_DTYPES = {"int8": np.int8, "int32": np.int32, "float": np.float32}
+
+
+@dataclass
+class Tail:
+    conv: onnx.NodeProto
+    add: onnx.NodeProto
+    relu: onnx.NodeProto | None
+    q_out: onnx.NodeProto
+    x_q: str
+    r_q: str
+    fields: dict
+
+
+class _Graph:
+    """Producer/consumer/constant look-ups over an onnx graph."""
+
+    def __init__(self, graph: onnx.GraphProto):
+        self.graph = graph
+        self.inits = {t.name: t for t in graph.initializer}
+        self.producer = {o: n for n in graph.node for o in n.output}
+        self.users = defaultdict(list)
+        for n in graph.node:
+            for i in n.input:
+                self.users[i].append(n)
+        self.outputs = {o.name for o in graph.output}
+
+    def const(self, name) -> np.ndarray | None:
+        if name in self.inits:
+            return numpy_helper.to_array(self.inits[name])
+        node = self.producer.get(name)
+        if node is not None and node.op_type == "Constant":
+            return numpy_helper.to_array(node.attribute[0].t)
+        return None
+
+    def op(self, name, op_type):
+        node = self.producer.get(name)
+        return node if node is not None and node.op_type == op_type else None
+
+    def quantized_source(self, name) -> tuple[str, float] | None:
+        """If ``name`` is ``DQ(Q(t))`` with one per-tensor scale and zero point 0: (Q output, scale)."""
+        dq = self.op(name, "DequantizeLinear")
+        q = dq and self.op(dq.input[0], "QuantizeLinear")
+        if not q:
+            return None
+        s_dq, s_q = self.const(dq.input[1]), self.const(q.input[1])
+        if s_dq is None or s_q is None or s_dq.size != 1 or s_q.size != 1 or s_dq.item() != s_q.item():
+            return None
+        if not (_zero(self, dq) and _zero(self, q)):
+            return None
+        return q.output[0], float(s_q.item())
+
+    def int8_weight(self, name) -> tuple[np.ndarray, np.ndarray] | None:
+        """(int8 [Cout, Cin, kh, kw], scales [Cout]) of a per-channel weight DQ, either form."""
+        dq = self.op(name, "DequantizeLinear")
+        if dq is None or _axis(dq) != 0 or not _zero(self, dq):
+            return None
+        scale = self.const(dq.input[1])
+        w = self.const(dq.input[0])
+        if w is None:  # float weights behind a QuantizeLinear (TensorRT 8.5 form)
+            q = self.op(dq.input[0], "QuantizeLinear")
+            wf = q and self.const(q.input[0])
+            if wf is None or _axis(q) != 0:
+                return None
+            s = scale.reshape(-1, *([1] * (wf.ndim - 1)))
+            w = np.clip(np.rint(wf / s), -128, 127).astype(np.int8)
+        if w.dtype != np.int8 or scale is None:
+            return None
+        return w, np.asarray(scale, np.float32).reshape(-1)
+
+
+def _zero(g: _Graph, node) -> bool:
+    if len(node.input) < 3 or not node.input[2]:
+        return True
+    zp = g.const(node.input[2])
+    return zp is not None and not zp.any()
+
+
+def _axis(node) -> int:
+    return next((a.i for a in node.attribute if a.name == "axis"), 1)
+
+
+def _attr(node, name, default):
+    for a in node.attribute:
+        if a.name == name:
+            return list(a.ints) if a.ints else a.i
+    return default
+
+
+def _is_pointwise(conv) -> bool:
+    return (_attr(conv, "kernel_shape", [1, 1]) == [1, 1] and set(_attr(conv, "strides", [1])) == {1}
+            and set(_attr(conv, "pads", [0])) == {0} and set(_attr(conv, "dilations", [1])) == {1}
+            and _attr(conv, "group", 1) == 1)
+
+
+def find_tails(model: onnx.ModelProto) -> list[Tail]:
+    """Every residual tail of a Q/DQ graph that the plugin can compute."""
+    g = _Graph(model.graph)
+    tails = []
+    for add in model.graph.node:
+        if add.op_type != "Add" or len(add.input) != 2:
+            continue
+        for main, ident in ((0, 1), (1, 0)):
+            tail = _match(g, add, add.input[main], add.input[ident])
+            if tail is not None:
+                tails.append(tail)
+                break
+    return tails
+
+
+def _match(g: _Graph, add, main: str, ident: str) -> Tail | None:
+    conv = g.op(main, "Conv")
+    if conv is None or not _is_pointwise(conv) or len(g.users[main]) != 1 or main in g.outputs:
+        return None
+    x = g.quantized_source(conv.input[0])
+    r = g.quantized_source(ident)
+    weight = g.int8_weight(conv.input[1])
+    if x is None or r is None or weight is None:
+        return None
+    w, w_scale = weight
+    cout, cin = w.shape[:2]
+    bias = g.const(conv.input[2]) if len(conv.input) > 2 and conv.input[2] else np.zeros(cout)
+    if bias is None:
+        return None
+    out, relu = add.output[0], None
+    after = g.users[out]
+    if len(after) == 1 and after[0].op_type == "Relu" and out not in g.outputs:
+        relu = after[0]
+        out = relu.output[0]
+    if out in g.outputs:
+        return None
+    q_outs = [n for n in g.users[out] if n.op_type == "QuantizeLinear"]
+    if len(q_outs) != 1:
+        return None
+    q_out = q_outs[0]
+    s_out = g.const(q_out.input[1])
+    if s_out is None or s_out.size != 1 or not _zero(g, q_out):
+        return None
+    # Everything else reading the float block output must be able to read the dequantized one.
+    dq_outs = [n for n in g.users[q_out.output[0]] if n.op_type == "DequantizeLinear"]
+    if len(g.users[out]) > 1 and not dq_outs:
+        return None
+    fields = dict(weights=w.reshape(cout, cin), w_scale=w_scale, bias=np.asarray(bias, np.float32),
+                  x_scale=x[1], r_scale=r[1], out_scale=float(s_out.item()), relu=int(relu is not None),
+                  cin=int(cin), cout=int(cout))
+    return Tail(conv, add, relu, q_out, x[0], r[0], fields)
+
+
+def plugin_node(name: str, x_q: str, r_q: str, out_q: str, fields: dict,
+                weight_dtype: str = "int32") -> onnx.NodeProto:
+    """The TrtfuseResidualConv node (docs/ARCHITECTURE.md field names and types)."""
+    weights = fields["weights"].astype(WEIGHT_DTYPES[weight_dtype])
+    return helper.make_node(
+        PLUGIN_OP, [x_q, r_q], [out_q], name=name, domain=PLUGIN_DOMAIN,
+        plugin_version="1", plugin_namespace="",
+        weights=numpy_helper.from_array(weights, f"{name}_weights"),
+        w_scale=[float(v) for v in fields["w_scale"]], bias=[float(v) for v in fields["bias"]],
+        x_scale=float(fields["x_scale"]), r_scale=float(fields["r_scale"]),
+        out_scale=float(fields["out_scale"]), relu=int(fields["relu"]),
+        cin=int(fields["cin"]), cout=int(fields["cout"]))
+
+
+def rewrite(model: onnx.ModelProto, weight_dtype: str = "int32") -> tuple[onnx.ModelProto, int]:
+    """A copy of the Q/DQ ``model`` with every residual tail fused; returns (model, tails replaced).
+
+    ``weight_dtype``: how the int8 weight values travel in the ``weights`` tensor attribute. int32
+    by default: TensorRT 8.5's ONNX parser is known to pass INT32 and FLOAT tensor attributes to
+    plugin creators; the creator accepts int8, int32 or float holding integers in [-127, 127].
+    """
+    model = onnx.ModelProto.FromString(model.SerializeToString())
+    graph = model.graph
+    tails = find_tails(model)
+    g = _Graph(graph)
+    replace, drop = {}, set()
+    for k, t in enumerate(tails):
+        out_q = t.q_out.output[0]
+        node = plugin_node(f"{PLUGIN_OP}_{k}", t.x_q, t.r_q, out_q, t.fields, weight_dtype)
+        replace[id(t.add)] = node
+        drop.update({id(t.conv), id(t.q_out)} | ({id(t.relu)} if t.relu is not None else set()))
+        # Other readers of the float block output now read the dequantized plugin output.
+        float_out = (t.relu or t.add).output[0]
+        dq = next(n for n in g.users[out_q] if n.op_type == "DequantizeLinear") if \
+            len(g.users[float_out]) > 1 else None
+        for reader in g.users[float_out]:
+            if reader is not t.q_out:
+                for i, name in enumerate(reader.input):
+                    if name == float_out:
+                        reader.input[i] = dq.output[0]
+        graph.value_info.append(helper.make_tensor_value_info(out_q, TensorProto.INT8, None))
+    nodes = []
+    for n in graph.node:
+        if id(n) in drop:
+            continue
+        nodes.append(replace.get(id(n), n))
+    del graph.node[:]
+    graph.node.extend(_toposort(_live(nodes, {o.name for o in graph.output}),
+                                {i.name for i in graph.input} | set(g.inits)))
+    _drop_unused(graph)
+    if tails and not any(o.domain == PLUGIN_DOMAIN for o in model.opset_import):
+        model.opset_import.append(helper.make_opsetid(PLUGIN_DOMAIN, 1))
+    return model, len(tails)
+
+
+def _live(nodes, outputs: set[str]) -> list:
+    """``nodes`` without the ones nothing reads any more (the fused conv's weight DQ, the DQs that
+    fed the removed conv and Add): fewer nodes for the parser, no orphaned weight copies."""
+    keep = list(nodes)
+    while True:
+        read = {i for n in keep for i in n.input} | outputs
+        live = [n for n in keep if any(o in read for o in n.output)]
+        if len(live) == len(keep):
+            return live
+        keep = live
+
+
+def _toposort(nodes, available: set[str]) -> list:
+    ready, out, pending = set(available) | {""}, [], list(nodes)
+    while pending:
+        rest = []
+        for n in pending:
+            if all(i in ready for i in n.input):
+                out.append(n)
+                ready.update(n.output)
+            else:
+                rest.append(n)
+        if len(rest) == len(pending):
+            raise ValueError(f"graph has a cycle or a missing input near {rest[0].name}")
+        pending = rest
+    return out
+
+
+def _drop_unused(graph) -> None:
+    used = {i for n in graph.node for i in n.input} | {o.name for o in graph.output}
+    keep = [t for t in graph.initializer if t.name in used]
+    del graph.initializer[:]
+    graph.initializer.extend(keep)
+
+
+# ----------------------------------------------------------------------------- CPU check
+def plugin_reference(x: np.ndarray, r: np.ndarray, node: onnx.NodeProto) -> np.ndarray:
+    """The plugin's output for int8 NCHW inputs, by the exact numpy reference (trtfuse.ops)."""
+    from trtfuse.ops.residual_conv_reference import reference_fp32
+
+    a = {at.name: at for at in node.attribute}
+    cin, cout = a["cin"].i, a["cout"].i
+    w = numpy_helper.to_array(a["weights"].t).reshape(cout, cin)
+    return reference_fp32(x, w.astype(np.int8), np.asarray(a["w_scale"].floats, np.float32),
+                          np.asarray(a["bias"].floats, np.float32), r, a["x_scale"].f,
+                          a["r_scale"].f, a["out_scale"].f, a["relu"].i)
+
+
+def evaluate_with_reference(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+    """Run a rewritten graph on CPU: ONNX Runtime for each stretch of ordinary nodes, the plugin's
+    numpy reference for each plugin node. Returns the graph outputs."""
+    import onnxruntime as ort
+
+    graph = model.graph
+    opset = [o for o in model.opset_import if o.domain != PLUGIN_DOMAIN]
+    inits = {t.name: t for t in graph.initializer}
+    consumers_after = defaultdict(set)
+    for k, n in enumerate(graph.node):
+        for i in n.input:
+            consumers_after[i].add(k)
+    graph_out = [o.name for o in graph.output]
+    values = dict(feeds)
+    opts = ort.SessionOptions()
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # see quantize.top1
+
+    def run_segment(start, stop):
+        seg = list(graph.node[start:stop])
+        produced = {o for n in seg for o in n.output}
+        needed = [i for i in dict.fromkeys(x for n in seg for x in n.input)
+                  if i and i not in produced and i not in inits]
+        outs = [o for o in produced if o in graph_out or any(k >= stop for k in consumers_after[o])]
+        seg_inits = [inits[i] for i in dict.fromkeys(x for n in seg for x in n.input) if i in inits]
+        g = helper.make_graph(
+            seg, "segment",
+            [helper.make_tensor_value_info(i, helper.np_dtype_to_tensor_dtype(values[i].dtype),
+                                           values[i].shape) for i in needed], [], seg_inits)
+        m = helper.make_model(g, opset_imports=opset, ir_version=model.ir_version)
+        # ORT wants typed outputs: take the types from ONNX shape inference of the segment.
+        types = {v.name: v.type.tensor_type.elem_type
+                 for v in onnx.shape_inference.infer_shapes(m).graph.value_info}
+        m.graph.output.extend(helper.make_tensor_value_info(o, types[o], None) for o in outs)
+        sess = ort.InferenceSession(m.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+        values.update(zip(outs, sess.run(outs, {i: values[i] for i in needed})))
+
+    start = 0
+    for k, n in enumerate(graph.node):
+        if n.op_type == PLUGIN_OP:
+            if k > start:
+                run_segment(start, k)
+            values[n.output[0]] = plugin_reference(values[n.input[0]], values[n.input[1]], n)
+            start = k + 1
+    if start < len(graph.node):
+        run_segment(start, len(graph.node))
+    return [values[o] for o in graph_out]
+
+
+def compare_logits(a: np.ndarray, b: np.ndarray) -> dict:
+    """Top-1 agreement and the largest logit difference between two runs of one network.
+
+    A random-weight classifier tends to predict one class for every image, which makes plain top-1
+    agreement vacuous: ``distinct_top1`` says how many classes ``a`` predicts, and
+    ``centered_top1_agreement`` compares argmaxes after removing each class's mean logit over the
+    batch (the per-class bias), which do differ from image to image.
+    """
+    a64, b64 = a.astype(np.float64), b.astype(np.float64)
+    ca, cb = a64 - a64.mean(0, keepdims=True), b64 - a64.mean(0, keepdims=True)
+    return {"n": len(a), "top1_agreement": float((a.argmax(1) == b.argmax(1)).mean()),
+            "distinct_top1": len(set(a.argmax(1).tolist())),
+            "centered_top1_agreement": float((ca.argmax(1) == cb.argmax(1)).mean()),
+            "centered_distinct_top1": len(set(ca.argmax(1).tolist())),
+            "max_abs_logit_diff": float(np.abs(a64 - b64).max()),
+            "max_abs_logit": float(np.abs(a64).max()),
+            "logit_std": float(a64.std())}
+
+
+def main(argv=None) -> int:  # python -m trtfuse.models.residual_conv_rewrite IN OUT
+    import argparse
+
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("qdq_onnx")
+    p.add_argument("out_onnx")
+    p.add_argument("--weight-dtype", choices=sorted(WEIGHT_DTYPES), default="int32")
+    args = p.parse_args(argv)
+    model, n = rewrite(onnx.load(args.qdq_onnx), args.weight_dtype)
+    onnx.save(model, args.out_onnx)
+    print(f"replaced {n} residual tails with {PLUGIN_OP} -> {args.out_onnx}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

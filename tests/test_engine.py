@@ -1,0 +1,83 @@
+"""`trtfuse build` on CPU: what it hands the parser, the cache key, and its user errors."""
+
+import json
+
+import onnx
+import pytest
+from test_bn_fold import toy_resnet
+from test_quantize import calib_batches
+from trtfuse.engine import QDQ_FILE, BuildConfig, cli_main, engine_key, onnx_for_build
+from trtfuse.errors import UserError
+from trtfuse.models.quantize import calibrate, quantize
+from trtfuse.models.residual_conv_rewrite import PLUGIN_OP
+
+
+@pytest.fixture()
+def model_dir(tmp_path):
+    """A prepared-model folder holding the toy ResNet and its Q/DQ version."""
+    model = toy_resnet()
+    onnx.save(model, tmp_path / "model.onnx")
+    (tmp_path / "model.json").write_text(json.dumps({
+        "name": "toy", "onnx_path": "model.onnx", "input_name": "input", "input_shape": [3, 16, 16],
+        "num_classes": 10, "label_offset": 0, "random_weights": True, "output_name": "gemm",
+        "preprocess": {"mean": [0, 0, 0], "std": [1, 1, 1], "size": 16, "resize": 16, "layout": "NCHW"}}))
+    qdq = quantize(model, calibrate(model, calib_batches(), progress=False), "max").model
+    onnx.save(qdq, tmp_path / QDQ_FILE)
+    return tmp_path
+
+
+def _ops(data: bytes):
+    return [n.op_type for n in onnx.load_from_string(data).graph.node]
+
+
+def test_onnx_for_build_plugins_on_and_off(model_dir):
+    off = _ops(onnx_for_build(model_dir, BuildConfig(plugins=False)))
+    on = _ops(onnx_for_build(model_dir, BuildConfig(plugins=True)))
+    assert PLUGIN_OP not in off and on.count(PLUGIN_OP) == 2
+    # TensorRT 8.5 form: every weight DequantizeLinear reads a QuantizeLinear of float weights
+    m = onnx.load_from_string(onnx_for_build(model_dir, BuildConfig(plugins=False)))
+    int8_consts = [t.name for t in m.graph.initializer if t.data_type == onnx.TensorProto.INT8]
+    assert int8_consts and all(name.endswith("zero_point") for name in int8_consts)
+    assert (model_dir / "model.int8.plugins.onnx").is_file()
+
+
+def test_fp32_build_uses_the_float_model_and_refuses_plugins(model_dir):
+    data = onnx_for_build(model_dir, BuildConfig(precision="fp32"))
+    assert "QuantizeLinear" not in _ops(data)
+    with pytest.raises(UserError, match="int8"):
+        onnx_for_build(model_dir, BuildConfig(precision="fp16", plugins=True))
+
+
+def test_int8_without_calibrated_model_says_how(model_dir):
+    (model_dir / QDQ_FILE).unlink()
+    with pytest.raises(UserError, match="--calibration"):
+        onnx_for_build(model_dir, BuildConfig())
+
+
+def test_engine_key_covers_model_config_version_and_gpu():
+    base = engine_key(b"onnx", BuildConfig(), "8.5.3.1", "H100")
+    assert base == engine_key(b"onnx", BuildConfig(), "8.5.3.1", "H100")
+    assert len({base, engine_key(b"other", BuildConfig(), "8.5.3.1", "H100"),
+                engine_key(b"onnx", BuildConfig(plugins=True), "8.5.3.1", "H100"),
+                engine_key(b"onnx", BuildConfig(batch=2048), "8.5.3.1", "H100"),
+                engine_key(b"onnx", BuildConfig(), "10.0", "H100"),
+                engine_key(b"onnx", BuildConfig(), "8.5.3.1", "A100")}) == 6
+
+
+def test_cli_errors(tmp_path, model_dir):
+    with pytest.raises(UserError, match="model.json"):
+        cli_main([str(tmp_path / "nowhere")])
+    with pytest.raises(UserError, match="--batch"):
+        cli_main([str(model_dir), "--batch", "0"])
+    with pytest.raises(UserError, match="--calibration"):
+        cli_main([str(model_dir), "--quantize-only"])
+
+
+def test_cli_build_without_tensorrt_is_a_user_error(model_dir):
+    try:
+        import tensorrt  # noqa: F401
+        pytest.skip("TensorRT is installed here")
+    except ImportError:
+        pass
+    with pytest.raises(UserError, match="TensorRT"):
+        cli_main([str(model_dir), "--plugins", "off"])

@@ -1,0 +1,148 @@
+"""The residual-tail rewrite: what it matches, the plugin node contract, and CPU numerics."""
+
+import numpy as np
+import onnx
+import pytest
+from onnx import numpy_helper
+from test_bn_fold import GraphBuilder, toy_resnet
+from test_quantize import calib_batches
+from trtfuse.models.quantize import calibrate, quantize, top1_onnxruntime, weights_as_float_qdq
+from trtfuse.models.residual_conv_rewrite import (
+    PLUGIN_OP,
+    compare_logits,
+    evaluate_with_reference,
+    find_tails,
+    rewrite,
+)
+
+
+def _quantized(model, size=16, channels=3):
+    rng = np.random.default_rng(0)
+    batches = [rng.normal(size=(8, channels, size, size)).astype(np.float32) for _ in range(3)]
+    return quantize(model, calibrate(model, batches, progress=False), "max").model
+
+
+@pytest.fixture(scope="module")
+def toy():
+    return _quantized(toy_resnet())
+
+
+def test_plugin_node_contract(toy):
+    out, n = rewrite(toy)
+    assert n == 2  # both bottlenecks, the first one with a projection shortcut
+    onnx.checker.check_model(out)
+    plugins = [nd for nd in out.graph.node if nd.op_type == PLUGIN_OP]
+    assert len(plugins) == 2
+    producer = {o: nd for nd in out.graph.node for o in nd.output}
+    users = {}
+    for nd in out.graph.node:
+        for i in nd.input:
+            users.setdefault(i, []).append(nd)
+    for p in plugins:
+        assert p.domain == "trtfuse"
+        a = {x.name: x for x in p.attribute}
+        assert set(a) == {"plugin_version", "plugin_namespace", "weights", "w_scale", "bias", "x_scale",
+                          "r_scale", "out_scale", "relu", "cin", "cout"}
+        assert a["plugin_version"].s == b"1" and a["plugin_namespace"].s == b""
+        w = numpy_helper.to_array(a["weights"].t)
+        assert w.shape == (a["cout"].i, a["cin"].i) and np.abs(w).max() <= 127
+        assert len(a["w_scale"].floats) == len(a["bias"].floats) == a["cout"].i
+        assert a["relu"].i == 1
+        # int8 in, int8 out: both inputs come from QuantizeLinear, the output goes to DequantizeLinear
+        assert all(producer[i].op_type in ("QuantizeLinear", PLUGIN_OP) for i in p.input)
+        assert {u.op_type for u in users[p.output[0]]} <= {"DequantizeLinear", PLUGIN_OP}
+        # scales are the neighbouring Q/DQ scales
+        q_x = producer[p.input[0]]
+        inits = {t.name: t for t in out.graph.initializer}
+        assert a["x_scale"].f == pytest.approx(float(numpy_helper.to_array(inits[q_x.input[1]])))
+    assert not [nd for nd in out.graph.node if nd.op_type == "Add"]  # both tails fused
+    read = {i for nd in out.graph.node for i in nd.input} | {o.name for o in out.graph.output}
+    assert all(any(o in read for o in nd.output) for nd in out.graph.node)  # no dead nodes left
+
+
+def test_rewrite_computes_the_same_network(toy):
+    out, _ = rewrite(toy)
+    x = calib_batches(seed=7, n=1)[0]
+    _, ref = top1_onnxruntime(toy, x, np.zeros(len(x), np.int64), progress=False)
+    got = evaluate_with_reference(out, {"input": x})[0]
+    cmp = compare_logits(ref, got)
+    # The plugin and Q(out) round the same value; only fp32 summation order differs (1 LSB at most).
+    assert cmp["top1_agreement"] >= 0.875
+    assert cmp["max_abs_logit_diff"] < 0.05 * cmp["max_abs_logit"]
+
+
+def test_float_weight_form_and_weight_dtypes(toy):
+    a, n_a = rewrite(toy)
+    b, n_b = rewrite(weights_as_float_qdq(toy), weight_dtype="int8")
+    assert n_a == n_b == 2
+    wa = [numpy_helper.to_array(x.t) for nd in a.graph.node if nd.op_type == PLUGIN_OP
+          for x in nd.attribute if x.name == "weights"]
+    wb = [numpy_helper.to_array(x.t) for nd in b.graph.node if nd.op_type == PLUGIN_OP
+          for x in nd.attribute if x.name == "weights"]
+    assert wa[0].dtype == np.int32 and wb[0].dtype == np.int8
+    for x, y in zip(wa, wb):
+        np.testing.assert_array_equal(x, y)
+
+
+def _mbconv_like(swap_add=False):
+    """EfficientNet-style tails (1x1 project conv + Add, no ReLU), 40 channels (not a multiple of 32)."""
+    g = GraphBuilder(seed=3, channels=40, size=8)
+    x = "input"
+    for _ in range(2):
+        y = g.op("Clip", g.conv(x, 40, 80, bias=True), g.init(np.array(0.0)), g.init(np.array(6.0)))
+        y = g.op("Clip", g.conv(y, 80, 80, k=3, group=80, bias=True), g.init(np.array(0.0)), g.init(np.array(6.0)))
+        y = g.conv(y, 80, 40, bias=True)
+        x = g.op("Add", x, y) if swap_add else g.op("Add", y, x)
+    out = g.op("Flatten", g.op("GlobalAveragePool", g.conv(x, 40, 16, bias=True)))
+    return g.model(out)
+
+
+@pytest.mark.parametrize("swap_add", [False, True])
+def test_tails_without_relu_and_either_add_order(swap_add):
+    qdq = _quantized(_mbconv_like(swap_add), size=8, channels=40)
+    tails = find_tails(qdq)
+    assert len(tails) == 2 and all(t.fields["relu"] == 0 for t in tails)
+    assert all(t.fields["cin"] == 80 and t.fields["cout"] == 40 for t in tails)
+    out, n = rewrite(qdq)
+    assert n == 2
+    x = np.random.default_rng(1).normal(size=(4, 40, 8, 8)).astype(np.float32)
+    _, ref = top1_onnxruntime(qdq, x, np.zeros(4, np.int64), progress=False)
+    got = evaluate_with_reference(out, {"input": x})[0]
+    assert compare_logits(ref, got)["max_abs_logit_diff"] < 0.05 * np.abs(ref).max()
+
+
+def test_strided_or_3x3_tail_is_left_alone():
+    g = GraphBuilder(channels=8, size=8)
+    y = g.conv("input", 8, 8, k=3)  # a 3x3 conv before the Add is not the plugin's 1x1 GEMM
+    out = g.op("Relu", g.op("Add", y, "input"))
+    out = g.conv(out, 8, 8)
+    qdq = _quantized(g.model(out), size=8, channels=8)
+    assert rewrite(qdq)[1] == 0
+
+
+def test_unquantized_graph_has_no_tails():
+    assert find_tails(toy_resnet()) == []
+
+
+def test_plugin_fields_reproduce_the_quantized_block_output(toy):
+    """Per tail, the plugin (numpy reference) on the graph's own int8 inputs gives the int8 tensor the
+    Q/DQ graph computes, up to 1 LSB where fp32 summation order puts a value on a rounding edge.
+    A wrong scale, bias, weight layout or input order would miss by far more."""
+    import onnxruntime as ort
+    from trtfuse.models.residual_conv_rewrite import plugin_node, plugin_reference
+
+    tails = find_tails(toy)
+    probe = onnx.ModelProto.FromString(toy.SerializeToString())
+    names = [n for t in tails for n in (t.x_q, t.r_q, t.q_out.output[0])]
+    probe.graph.output.extend(onnx.helper.make_tensor_value_info(n, onnx.TensorProto.INT8, None) for n in names)
+    opts = ort.SessionOptions()
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    sess = ort.InferenceSession(probe.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+    values = dict(zip(names, sess.run(names, {"input": calib_batches(seed=9, n=1)[0]})))
+    for k, t in enumerate(tails):
+        node = plugin_node(f"p{k}", t.x_q, t.r_q, t.q_out.output[0], t.fields)
+        got = plugin_reference(values[t.x_q], values[t.r_q], node).astype(np.int16)
+        want = values[t.q_out.output[0]].astype(np.int16)
+        diff = np.abs(got - want)
+        assert diff.max() <= 1 and (diff == 0).mean() > 0.99
+        assert np.abs(want).max() > 20  # the block output really spans the int8 range
