@@ -113,12 +113,12 @@ def main(argv=None) -> int:
         json.dump(result, f, indent=1)
     print(f"\n{result['gpu']}: device copy {gbps:.0f} GB/s (read + write)")
     print(
-        f"{'stage':5} {'batch':>5} {'config':24} {'ours ms':>8} {'again':>8} {'floor':>7} {'%floor':>6} "
+        f"{'stage':5} {'batch':>5} {'config':27} {'ours ms':>8} {'again':>8} {'floor':>7} {'%floor':>6} "
         f"{'TOPS':>6} {'int_mm':>8} {'+epi':>8}"
     )
     for r in rows:
         print(
-            f"{r['stage']:5} {r['batch']:5d} {r['config']:24} {r['ours_ms']:8.4f} {r['ours_ms_repeat']:8.4f} "
+            f"{r['stage']:5} {r['batch']:5d} {r['config']:27} {r['ours_ms']:8.4f} {r['ours_ms_repeat']:8.4f} "
             f"{r['floor_ms']:7.4f} {r['pct_of_floor']:6.1f} {r['ours_tops']:6.0f} {r['peer_int_mm_ms']:8.4f} "
             f"{r['peer_int_mm_plus_epilogue_ms']:8.4f}"
         )

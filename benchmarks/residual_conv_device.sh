@@ -16,12 +16,16 @@ step sass
 {
   nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,clocks.mem,power.draw,temperature.gpu --format=csv
   cuobjdump -res-usage "$LIB" 2>&1 | grep -A1 residual_conv_kernel | grep -oE "(TileConfigILi[0-9A-Za-z]*|REG:[0-9]+|STACK:[0-9]+|LOCAL:[0-9]+)" | paste - - - -
-  for k in ILi64ELi64ELi64ELi32ELi32ELi3ELi4 ILi128ELi128ELi64ELi64ELi32ELi3ELi1; do
+  # v5 64x64 s3, v5 128x128 s3 b1, v5 128x128 s2 (the default), its v6 twin, v6 128x128x128 s3 (res4/res5),
+  # v6 PERM 128x128 s2
+  for k in kernelINS0_10TileConfigILi64ELi64ELi64ELi32ELi32ELi3ELi4 kernelINS0_10TileConfigILi128ELi128ELi64ELi64ELi32ELi3ELi1 \
+           kernelINS0_10TileConfigILi128ELi128ELi64ELi64ELi32ELi2ELi2 v6INS0_10TileConfigILi128ELi128ELi64ELi64ELi32ELi2ELi2ELb1ELb0 \
+           v6INS0_10TileConfigILi128ELi128ELi128ELi64ELi32ELi3ELi1ELb1ELb0 v6INS0_10TileConfigILi128ELi128ELi64ELi64ELi32ELi2ELi2ELb1ELb1; do
     echo "-- $k"; cuobjdump -sass "$LIB" | awk -v k="$k" '/Function :/{f=index($0,k)>0} f' \
-      | grep -oE "\b(IMMA[.A-Z0-9]*|LDSM[.A-Z0-9]*|LDGSTS[.A-Z0-9]*|STG[.A-Z0-9]*|LDS[.A-Z0-9]*|STS[.A-Z0-9]*|LDG[.A-Z0-9]*|LDL[.A-Z0-9]*|STL[.A-Z0-9]*|BAR[.A-Z0-9]*)" | sort | uniq -c
+      | grep -oE "\b(MUFU[.A-Z0-9]*|IMMA[.A-Z0-9]*|LDSM[.A-Z0-9]*|LDGSTS[.A-Z0-9]*|STG[.A-Z0-9]*|LDS[.A-Z0-9]*|STS[.A-Z0-9]*|LDG[.A-Z0-9]*|LDL[.A-Z0-9]*|STL[.A-Z0-9]*|BAR[.A-Z0-9]*)" | sort | uniq -c
   done
 } > "$OUT/sass.txt" 2>&1
-grep -E "REG|IMMA|LDL|STL|STG|^--" "$OUT/sass.txt" | head -30
+grep -E "REG|IMMA|MUFU|LDL|STL|STG|^--" "$OUT/sass.txt" | head -70
 
 step pytest
 python3 -m pytest -q -m gpu -rs -s tests/test_residual_conv.py -p no:cacheprovider > "$OUT/pytest.log" 2>&1 || status=1
@@ -33,11 +37,21 @@ K="small_every_config or (small_auto_config and (1x144 or 3x128 or 1x32)) or rej
 { $SAN --tool memcheck python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_residual_conv.py -k "$K" 2>&1; echo "memcheck rc=$?";
   $SAN --tool racecheck --racecheck-report analysis python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_residual_conv.py -k "small_every_config and 3x128" 2>&1; echo "racecheck rc=$?";
   $SAN --tool synccheck python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_residual_conv.py -k "small_every_config and 3x128" 2>&1; echo "synccheck rc=$?";
+  # v6 with several tiles per block (residual-buffer rotation, k-stage counters): cfg13 = v6 twin of the
+  # default (2 stages, 2 residual buffers), cfg19 = v6 BK 128, 3 stages, cfg23 = PERM twin of cfg13 (4 channels
+  # per thread in the epilogue). Time-capped (rc 124 = ran out of
+  # time, reported, not a failure) so a slow sanitizer cannot eat the tuner's and the benchmark's time.
+  timeout 45 $SAN --tool memcheck python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_residual_conv.py -k "persistent_every_config and (cfg13 or cfg19 or cfg23)" 2>&1; echo "memcheck-persistent rc=$?";
+  timeout 45 $SAN --tool racecheck --racecheck-report analysis python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_residual_conv.py -k "persistent_every_config and 8x64 and cfg13" 2>&1; echo "racecheck-persistent rc=$?";
 } > "$OUT/sanitizer.log"
 grep -E "ERROR SUMMARY|RACECHECK SUMMARY|rc=|passed|failed" "$OUT/sanitizer.log"
+# any non-zero rc fails the run, except a time-capped persistent step that ran out of time (124)
+grep -E "^[a-z-]+ rc=[1-9]" "$OUT/sanitizer.log" | grep -vE "^(memcheck|racecheck)-persistent rc=124( |$)" | grep -q . && status=1
 
 step tune
 python3 -m trtfuse.tuning --out "$OUT/residual_conv_tuning_h100.json" ${1:+--reps 30} 2>&1 | tee "$OUT/tune.log" | cut -c1-400
+# a config whose full-shape output differs from config 0's is a bug (excluded from the cache, but fail the run)
+grep -q MISMATCH "$OUT/tune.log" && { echo "tuner: MISMATCH (see tune.log)"; status=1; }
 
 step bench
 TRTFUSE_RESIDUAL_CONV_CACHE="$OUT/residual_conv_tuning_h100.json" \
@@ -51,4 +65,4 @@ ncu --section SpeedOfLight --section WarpStateStats --section Occupancy --sectio
   python3 benchmarks/residual_conv_bench.py --stages res2 --batches 2048 --no-peer --reps 5 --out /tmp/ncu_bench.json \
   > "$OUT/ncu.txt" 2>&1
 grep -E "Throughput|Duration|Achieved Occupancy|Registers|Stall|Theoretical Occupancy|Issue Slots|Executed Ipc|Block Limit" "$OUT/ncu.txt" | head -30
-echo "pytest/sanitizer status=$status"
+echo "pytest/sanitizer/tuner status=$status"

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ctypes
 import json
+import os
 
 import numpy as np
 import pytest
@@ -31,7 +32,9 @@ def test_layout_round_trip():
 
 
 def test_reference_rules_agree_within_one_lsb():
-    rng = np.random.default_rng()
+    # fixed seed: with a fresh one, 3 of 150 seeds gave a layer that never saturates to 127 at this size, so
+    # the coverage assertion at the end failed at random (seen here once in v6's CPU runs)
+    rng = np.random.default_rng(0)
     L = ref.random_layer(rng, 96, 64)
     x = rng.integers(-128, 128, size=(2, 96, 6, 5), dtype=np.int8)
     r = rng.integers(-128, 128, size=(2, 64, 6, 5), dtype=np.int8)
@@ -134,6 +137,9 @@ def test_tuning_cache_is_read(tmp_path):
                         "batch": 256,
                         "config": names[1],
                         "ms": 0.5,
+                        # what the tuner writes besides (the reader skips them)
+                        "candidates_ms": {names[0]: 0.6, names[1]: 0.5},
+                        "mismatched": [names[2]],
                     },
                     {
                         "gpu": "GPU B",
@@ -143,6 +149,7 @@ def test_tuning_cache_is_read(tmp_path):
                         "batch": 256,
                         "config": names[0],
                         "ms": 0.5,
+                        "mismatched": [],
                     },
                     {
                         "gpu": "GPU A",
@@ -156,7 +163,7 @@ def test_tuning_cache_is_read(tmp_path):
             }
         )
     )
-    assert op.load_cache(str(cache)) >= 0
+    assert op.load_cache(str(cache)) in (0, 3)  # 3 entries without a GPU; none named after this GPU with one
     bad = tmp_path / "bad.json"
     bad.write_text('{"entries": [ {"gpu": "x", "cin": 1.5} ]}')
     from trtfuse.errors import UserError
@@ -260,8 +267,11 @@ def test_small_auto_config(cuda, shape, relu):
     )
 
 
+NUM_CONFIGS = 28  # 13 v5 tile configurations + 10 v6 + 5 v6 PERM ones (residual_conv.cu's kConfigs)
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("config", range(13))
+@pytest.mark.parametrize("config", range(NUM_CONFIGS))
 @pytest.mark.parametrize(
     "shape",
     [(3, 128, 512, 5, 7), (1, 96, 72, 9, 11), (2, 512, 256, 7, 7)],
@@ -271,6 +281,70 @@ def test_small_every_config(cuda, shape, config):
     if config >= cuda.op.num_configs():
         pytest.skip("no such config")
     run_case(cuda, *shape, True, config, np.random.default_rng())
+
+
+def test_config_list_is_covered():
+    # CPU (needs only the built library): the GPU parametrizations must reach every configuration offered,
+    # and the v6 ones are the opt-in ones (named "v6_"/"v6p_", never the heuristic's pick, see residual_conv.cu)
+    op = _kernels_lib()
+    names = op.config_names()
+    assert len(names) == NUM_CONFIGS
+    assert sum(n.startswith("v6_") for n in names) == 10
+    assert sum(n.startswith("v6p_") for n in names) == 5
+    if not os.environ.get("TRTFUSE_RESIDUAL_CONV_CACHE"):  # no cache: the heuristic, which stays on v5
+        for cin, cout, hw in [(64, 256, 3136), (128, 512, 784), (256, 1024, 196), (512, 2048, 49), (32, 64, 9)]:
+            assert not names[op.select_config(cin, cout, 2048, hw)].startswith("v6")
+
+
+# Shapes with more tiles than any configuration has resident blocks (132 SMs x up to 6), so every block
+# walks several tiles: the persistent loop, the residual-buffer rotation and (K > BK) the k-stage
+# counters run, which the small shapes above (one tile per block) never reach. One reference per shape
+# (module cache): the reference takes seconds at this size, the kernel microseconds.
+PERSISTENT = [  # (n, cin, cout, h, w, relu)
+    (8, 64, 256, 56, 56, True),  # res2-like: one k stage per tile; 3136 = 49 x 64: 128-row tiles straddle
+    (16, 256, 512, 28, 28, False),  # 2-4 k stages per tile, 784 rows per image: 128-row tiles straddle
+]
+_persistent_cache = {}
+
+
+def _persistent_case(shape):
+    if shape not in _persistent_cache:
+        n, cin, cout, h, w, relu = shape
+        rng = np.random.default_rng(sum(shape))
+        L = ref.random_layer(rng, cin, cout, relu)
+        x = rng.integers(-128, 128, size=(n, cin, h, w), dtype=np.int8)
+        r = rng.integers(-128, 128, size=(n, cout, h, w), dtype=np.int8)
+        args = (x, L["w"], L["w_scale"], L["bias"], r, L["x_scale"], L["r_scale"], L["out_scale"], relu)
+        acc = ref.accumulate(x, L["w"])
+        want = ref.reference_fp32(*args, acc=acc)
+        one, more = ref.count_lsb_diffs(want, ref.reference_fp64(*args, acc=acc))
+        assert more == 0
+        _persistent_cache.clear()  # keep one shape's arrays alive at a time
+        _persistent_cache[shape] = (L, ref.to_nc32hw32(x), ref.to_nc32hw32(r), want)
+    return _persistent_cache[shape]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("config", range(NUM_CONFIGS), ids=lambda c: f"cfg{c}")
+@pytest.mark.parametrize("shape", PERSISTENT, ids=lambda s: "x".join(map(str, s[:5])))
+def test_persistent_every_config(cuda, shape, config):
+    n, cin, cout, h, w, relu = shape
+    L, x32, r32, want = _persistent_case(shape)
+    poisoned = np.full_like(r32, POISON)
+    dx, dr, do = cuda.upload(x32), cuda.upload(r32), cuda.upload(poisoned)
+    layer = cuda.op.ResidualConv(
+        L["w"], L["w_scale"], L["bias"], L["x_scale"], L["r_scale"], L["out_scale"], relu
+    )
+    try:
+        layer.forward(dx.value, dr.value, do.value, n, h, w, config)
+        cuda.sync()
+        got32 = cuda.download(do, poisoned)
+    finally:
+        layer.close()
+        cuda.free(dx, dr, do)
+    got = ref.from_nc32hw32(got32, cout)
+    mism = int((got != want).sum())
+    assert mism == 0, f"config {config}: {mism} of {got.size} outputs differ from the fp32 rounding rule"
 
 
 @pytest.mark.gpu

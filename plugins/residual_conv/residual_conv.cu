@@ -30,6 +30,25 @@ using C9 = TileConfig<64, 128, 64, 32, 32, 3, 3>;   // C0 capped at 85 registers
 using C10 = TileConfig<128, 128, 64, 64, 32, 3, 2>; // C7 one stage deeper: a tile's residual 2 tiles ahead
 using C11 = TileConfig<128, 128, 32, 64, 32, 4, 2>; // thin stages, 3 stages of lead time
 using C12 = TileConfig<128, 64, 64, 64, 32, 3, 3>;  // 4 warps with 64 x 32 warp tiles, 3 blocks per SM
+// v6 kernels (residual_conv_kernel_v6: one (image, hw) per thread per tile, no MUFU divisions, magic-start
+// accumulators). Opt-in: only the tuning cache selects them; the heuristic still picks v5 configs.
+//                 BM   BN  BK  WM  WN  STAGES MIN_BLOCKS V6
+using V0 = TileConfig<128, 128, 64, 64, 32, 2, 2, true>;   // twin of C7 (the default)
+using V1 = TileConfig<128, 128, 64, 64, 32, 3, 2, true>;   // twin of C10
+using V2 = TileConfig<64, 128, 64, 32, 32, 3, 2, true>;    // twin of C0
+using V3 = TileConfig<64, 64, 64, 32, 32, 3, 4, true>;     // twin of C1 (Cout <= 64)
+using V4 = TileConfig<64, 64, 64, 32, 32, 3, 6, true>;     // twin of C8
+using V5 = TileConfig<64, 256, 64, 32, 64, 3, 1, true>;    // twin of C5: x read once for Cout <= 256
+using V6c = TileConfig<128, 128, 128, 64, 32, 3, 1, true>; // res4/res5: BK 128 halves the barriers per k
+using V7 = TileConfig<128, 128, 128, 64, 32, 2, 2, true>;  // ... double buffered, 2 blocks per SM
+using V8 = TileConfig<128, 256, 64, 64, 64, 2, 1, true>;   // res5: 64 x 64 warp tiles, fewer ldmatrix per mma
+using V9 = TileConfig<64, 128, 64, 32, 32, 3, 3, true>;    // twin of C9: 3 blocks per SM (85 registers)
+// v6 + PERM: 4 consecutive channels per thread in the epilogue (weights permuted in 16-channel groups)
+using P0 = TileConfig<128, 128, 64, 64, 32, 2, 2, true, true>;
+using P1 = TileConfig<64, 128, 64, 32, 32, 3, 2, true, true>;
+using P2 = TileConfig<64, 64, 64, 32, 32, 3, 4, true, true>;
+using P3 = TileConfig<64, 256, 64, 32, 64, 3, 1, true, true>;
+using P4 = TileConfig<128, 128, 128, 64, 32, 3, 1, true, true>;
 
 struct ConfigInfo {
     char const* name;
@@ -39,7 +58,8 @@ struct ConfigInfo {
 
 template <class C>
 constexpr ConfigInfo info(char const* name) {
-    return {name, C::BM, C::BN, C::THREADS, C::SMEM, residual_conv_kernel<C>};
+    if constexpr (C::V6) return {name, C::BM, C::BN, C::THREADS, C::SMEM, residual_conv_kernel_v6<C>};
+    else return {name, C::BM, C::BN, C::THREADS, C::SMEM, residual_conv_kernel<C>};
 }
 
 ConfigInfo const kConfigs[] = {
@@ -48,6 +68,13 @@ ConfigInfo const kConfigs[] = {
     info<C6>("64x64x32_w32x32_s4"),  info<C7>("128x128x64_w64x32_s2"),
     info<C8>("64x64x64_w32x32_s3_b6"), info<C9>("64x128x64_w32x32_s3_b3"),
     info<C10>("128x128x64_w64x32_s3_b2"), info<C11>("128x128x32_w64x32_s4_b2"), info<C12>("128x64x64_w64x32_s3_b3"),
+    info<V0>("v6_128x128x64_w64x32_s2"), info<V1>("v6_128x128x64_w64x32_s3_b2"), info<V2>("v6_64x128x64_w32x32_s3"),
+    info<V3>("v6_64x64x64_w32x32_s3"), info<V4>("v6_64x64x64_w32x32_s3_b6"), info<V5>("v6_64x256x64_w32x64_s3"),
+    info<V6c>("v6_128x128x128_w64x32_s3"), info<V7>("v6_128x128x128_w64x32_s2_b2"),
+    info<V8>("v6_128x256x64_w64x64_s2"), info<V9>("v6_64x128x64_w32x32_s3_b3"),
+    // (128x128 at 3 blocks per SM spills 188 bytes at the 85-register cap: not offered)
+    info<P0>("v6p_128x128x64_w64x32_s2"), info<P1>("v6p_64x128x64_w32x32_s3"), info<P2>("v6p_64x64x64_w32x32_s3"),
+    info<P3>("v6p_64x256x64_w32x64_s3"), info<P4>("v6p_128x128x128_w64x32_s3"),
 };
 constexpr int kNumConfigs = sizeof(kConfigs) / sizeof(kConfigs[0]);
 
@@ -55,6 +82,7 @@ struct Layer {
     int cin, cout, kc, nc, kpad, npad;
     float lo;          // lower clamp: 0 with ReLU, -128 without
     int8_t* w = nullptr;
+    int8_t* w_perm = nullptr;   // w with rows permuted in 16-channel groups (v6 PERM configs)
     float* abs = nullptr;   // [3][npad]: a, b, s of the rounding rule
 };
 
@@ -185,12 +213,23 @@ extern "C" int trtfuse_residual_conv_create(int cin, int cout, int8_t const* wei
         abs[L.npad + n] = bias[n] * inv_out;
         abs[2 * L.npad + n] = r_scale * inv_out;
     }
+    // PERM copy: packed row 16*grp + t*8 + 2*tig + e holds channel 16*grp + 4*tig + 2*t + e (t, e in {0,1},
+    // tig in 0..3), so that an mma.sync lane's C columns of n8 tiles 2k, 2k+1 are 4 consecutive channels.
+    std::vector<int8_t> w_perm(w.size(), 0);
+    for (int row = 0; row < L.npad; ++row) {
+        int p = row & 15, t = p >> 3, tig = (p & 7) >> 1, e = p & 1;
+        int ch = (row & ~15) + 4 * tig + 2 * t + e;
+        std::copy_n(&w[static_cast<size_t>(ch) * L.kpad], L.kpad, &w_perm[static_cast<size_t>(row) * L.kpad]);
+    }
     cudaError_t e = cudaMalloc(&L.w, w.size());
+    if (e == cudaSuccess) e = cudaMalloc(&L.w_perm, w_perm.size());
     if (e == cudaSuccess) e = cudaMalloc(&L.abs, abs.size() * sizeof(float));
     if (e == cudaSuccess) e = cudaMemcpy(L.w, w.data(), w.size(), cudaMemcpyHostToDevice);
+    if (e == cudaSuccess) e = cudaMemcpy(L.w_perm, w_perm.data(), w_perm.size(), cudaMemcpyHostToDevice);
     if (e == cudaSuccess) e = cudaMemcpy(L.abs, abs.data(), abs.size() * sizeof(float), cudaMemcpyHostToDevice);
     if (e != cudaSuccess) {
         cudaFree(L.w);
+        cudaFree(L.w_perm);
         cudaFree(L.abs);
         return static_cast<int>(e);
     }
@@ -201,9 +240,9 @@ extern "C" int trtfuse_residual_conv_create(int cin, int cout, int8_t const* wei
 extern "C" int trtfuse_residual_conv_destroy(void* handle) {
     if (!handle) return 0;
     Layer* L = static_cast<Layer*>(handle);
-    cudaError_t e1 = cudaFree(L->w), e2 = cudaFree(L->abs);
+    cudaError_t e1 = cudaFree(L->w), e2 = cudaFree(L->abs), e3 = cudaFree(L->w_perm);
     delete L;
-    return e1 ? e1 : e2;
+    return e1 ? e1 : e2 ? e2 : e3;
 }
 
 extern "C" int trtfuse_residual_conv_forward(void const* handle, void const* x, void const* r, void* out, int n,
@@ -225,6 +264,7 @@ extern "C" int trtfuse_residual_conv_forward(void const* handle, void const* x, 
     p.r = static_cast<int8_t const*>(r);
     p.out = static_cast<int8_t*>(out);
     p.w = L->w;
+    p.w_perm = L->w_perm;
     p.a = L->abs;
     p.b = L->abs + L->npad;
     p.s = L->abs + 2 * L->npad;
@@ -236,6 +276,8 @@ extern "C" int trtfuse_residual_conv_forward(void const* handle, void const* x, 
     p.Kpad = L->kpad;
     p.Nc = L->nc;
     p.n_blocks = (L->nc * 32 + C.bn - 1) / C.bn;
+    p.hw_div = trtfuse::FastDivmod(hw);
+    p.nb_div = trtfuse::FastDivmod(p.n_blocks);
     int64_t tiles = (M + C.bm - 1) / C.bm * p.n_blocks;
     if (tiles >= (int64_t(1) << 31)) return TRTFUSE_RCONV_ERR_SHAPE;
     int resident = 0;
