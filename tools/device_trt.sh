@@ -3,7 +3,8 @@
 #
 #   bash tools/device_trt.sh STEP [STEP ...]
 #
-# Steps: build (the plugin library against /opt/trt85), layernorm (plugin tests), conv (TensorRT's
+# Steps: build (the plugin library against /opt/trt85), layernorm (plugin tests), conv-kernel (the fused
+# conv's kernel checks, tuner and benchmark: benchmarks/residual_conv_device.sh), conv (TensorRT's
 # own int8 conv+add+relu vs the plugin, benchmark), minilm (rewritten MiniLM engine vs PyTorch),
 # e2e-stash (keep a carried e2e bundle part), e2e:STAGES (resnet50_e2e.py run --stages STAGES).
 # A failing step does not stop the next. Logs and results accumulate in /tmp/trtfuse-results (outside
@@ -21,6 +22,10 @@ mkdir -p "$OUT" "$RESULTS/logs"
 export PYTHONUNBUFFERED=1
 export TRTFUSE_BUILD_DIR=/tmp/trtfuse-build   # kept between calls on a warm machine
 export TRTFUSE_PLUGIN_LIB=$TRTFUSE_BUILD_DIR/libtrtfuse_plugins.so
+# The fused conv's tile choice: this machine's fresh tuning if a conv-kernel step ran, else the committed one.
+tuned=$RESULTS/residual_conv_tuning_h100.json
+[ -f "$tuned" ] || tuned=$PWD/benchmarks/results/residual_conv_tuning_h100.json
+export TRTFUSE_RESIDUAL_CONV_CACHE=$tuned
 failed=0
 
 run_step() {
@@ -39,8 +44,10 @@ for step in "$@"; do
     case $step in
         build) run_step build python3.10 -m trtfuse.plugin_build build --tensorrt-root "$TENSORRT_ROOT" --archs 90 ;;
         layernorm) run_step layernorm python3.10 -m pytest -q -m tensorrt -p no:cacheprovider tests/test_layernorm_plugin.py ;;
-        conv) run_step conv env TRTFUSE_RESIDUAL_CONV_CACHE=benchmarks/results/residual_conv_tuning_h100.json \
-                  python3.10 benchmarks/residual_conv_trt.py --qdq --out "$RESULTS/residual_conv_h100.json" ;;
+        conv-kernel) run_step conv-kernel env OUT="$RESULTS/conv-kernel" bash benchmarks/residual_conv_device.sh quick
+                     cp "$RESULTS/conv-kernel/residual_conv_tuning_h100.json" "$RESULTS/conv-kernel/residual_conv_bench_h100.json" "$RESULTS/" 2>/dev/null
+                     [ -f "$RESULTS/residual_conv_tuning_h100.json" ] && export TRTFUSE_RESIDUAL_CONV_CACHE=$RESULTS/residual_conv_tuning_h100.json ;;
+        conv) run_step conv python3.10 benchmarks/residual_conv_trt.py --qdq --out "$RESULTS/residual_conv_h100.json" ;;
         conv-test) run_step conv-test python3.10 -m pytest -q -m tensorrt -p no:cacheprovider tests/test_residual_conv_plugin.py ;;
         minilm) run_step minilm python3.10 benchmarks/minilm_trt.py check --out "$RESULTS/minilm_trt.json" ;;
         e2e-stash) run_step e2e-stash python3.10 benchmarks/resnet50_e2e.py stash ;;
@@ -49,6 +56,7 @@ for step in "$@"; do
         *) echo "unknown step $step"; failed=$((failed + 1)) ;;
     esac
 done
+echo "conv tile cache: $TRTFUSE_RESIDUAL_CONV_CACHE"
 cp "$RESULTS"/*.json "$OUT"/ 2>/dev/null
-tar -C "$RESULTS" -czf "$OUT/logs.tgz" logs
+tar -C "$RESULTS" -czf "$OUT/logs.tgz" .
 exit "$failed"
