@@ -12,6 +12,8 @@
 # Exit status: the number of failed steps.
 set -u
 cd "$(dirname "$0")/.."
+# The machine's own python3 (PyTorch, CuPy) runs the kernel-only steps: keep its environment.
+ORIG_ENV=(PATH="$PATH" PYTHONPATH="${PYTHONPATH:-}" LD_LIBRARY_PATH="${LD_LIBRARY_PATH:-}")
 # shellcheck disable=SC1091
 source /opt/trt85/env.sh
 # shellcheck disable=SC1091
@@ -44,7 +46,7 @@ for step in "$@"; do
     case $step in
         build) run_step build python3.10 -m trtfuse.plugin_build build --tensorrt-root "$TENSORRT_ROOT" --archs 90 ;;
         layernorm) run_step layernorm python3.10 -m pytest -q -m tensorrt -p no:cacheprovider tests/test_layernorm_plugin.py ;;
-        conv-kernel) run_step conv-kernel env OUT="$RESULTS/conv-kernel" bash benchmarks/residual_conv_device.sh quick
+        conv-kernel) run_step conv-kernel env -u TRTFUSE_BUILD_DIR "${ORIG_ENV[@]}" OUT="$RESULTS/conv-kernel" bash benchmarks/residual_conv_device.sh quick
                      cp "$RESULTS/conv-kernel/residual_conv_tuning_h100.json" "$RESULTS/conv-kernel/residual_conv_bench_h100.json" "$RESULTS/" 2>/dev/null
                      [ -f "$RESULTS/residual_conv_tuning_h100.json" ] && export TRTFUSE_RESIDUAL_CONV_CACHE=$RESULTS/residual_conv_tuning_h100.json ;;
         conv) run_step conv python3.10 benchmarks/residual_conv_trt.py --qdq --out "$RESULTS/residual_conv_h100.json" ;;
