@@ -110,7 +110,32 @@ def onnx_for_build(model_dir: Path, cfg: BuildConfig) -> bytes:
         onnx.save(model, model_dir / PLUGIN_FILE)
     # TensorRT 8.5's parser wants quantized weights as float constants behind a QuantizeLinear; every
     # later version parses that form too, so it is the one handed over.
-    return weights_as_float_qdq(model).SerializeToString()
+    model = weights_as_float_qdq(model)
+    if cfg.input_format == "int8":
+        model = int8_input_graph(model)
+    return model.SerializeToString()
+
+
+def int8_input_graph(model):
+    """The graph with an int8 input: the input's QuantizeLinear goes and its DequantizeLinear reads the
+    input directly, so the host sends round(x / s) itself. In an explicitly quantized network this is how
+    an int8 input is said (TensorRT refuses dynamic ranges once Q/DQ layers are present)."""
+    import onnx
+
+    graph = model.graph
+    name = graph.input[0].name
+    quant = [n for n in graph.node if n.op_type == "QuantizeLinear" and n.input[0] == name]
+    if len(quant) != 1:
+        raise UserError("int8 input needs exactly one QuantizeLinear on the model input",
+                        "use --input-format float for this model")
+    q = quant[0]
+    for node in graph.node:
+        for i, value in enumerate(node.input):
+            if value == q.output[0]:
+                node.input[i] = name
+    graph.node.remove(q)
+    graph.input[0].type.tensor_type.elem_type = onnx.TensorProto.INT8
+    return model
 
 
 # ----------------------------------------------------------------------------- TensorRT
@@ -198,12 +223,8 @@ def build_engine(model_dir: str | Path, cfg: BuildConfig, plugin_lib: str | None
     if cfg.input_format == "int8":
         if cfg.precision != "int8":
             raise UserError("--input-format int8 needs --precision int8", "use --input-format float")
-        inp.dtype = trt.int8
-        inp.allowed_formats = 1 << int(trt.TensorFormat.CHW4)
-        # The int8 input holds round(x / s) for the scale s of the input's QuantizeLinear; the
-        # dynamic range says so (retried without it below if this TensorRT refuses it in a Q/DQ net).
-        scale = input_scale(model_dir)
-        inp.set_dynamic_range(-127 * scale, 127 * scale)
+        # The graph's input is int8 already (int8_input_graph); linear NCHW, as the host writes it.
+        inp.allowed_formats = 1 << int(trt.TensorFormat.LINEAR)
 
     timing_path = cache / f"timing-{hashlib.sha256((trt.__version__ + gpu).encode()).hexdigest()[:12]}.cache"
     timing = config.create_timing_cache(timing_path.read_bytes() if timing_path.is_file() else b"")
@@ -215,10 +236,9 @@ def build_engine(model_dir: str | Path, cfg: BuildConfig, plugin_lib: str | None
     t0 = time.time()
     serialized = builder.build_serialized_network(network, config)
     if serialized is None and cfg.input_format == "int8":
-        print("trtfuse: build failed with a dynamic range on the int8 input; retrying without it",
+        print("trtfuse: the int8-input build failed; building with float input instead",
               file=sys.stderr, flush=True)
-        inp.reset_dynamic_range()
-        serialized = builder.build_serialized_network(network, config)
+        return build_engine(model_dir, dataclasses.replace(cfg, input_format="float"), plugin_lib, rebuild)
     if serialized is None:
         raise UserError("TensorRT failed to build the engine (see its log above)",
                         "try --workspace with more GB, or --plugins off to isolate the plugin")

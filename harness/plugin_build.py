@@ -187,7 +187,7 @@ def build(plan: BuildPlan, link: bool = True, jobs: int | None = None, progress=
     if plan.tensorrt_include:
         libs = ["-lcudart"]
         if plan.tensorrt_lib:
-            libs = [f"-L{plan.tensorrt_lib}", f"-Wl,-rpath,{plan.tensorrt_lib}", "-lnvinfer"] + libs
+            libs = [f"-L{plan.tensorrt_lib}", "-Xlinker", f"-rpath={plan.tensorrt_lib}", "-lnvinfer"] + libs
         plugins = plan.build_dir / PLUGINS_LIB
         _link(nvcc, plan, [objs[s] for s in both + plugin_only], plugins, libs)
         out["plugins"] = plugins

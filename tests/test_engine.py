@@ -81,3 +81,33 @@ def test_cli_build_without_tensorrt_is_a_user_error(model_dir):
         pass
     with pytest.raises(UserError, match="TensorRT"):
         cli_main([str(model_dir), "--plugins", "off"])
+
+
+def test_int8_input_graph_matches_quantizing_on_the_host():
+    """Dropping the input QuantizeLinear and feeding round(x / s) as int8 computes the same function."""
+    import numpy as np
+    import onnx
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+
+    from trtfuse.engine import int8_input_graph
+
+    scale = np.float32(0.05)
+    graph = helper.make_graph(
+        [helper.make_node("QuantizeLinear", ["input", "s", "z"], ["q"]),
+         helper.make_node("DequantizeLinear", ["q", "s", "z"], ["dq"]),
+         helper.make_node("Relu", ["dq"], ["out"])],
+        "g",
+        [helper.make_tensor_value_info("input", TensorProto.FLOAT, [2, 3])],
+        [helper.make_tensor_value_info("out", TensorProto.FLOAT, [2, 3])],
+        [numpy_helper.from_array(np.array(scale), "s"), numpy_helper.from_array(np.array(0, np.int8), "z")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    x = np.random.default_rng().normal(size=(2, 3)).astype(np.float32) * 3
+    want = ort.InferenceSession(model.SerializeToString()).run(None, {"input": x})[0]
+    int8_model = int8_input_graph(onnx.ModelProto.FromString(model.SerializeToString()))
+    onnx.checker.check_model(int8_model)
+    assert [n.op_type for n in int8_model.graph.node] == ["DequantizeLinear", "Relu"]
+    q = np.clip(np.rint(x / scale), -128, 127).astype(np.int8)
+    got = ort.InferenceSession(int8_model.SerializeToString()).run(None, {"input": q})[0]
+    np.testing.assert_array_equal(got, want)

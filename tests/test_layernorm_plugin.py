@@ -89,22 +89,21 @@ class DeviceBuffers:
         self.ptrs = []
 
 
-def _fields(**values):
-    fields = []
-    for name, v in values.items():
-        if isinstance(v, float):
-            fields.append(
-                trt.PluginField(name, np.array([v], dtype=np.float32), trt.PluginFieldType.FLOAT32)
-            )
-        else:
-            fields.append(
-                trt.PluginField(name, np.array([v], dtype=np.int32), trt.PluginFieldType.INT32)
-            )
-    return trt.PluginFieldCollection(fields)
+def _field_arrays(**values):
+    """(name, array, type) per field. A trt.PluginField keeps only a pointer into its array, so the
+    arrays must outlive create_plugin (inline temporaries arrive as garbage: NVIDIA/TensorRT#238)."""
+    return [
+        (name, np.array([v], dtype=np.float32), trt.PluginFieldType.FLOAT32)
+        if isinstance(v, float)
+        else (name, np.array([v], dtype=np.int32), trt.PluginFieldType.INT32)
+        for name, v in values.items()
+    ]
 
 
 def _create(registry, name, **values):
-    return registry.get_plugin_creator(name, "1", "").create_plugin(name.lower(), _fields(**values))
+    arrays = _field_arrays(**values)
+    fields = trt.PluginFieldCollection([trt.PluginField(*a) for a in arrays])
+    return registry.get_plugin_creator(name, "1", "").create_plugin(name.lower(), fields)
 
 
 def _build(network_fn, fp16: bool):
@@ -116,6 +115,7 @@ def _build(network_fn, fp16: bool):
         config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, 1 << 28)
     if fp16:
         config.set_flag(trt.BuilderFlag.FP16)
+    config.set_tactic_sources(0)  # the GPU machine's TensorRT 8.5 has no cuBLAS/cuDNN to load
     keep = network_fn(network)
     plan = builder.build_serialized_network(network, config)
     return (None if plan is None else bytes(plan)), keep

@@ -56,10 +56,10 @@ def test_creator_refuses_bad_fields(side):
         "cin",
         "cout",
     }
-    assert creator.create_plugin("ok", side.plugin_fields(L, 64, 32)) is not None
+    assert side.create_plugin("ok", L, 64, 32) is not None
     bad = dict(L, out_scale=-1.0)
-    assert creator.create_plugin("bad", side.plugin_fields(bad, 64, 32)) is None
+    assert side.create_plugin("bad", bad, 64, 32) is None
     assert (
-        creator.create_plugin("bad", side.plugin_fields(L, 64, 33)) is None
+        side.create_plugin("bad", L, 64, 33) is None
     )  # weights size != cin * cout
     del trt

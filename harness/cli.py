@@ -1,0 +1,290 @@
+"""The ``trtfuse`` command.
+
+  trtfuse                      a short Offline run on the demo images, then what to do next
+  trtfuse prepare MODEL        export/import a model to ONNX (resnet50, efficientnet-lite0, --onnx FILE)
+  trtfuse run                  one MLPerf LoadGen test (Offline or Server; performance or accuracy)
+  trtfuse accuracy RUN_DIR     top-1/top-5 of an accuracy run, optionally against a reference run
+  trtfuse build ...            build a TensorRT engine (needs TensorRT)
+  trtfuse plugins ...          build/check the CUDA kernels and TensorRT plugins
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from trtfuse.errors import UserError
+
+NEXT_STEPS = """\
+Next steps:
+  your ImageNet folder, real weights:
+    trtfuse run --dataset DIR --model resnet50 --weights resnet50.pth
+  Server (a CPU cannot meet MLPerf's 15 ms; enough queries for LoadGen's early stopping):
+    trtfuse run --scenario server --target-qps 20 --latency-bound-ms 100 --min-duration-s 40
+  accuracy, then top-1/top-5 (and --reference RUN_DIR for the 99 % check):
+    trtfuse run --mode accuracy --dataset DIR && trtfuse accuracy RUN_DIR
+  every setting: trtfuse run --help, configs/default.toml (--config FILE)"""
+
+
+def _add_run_arguments(p: argparse.ArgumentParser) -> None:
+    # Each flag maps onto a key of configs/default.toml; None means "not given, keep the config's".
+    p.add_argument("--config", metavar="FILE", help="TOML settings on top of configs/default.toml")
+    p.add_argument("--model", dest="run.model",
+                   help="resnet50, efficientnet-lite0, a prepared model folder, or an .onnx file")
+    p.add_argument("--weights", metavar="FILE", help="torchvision state dict for --model resnet50")
+    p.add_argument("--dataset", dest="run.dataset",
+                   help="'demo', an ImageNet folder with val_map.txt, or a folder of <wnid>_*.JPEG")
+    p.add_argument("--scenario", dest="run.scenario", choices=["offline", "server"])
+    p.add_argument("--mode", dest="run.mode", choices=["performance", "accuracy"])
+    p.add_argument("--backend", dest="run.backend", choices=["auto", "onnxruntime", "tensorrt", "null"])
+    p.add_argument("--batch-size", dest="run.batch_size", type=int)
+    p.add_argument("--sample-count", dest="run.sample_count", type=int,
+                   help="use the first N images of the dataset (0: all)")
+    p.add_argument("--threads", dest="run.threads", type=int, help="worker threads calling the backend")
+    p.add_argument("--target-qps", type=float,
+                   help="Server: queries/s LoadGen sends; Offline: expected samples/s")
+    p.add_argument("--latency-bound-ms", dest="server.target_latency_ms", type=float,
+                   help="Server p99 latency bound")
+    p.add_argument("--min-duration-s", type=float, help="LoadGen's minimum test duration")
+    p.add_argument("--min-query-count", type=int)
+    p.add_argument("--output-dir", dest="run.output_dir", help="where run folders go (default runs/)")
+    p.add_argument("--engine", dest="tensorrt.engine", metavar="FILE", help="TensorRT: a built engine")
+    p.add_argument("--precision", dest="tensorrt.precision", help="TensorRT: int8, fp16, ...")
+    p.add_argument("--plugins", dest="tensorrt.plugins", choices=["on", "off"],
+                   help="TensorRT: use trtfuse's fused plugins")
+    p.add_argument("--quiet", action="store_true", help="no progress output")
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="trtfuse", description=__doc__.split("\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog="\n".join(__doc__.split("\n")[2:]))
+    sub = p.add_subparsers(dest="command")
+
+    prep = sub.add_parser("prepare", help="write a model's ONNX and description")
+    prep.add_argument("model", nargs="?", help="resnet50 or efficientnet-lite0 (a name for --onnx)")
+    prep.add_argument("--weights", metavar="FILE", help="torchvision state dict (resnet50)")
+    prep.add_argument("--onnx", metavar="FILE", help="an ONNX classifier, e.g. MLPerf's resnet50_v1.onnx")
+    prep.add_argument("--out", metavar="DIR", help="output folder (default $TRTFUSE_HOME/models/NAME)")
+
+    run = sub.add_parser("run", help="one MLPerf LoadGen test")
+    _add_run_arguments(run)
+
+    acc = sub.add_parser("accuracy", help="top-1/top-5 of an accuracy run")
+    acc.add_argument("run_dir", help="a run folder of `trtfuse run --mode accuracy`")
+    acc.add_argument("--reference", metavar="RUN_DIR", help="a reference (e.g. fp32) accuracy run")
+    return p
+
+
+def load_settings(args: argparse.Namespace) -> dict:
+    from trtfuse import config
+
+    plain = {k: v for k, v in vars(args).items() if "." in k}
+    if plain.get("tensorrt.plugins") is not None:
+        plain["tensorrt.plugins"] = plain["tensorrt.plugins"] == "on"
+    # The scenario flags apply to the scenario being run: the config's, unless --scenario.
+    scenario = config.load(args.config, plain)["run"]["scenario"]
+    min_duration_ms = None if args.min_duration_s is None else int(args.min_duration_s * 1000)
+    scenario_flags = {f"{scenario}.target_qps": args.target_qps,
+                      f"{scenario}.min_duration_ms": min_duration_ms,
+                      f"{scenario}.min_query_count": args.min_query_count}
+    return config.load(args.config, {**plain, **scenario_flags})
+
+
+def resolve_model(spec: str, weights: str | None = None):
+    """A PreparedModel from a name, a prepared folder or an .onnx file (prepared and cached once)."""
+    from trtfuse import models
+
+    path = Path(spec).expanduser()
+    if path.is_dir() and (path / "model.json").is_file():
+        return models.load_prepared(path)
+    if spec.endswith(".onnx"):
+        return models.prepare(None, onnx=path)
+    if path.is_dir():
+        raise UserError(f"{path} holds no prepared model (no model.json)",
+                        "pass a model name, an .onnx file, or a folder written by `trtfuse prepare`")
+    prepared_dir = models.default_model_dir(spec)
+    if weights is None and (prepared_dir / "model.json").is_file():
+        # What `trtfuse prepare NAME [--onnx F | --weights F]` made last is what `run --model NAME`
+        # means; preparing again without those options would replace it with other weights.
+        try:
+            return models.load_prepared(prepared_dir)
+        except UserError:
+            pass  # a broken folder: prepare it again
+    return models.prepare(spec, weights=weights)
+
+
+def _new_run_dir(output_dir: str, model: str, scenario: str, mode: str) -> Path:
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    base = Path(output_dir).expanduser() / f"{stamp}-{model}-{scenario}-{mode}"
+    run_dir, n = base, 1
+    while run_dir.exists():
+        n += 1
+        run_dir = base.with_name(f"{base.name}-{n}")
+    return run_dir
+
+
+def run(settings: dict, progress: bool = True, weights: str | None = None,
+        model=None, dataset=None, backend=None) -> dict:
+    """One LoadGen test end to end; returns the report (also written to the run folder).
+
+    ``model``, ``dataset`` and ``backend`` may be given ready-made (tests, benchmarks); otherwise they
+    come from the settings.
+    """
+    from trtfuse import accuracy, report
+    from trtfuse.backends import create_backend
+    from trtfuse.lg_run import run_loadgen
+
+    r = settings["run"]
+    model = model or resolve_model(r["model"], weights)
+    own_backend = backend is None
+    if own_backend:  # before the dataset: a model the backend rejects should not wait for JPEGs
+        trt = {k: v for k, v in settings["tensorrt"].items() if v != ""}
+        backend = create_backend(r["backend"], threads=r["backend_threads"], **trt)
+        backend.load(model, r["batch_size"])
+    if dataset is None:
+        from trtfuse.data import open_dataset
+
+        dataset = open_dataset(r["dataset"], model.preprocess, count=r["sample_count"] or None,
+                               progress=progress)
+    elif r["sample_count"]:
+        dataset = _first(dataset, r["sample_count"])
+    run_dir = _new_run_dir(r["output_dir"], model.name, r["scenario"], r["mode"])
+    run_dir.mkdir(parents=True)
+    accuracy.write_qsl_labels(run_dir, dataset.names, dataset.labels)
+    if progress:
+        print(f"trtfuse: {r['scenario']} {r['mode']} run of {model.name} on {backend.name}, "
+              f"batch {r['batch_size']}, {len(dataset)} images -> {run_dir}", file=sys.stderr)
+    try:
+        lg_run = run_loadgen(backend, model, dataset, settings, run_dir, progress=progress)
+    finally:
+        if own_backend:
+            backend.close()
+    result = {
+        "model": model.name, "random_weights": bool(model.random_weights),
+        "backend": backend.name, "scenario": r["scenario"], "mode": r["mode"],
+        "batch_size": r["batch_size"], "dataset": str(r["dataset"]), "dataset_size": len(dataset),
+        "run_dir": str(run_dir), "settings": settings,
+        "loadgen": report.read_loadgen_results(run_dir),
+        "harness": {"warmup_samples_per_s": lg_run.warmup_samples_per_s, "issued": lg_run.issued,
+                    "completed": lg_run.completed, "qsl_load_calls": lg_run.qsl_load_calls,
+                    "qsl_loaded_samples": lg_run.qsl_loaded_samples, "wall_s": lg_run.wall_s,
+                    "cpu_s": lg_run.cpu_s,
+                    "effective": lg_run.effective},
+    }
+    if model.random_weights:
+        result["note"] = report.RANDOM_WEIGHTS_NOTE
+    if r["mode"] == "accuracy":
+        result["accuracy"] = accuracy.evaluate(run_dir)
+    report.write_report(run_dir, result)
+    return result
+
+
+class _FirstN:
+    """The first ``n`` samples of a dataset (for --sample-count with a ready-made dataset)."""
+
+    def __init__(self, dataset, n):
+        self._d, self.names, self.labels = dataset, dataset.names[:n], dataset.labels[:n]
+
+    def __len__(self):
+        return len(self.names)
+
+    def images(self, indices):
+        return self._d.images(indices)
+
+
+def _first(dataset, n):
+    return dataset if n >= len(dataset) else _FirstN(dataset, n)
+
+
+def _cmd_run(args) -> int:
+    from trtfuse.report import format_table
+
+    settings = load_settings(args)
+    result = run(settings, progress=not args.quiet, weights=args.weights)
+    print(format_table(result))
+    return 0
+
+
+def _cmd_demo() -> int:
+    from trtfuse import config
+    from trtfuse.report import format_table
+
+    print("trtfuse: no command given; a short Offline run on the 20 demo images "
+          "(EfficientNet-Lite0, CPU unless TensorRT is usable).", file=sys.stderr)
+    for mode in ("performance", "accuracy"):
+        result = run(config.load(overrides={"run.mode": mode}), progress=True)
+        print(format_table(result))
+        print()
+    print(NEXT_STEPS)
+    return 0
+
+
+def _cmd_prepare(args) -> int:
+    from trtfuse import models
+
+    if not args.model and not args.onnx:
+        raise UserError("no model given", "use `trtfuse prepare resnet50`, `trtfuse prepare "
+                        "efficientnet-lite0` or `trtfuse prepare --onnx FILE`")
+    prepared = models.prepare(args.model, args.out, weights=args.weights, onnx=args.onnx)
+    print(f"{prepared.name}: {prepared.onnx_path}  input {prepared.input_name} "
+          f"{list(prepared.input_shape)}, {prepared.num_classes} classes")
+    if prepared.random_weights:
+        print("note: random weights: performance only (give --weights FILE or --onnx FILE for accuracy)")
+    return 0
+
+
+def _cmd_accuracy(args) -> int:
+    from trtfuse import accuracy
+
+    result = accuracy.evaluate(Path(args.run_dir))
+    lines = [f"top-1  {result['top1'] * 100:.2f} %", f"top-5  {result['top5'] * 100:.2f} %",
+             f"images {result['n']}"]
+    if args.reference:
+        verdict = accuracy.compare(result, accuracy.evaluate(Path(args.reference)))
+        result["reference"] = verdict
+        lines.append(f"ratio  {verdict['ratio'] * 100:.2f} % of the reference top-1 "
+                     f"({verdict['reference_top1'] * 100:.2f} %): "
+                     + ("PASS" if verdict["passed"] else "FAIL") + " at 99 %")
+    report_path = Path(args.run_dir) / "report.json"
+    if report_path.is_file() and json.loads(report_path.read_text()).get("random_weights"):
+        from trtfuse.report import RANDOM_WEIGHTS_NOTE
+
+        lines.append(f"note: {RANDOM_WEIGHTS_NOTE}")
+    print("\n".join(lines))
+    (Path(args.run_dir) / "accuracy.json").write_text(json.dumps(result, indent=2) + "\n")
+    return 0 if not args.reference or result["reference"]["passed"] else 1
+
+
+def _delegate(command: str, argv: list[str]) -> int:
+    if command == "plugins":
+        from trtfuse.plugin_build import main as plugins_main
+
+        return plugins_main(argv)
+    try:
+        from trtfuse.engine import cli_main
+    except ImportError as e:
+        from trtfuse.backends import TENSORRT_MISSING
+
+        raise TENSORRT_MISSING from e
+    return cli_main(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    try:
+        if argv and argv[0] in ("build", "plugins"):
+            return _delegate(argv[0], argv[1:])
+        args = _parser().parse_args(argv)
+        if args.command is None:
+            return _cmd_demo()
+        return {"prepare": _cmd_prepare, "run": _cmd_run, "accuracy": _cmd_accuracy}[args.command](args)
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130

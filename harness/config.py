@@ -1,0 +1,114 @@
+"""Run settings: configs/default.toml, then a user TOML file, then command-line overrides.
+
+Every key a user may set exists in default.toml, so an unknown key is always a typo and is reported
+as one, with the valid keys beside it.
+"""
+
+from __future__ import annotations
+
+import copy
+import difflib
+import sys
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
+
+from trtfuse.errors import UserError
+
+SCENARIOS = ("offline", "server")
+MODES = ("performance", "accuracy")
+Settings = dict[str, dict[str, Any]]
+
+
+def defaults() -> Settings:
+    text = resources.files("trtfuse.configs").joinpath("default.toml").read_text()
+    return tomllib.loads(text)
+
+
+def _read_toml(path: str | Path) -> Settings:
+    path = Path(path)
+    try:
+        return tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise UserError(f"config file {path} does not exist", "check the path given to --config") from None
+    except tomllib.TOMLDecodeError as e:
+        raise UserError(f"config file {path} is not valid TOML ({e})", "fix the line it names") from None
+
+
+def _typed(key: str, value: Any, default: Any) -> Any:
+    """``value`` converted to ``default``'s type, or a UserError naming the key."""
+    kind = type(default)
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if isinstance(value, kind) and not (kind is int and isinstance(value, bool)):
+        return value
+    raise UserError(f"config key {key} must be {kind.__name__}, not {value!r}",
+                    f"e.g. {key.split('.')[-1]} = {default!r}")
+
+
+def merge(base: Settings, updates: dict[str, Any], source: str) -> Settings:
+    """``updates`` ({"section.key": value} or nested) applied to ``base``, validated against defaults."""
+    flat: dict[str, Any] = {}
+    for name, value in updates.items():
+        if isinstance(value, dict):
+            flat.update({f"{name}.{k}": v for k, v in value.items()})
+        else:
+            flat[name] = value
+    merged = copy.deepcopy(base)
+    valid = [f"{s}.{k}" for s, keys in base.items() for k in keys]
+    for key, value in flat.items():
+        section, _, name = key.partition(".")
+        if key not in valid:
+            close = difflib.get_close_matches(key, valid, n=1)
+            hint = f"did you mean {close[0]}? " if close else ""
+            raise UserError(f"unknown config key {key!r} in {source}",
+                            f"{hint}valid keys: {', '.join(valid)}")
+        merged[section][name] = _typed(key, value, base[section][name])
+    _check(merged)
+    return merged
+
+
+def _check(s: Settings) -> None:
+    run = s["run"]
+    if run["scenario"] not in SCENARIOS:
+        raise UserError(f"unknown scenario {run['scenario']!r}", f"use one of: {', '.join(SCENARIOS)}")
+    if run["mode"] not in MODES:
+        raise UserError(f"unknown mode {run['mode']!r}", f"use one of: {', '.join(MODES)}")
+    if run["batch_size"] < 1 or run["batch_size"] > 65536:
+        raise UserError(f"batch size {run['batch_size']} is impossible",
+                        "use a batch size from 1 to the model's maximum (e.g. --batch-size 8)")
+    for key in ("sample_count", "performance_sample_count", "warmup_batches"):
+        if run[key] < 0:
+            raise UserError(f"run.{key} is negative ({run[key]})", "use 0 or a positive number")
+    if run["threads"] < 1:
+        raise UserError(f"run.threads must be at least 1, not {run['threads']}", "use --threads 1")
+    if run["watchdog_s"] <= 0:
+        raise UserError("run.watchdog_s must be positive", "e.g. watchdog_s = 120")
+    server = s["server"]
+    if server["target_qps"] <= 0:
+        raise UserError(f"server target QPS must be positive, not {server['target_qps']}",
+                        "e.g. --target-qps 100")
+    if server["target_latency_ms"] <= 0 or server["batch_timeout_ms"] < 0:
+        raise UserError("server latency bound and batch timeout must be positive",
+                        "e.g. --latency-bound-ms 15")
+    for scenario in SCENARIOS:
+        for key in ("min_duration_ms", "min_query_count"):
+            if s[scenario][key] < 0:
+                raise UserError(f"{scenario}.{key} is negative", "use 0 or a positive number")
+
+
+def load(config_file: str | Path | None = None, overrides: dict[str, Any] | None = None) -> Settings:
+    """Defaults, then ``config_file``, then ``overrides`` ({"section.key": value}; None values skipped)."""
+    settings = defaults()
+    if config_file:
+        settings = merge(settings, _read_toml(config_file), str(config_file))
+    if overrides:
+        given = {k: v for k, v in overrides.items() if v is not None}
+        settings = merge(settings, given, "the command line")
+    _check(settings)
+    return settings

@@ -1,0 +1,74 @@
+"""A thread beside LoadGen's StartTest: progress on stderr, and a watchdog for hung backends.
+
+LoadGen waits forever for a sample that is never completed. When samples are outstanding and none
+has completed for ``stall_s`` seconds, the watchdog completes them with empty responses so that
+StartTest returns, and records why; the run then fails with that message instead of hanging.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+
+
+class RunMonitor:
+    def __init__(self, sut, stall_s: float, expected_s: float | None = None,
+                 progress: bool = True, interval_s: float = 0.5):
+        self.sut = sut
+        self.stall_s = stall_s
+        self.expected_s = expected_s
+        self.progress = progress
+        self.interval_s = interval_s
+        self.stalled: str | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="trtfuse-monitor", daemon=True)
+        self._tty = sys.stderr.isatty()
+
+    def __enter__(self):
+        self._start = time.monotonic()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join(timeout=5)
+        if self.progress and self._printed and self._tty:
+            print(file=sys.stderr)
+
+    _printed = False
+
+    def _loop(self) -> None:
+        last_print = 0.0
+        while not self._stop.wait(self.interval_s):
+            ledger = self.sut.ledger
+            now = time.monotonic()
+            if ledger.outstanding > 0 and now - ledger.last_progress > self.stall_s:
+                self._unstick(ledger.outstanding)
+            # On a terminal: a line redrawn in place; in logs (CI): one line every 10 s.
+            if self.progress and (self._tty or now - last_print >= 10):
+                elapsed = now - self._start
+                eta = f" of ~{self.expected_s:.0f} s" if self.expected_s else ""
+                line = (f"  {elapsed:6.1f} s{eta}  {ledger.completed:,} samples done"
+                        f"  ({ledger.completed / max(elapsed, 1e-9):,.0f}/s)")
+                print(("\r" + line) if self._tty else line, end="" if self._tty else "\n",
+                      file=sys.stderr, flush=True)
+                self._printed = True
+                last_print = now
+
+    _found_nothing = 0
+
+    def _unstick(self, outstanding: int) -> None:
+        if self.stalled is None:
+            self.stalled = (f"no sample completed for {self.stall_s:g} s with {outstanding} outstanding"
+                            " (the backend hung)")
+            self.sut.errors.append(TimeoutError(self.stalled))  # new queries are answered at once
+        freed = self.sut.abandon()
+        # Nothing to free twice in a row (a batch may be in transit between threads once):
+        self._found_nothing = self._found_nothing + 1 if freed == 0 else 0
+        if self._found_nothing >= 2:
+            # Samples LoadGen still waits for are nowhere in the SUT: StartTest can never return.
+            print(f"\nerror: {self.stalled}, and {outstanding} samples were lost by the harness; "
+                  "exiting because LoadGen would wait forever", file=sys.stderr, flush=True)
+            os._exit(3)

@@ -1,0 +1,162 @@
+"""One LoadGen test: settings, run folder, QSL + SUT, warm-up, StartTest, and failure handling.
+
+LoadGen traps this module exists to avoid:
+- ``TestSettings.FromConfig`` with a user.conf loads LoadGen's built-in mlperf.conf only on its first
+  call in a process; later calls silently drop it. Here the built-in file alone is loaded
+  (conf_type 0, which loads it every time) and our own settings are assigned field by field.
+- StartTest reads ``audit.config`` from the working directory when present; we pass a path inside
+  the run folder, which never holds one.
+- A missing log folder aborts the process: the run folder is made before LoadGen sees it.
+- LoadGen has no warm-up: the backend runs ``warmup_batches`` batches before StartTest.
+"""
+
+from __future__ import annotations
+
+import resource
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import mlperf_loadgen as lg
+import numpy as np
+from trtfuse.errors import UserError
+from trtfuse.lg_monitor import RunMonitor
+from trtfuse.lg_qsl import SampleLibrary
+from trtfuse.lg_sut import OfflineSUT, ServerSUT
+
+LOADGEN_SCENARIO = {"offline": lg.TestScenario.Offline, "server": lg.TestScenario.Server}
+LOADGEN_MODE = {"performance": lg.TestMode.PerformanceOnly, "accuracy": lg.TestMode.AccuracyOnly}
+
+
+@dataclass
+class LoadGenRun:
+    run_dir: Path
+    warmup_samples_per_s: float | None
+    issued: int
+    completed: int
+    qsl_load_calls: int
+    qsl_loaded_samples: int
+    wall_s: float
+    cpu_s: float  # CPU time of the whole process during StartTest: backend plus harness plus LoadGen
+    effective: dict = field(default_factory=dict)
+
+
+def loadgen_settings(settings: dict, total_count: int, measured_qps: float | None) -> lg.TestSettings:
+    run = settings["run"]
+    scenario = run["scenario"]
+    ts = lg.TestSettings()
+    rc = ts.FromConfig("", run["mlperf_model"], scenario.capitalize(), 0)
+    if rc != 0:
+        raise UserError(f"LoadGen rejected its built-in mlperf.conf for {run['mlperf_model']!r} (code {rc})",
+                        "set run.mlperf_model to a benchmark LoadGen knows, e.g. resnet50")
+    ts.scenario = LOADGEN_SCENARIO[scenario]
+    ts.mode = LOADGEN_MODE[run["mode"]]
+    section = settings[scenario]
+    ts.min_duration_ms = section["min_duration_ms"]
+    ts.min_query_count = section["min_query_count"]
+    psc = run["performance_sample_count"] or ts.performance_sample_count_override or total_count
+    ts.performance_sample_count_override = min(psc, total_count)
+    if scenario == "offline":
+        # LoadGen issues expected_qps x min_duration samples; finishing them sooner makes the run
+        # INVALID, so a warm-up estimate is padded to err on the long side.
+        ts.offline_expected_qps = section["target_qps"] or (measured_qps or 1.0) * 1.5
+    else:
+        ts.server_target_qps = section["target_qps"]
+        ts.server_target_latency_ns = int(section["target_latency_ms"] * 1e6)
+        ts.server_coalesce_queries = section["coalesce_queries"]
+    return ts
+
+
+def warm_up(backend, dataset, batch_size: int, batches: int) -> float | None:
+    """Run ``batches`` batches; samples/s of all but the first (which pays one-time setup)."""
+    if batches == 0:
+        return None
+    batch = dataset.images(np.arange(min(batch_size, len(dataset))))
+    backend.infer(batch)
+    if batches == 1:
+        return None
+    start = time.perf_counter()
+    for _ in range(batches - 1):
+        backend.infer(batch)
+    return len(batch) * (batches - 1) / (time.perf_counter() - start)
+
+
+def _cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def run_loadgen(backend, model, dataset, settings: dict, run_dir: Path, progress: bool = True) -> LoadGenRun:
+    """Run one LoadGen test of ``backend`` (loaded with ``model``) over ``dataset`` into ``run_dir``."""
+    run = settings["run"]
+    scenario, accuracy = run["scenario"], run["mode"] == "accuracy"
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    total = len(dataset)
+    if total == 0:
+        raise UserError("the dataset has no images", "point --dataset at a folder with labelled images")
+
+    measured = warm_up(backend, dataset, run["batch_size"], run["warmup_batches"])
+    ts = loadgen_settings(settings, total, measured)
+
+    qsl = SampleLibrary(dataset, ts.performance_sample_count_override)
+    common = {"batch_size": run["batch_size"], "threads": run["threads"], "accuracy": accuracy,
+              "label_offset": model.label_offset}
+    if scenario == "offline":
+        sut = OfflineSUT(backend, qsl, **common)
+    else:
+        sut = ServerSUT(backend, qsl, batch_timeout_s=settings["server"]["batch_timeout_ms"] / 1e3, **common)
+
+    def guarded(fn):
+        def callback(*args):
+            try:
+                fn(*args)
+            except BaseException as e:  # noqa: BLE001 - an exception here would abort the process
+                sut.errors.append(e)
+        return callback
+
+    log_output = lg.LogOutputSettings()
+    log_output.outdir = str(run_dir)
+    log_output.copy_summary_to_stdout = False
+    log_settings = lg.LogSettings()
+    log_settings.log_output = log_output
+    log_settings.enable_trace = False
+
+    expected_s = None
+    if scenario == "offline" and not accuracy:
+        expected_s = max(ts.min_duration_ms / 1e3, 0)
+
+    lg_qsl = lg.ConstructQSL(total, qsl.performance_sample_count, guarded(qsl.load), guarded(qsl.unload))
+    lg_sut = lg.ConstructFastSUT(sut.guarded_issue, guarded(sut.flush))
+    sut.start()
+    start, cpu_start = time.perf_counter(), _cpu_seconds()
+    monitor = RunMonitor(sut, stall_s=run["watchdog_s"], expected_s=expected_s, progress=progress)
+    try:
+        with monitor:
+            lg.StartTestWithLogSettings(lg_sut, lg_qsl, ts, log_settings, str(run_dir / "audit.config"))
+    finally:
+        wall, cpu = time.perf_counter() - start, _cpu_seconds() - cpu_start
+        # A worker stuck in a hung backend never returns: don't wait for it (it is a daemon thread).
+        sut.stop(timeout=0.1 if monitor.stalled else 5.0)
+        lg.DestroyFastSUT(lg_sut)
+        lg.DestroyQSL(lg_qsl)
+
+    if monitor.stalled:
+        raise UserError(f"the run failed: {monitor.stalled}",
+                        f"LoadGen's logs are in {run_dir}; check the backend, or raise run.watchdog_s")
+    if sut.errors:
+        first = sut.errors[0]
+        if isinstance(first, UserError):
+            raise first
+        raise RuntimeError(f"{len(sut.errors)} error(s) during the LoadGen run (logs in {run_dir}); "
+                           f"the first: {first!r}") from first
+    return LoadGenRun(
+        run_dir=run_dir, warmup_samples_per_s=measured, issued=sut.ledger.issued,
+        completed=sut.ledger.completed, qsl_load_calls=len(qsl.load_calls),
+        qsl_loaded_samples=sum(len(c) for c in qsl.load_calls), wall_s=wall, cpu_s=cpu,
+        effective={"offline_expected_qps": ts.offline_expected_qps,
+                   "performance_sample_count": ts.performance_sample_count_override,
+                   "min_duration_ms": ts.min_duration_ms, "min_query_count": ts.min_query_count,
+                   "server_target_qps": ts.server_target_qps,
+                   "server_target_latency_ns": ts.server_target_latency_ns},
+    )

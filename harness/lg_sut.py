@@ -1,0 +1,266 @@
+"""LoadGen systems under test (SUTs): Offline and Server over one ``Backend``.
+
+Threads: LoadGen calls ``issue`` on its own thread; it must return at once and must never raise (an
+exception in a LoadGen callback aborts the whole process). Batches run on worker threads, each
+completing its own samples with ``QuerySamplesComplete`` right after inference. Every issued sample
+is completed exactly once: by its worker, or by the watchdog (``abandon``) when the backend hangs,
+since LoadGen's StartTest otherwise waits forever for it.
+"""
+
+from __future__ import annotations
+
+import collections
+import queue
+import threading
+import time
+
+import mlperf_loadgen as lg
+import numpy as np
+
+TOP_K = 5  # accuracy responses carry the top-5 ImageNet classes as int32, best first
+
+
+class Ledger:
+    """Batches in flight, and counts for progress and stall detection.
+
+    Dict operations are atomic under the GIL, so whoever pops a batch first (worker or watchdog)
+    owns its completion; no lock on the hot path.
+    """
+
+    def __init__(self):
+        self._open: dict[int, np.ndarray] = {}
+        self._keys = iter(range(1 << 62))
+        self.issued = 0      # written only on LoadGen's issue thread
+        self.completed = 0   # written by every worker: under a lock, once per batch
+        self._count_lock = threading.Lock()
+        self.last_progress = time.monotonic()
+
+    def note_issued(self, n: int) -> None:
+        if self.issued == self.completed:
+            self.last_progress = time.monotonic()  # the stall clock starts when there is work
+        self.issued += n
+
+    def open(self, ids: np.ndarray) -> int:
+        key = next(self._keys)
+        self._open[key] = ids
+        return key
+
+    def close(self, key: int) -> bool:
+        return self._open.pop(key, None) is not None
+
+    def note_completed(self, n: int) -> None:
+        with self._count_lock:
+            self.completed += n
+        self.last_progress = time.monotonic()
+
+    def take_all(self) -> list[np.ndarray]:
+        taken = []
+        for key in list(self._open):
+            ids = self._open.pop(key, None)
+            if ids is not None:
+                taken.append(ids)
+        return taken
+
+    @property
+    def outstanding(self) -> int:
+        return self.issued - self.completed
+
+
+def complete(ids, top_classes: np.ndarray | None = None) -> None:
+    """Tell LoadGen these samples are done; with ``top_classes`` [n, TOP_K] int32, as response data."""
+    if top_classes is None:
+        responses = [lg.QuerySampleResponse(int(i), 0, 0) for i in ids]
+    else:
+        # LoadGen copies the response bytes inside QuerySamplesComplete, so the array only has to
+        # live until the call returns.
+        top_classes = np.ascontiguousarray(top_classes, dtype=np.int32)
+        base, stride = top_classes.ctypes.data, top_classes.strides[0]
+        responses = [lg.QuerySampleResponse(int(i), base + k * stride, stride)
+                     for k, i in enumerate(ids)]
+    lg.QuerySamplesComplete(responses)
+
+
+class BatchSUT:
+    """Worker threads that infer batches of (response ids, sample indices) and complete them."""
+
+    def __init__(self, backend, qsl, batch_size: int, threads: int = 1,
+                 accuracy: bool = False, label_offset: int = 0):
+        self.backend = backend
+        self.qsl = qsl
+        self.batch_size = batch_size
+        self.accuracy = accuracy
+        self.label_offset = label_offset
+        self.ledger = Ledger()
+        self.errors: list[BaseException] = []
+        self._work: queue.SimpleQueue = queue.SimpleQueue()
+        self._threads = [threading.Thread(target=self._worker, name=f"trtfuse-worker-{k}", daemon=True)
+                         for k in range(max(1, threads))]
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    def start(self) -> None:
+        for t in self._threads:
+            t.start()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        for _ in self._threads:
+            self._work.put(None)
+        for t in self._threads:
+            t.join(timeout=timeout)
+
+    def flush(self) -> None:
+        """LoadGen's flush_queries: nothing is held back here except by ServerSUT."""
+
+    # -- the hot path ------------------------------------------------------------------------
+    def _submit(self, ids: np.ndarray, indices: np.ndarray) -> None:
+        self._work.put((ids, indices))
+
+    def _worker(self) -> None:
+        buffer = None  # this worker's input batch, reused: gathering must not allocate
+        while (item := self._work.get()) is not None:
+            ids, indices = item
+            key = self.ledger.open(ids)
+            top = None
+            try:
+                if not self.errors:  # after a failure, finish the run quickly without inferring
+                    if buffer is None:
+                        buffer = np.empty((self.batch_size, *self.qsl.sample_shape()), dtype=self.qsl.sample_dtype())
+                    batch = self.qsl.gather(indices, out=buffer)
+                    out = self.backend.infer(batch)
+                    if self.accuracy:
+                        top = top_k_classes(out, self.label_offset)
+            except BaseException as e:  # noqa: BLE001 - reported after StartTest returns
+                self.errors.append(e)
+                top = None
+            if self.ledger.close(key):
+                try:
+                    complete(ids, top)
+                except BaseException as e:  # noqa: BLE001
+                    self.errors.append(e)
+                self.ledger.note_completed(len(ids))
+
+    def abandon(self) -> int:
+        """Complete everything still queued or in flight with empty responses (watchdog)."""
+        abandoned = 0
+        while True:
+            try:
+                item = self._work.get_nowait()
+            except queue.Empty:
+                break
+            if item is None:
+                self._work.put(None)
+                break
+            complete(item[0])
+            abandoned += len(item[0])
+        for ids in self.ledger.take_all():
+            complete(ids)
+            abandoned += len(ids)
+        self.ledger.note_completed(abandoned)
+        return abandoned
+
+    def guarded_issue(self, ids: list[int], indices: list[int]) -> None:
+        """LoadGen's issue callback (ConstructFastSUT: two lists of ints). Never raises."""
+        try:
+            self.ledger.note_issued(len(ids))
+            if self.errors:  # the run has failed: answer at once so LoadGen finishes soon
+                complete(ids)
+                self.ledger.note_completed(len(ids))
+                return
+            self.issue(ids, indices)
+        except BaseException as e:  # noqa: BLE001
+            self.errors.append(e)
+            complete(ids)
+            self.ledger.note_completed(len(ids))
+
+    def issue(self, ids: list[int], indices: list[int]) -> None:
+        raise NotImplementedError
+
+
+class OfflineSUT(BatchSUT):
+    """Offline: LoadGen sends every sample in one huge query; split it into batches."""
+
+    def issue(self, ids, indices):
+        ids, indices = np.asarray(ids, dtype=np.uint64), np.asarray(indices, dtype=np.int64)
+        for start in range(0, len(ids), self.batch_size):
+            self._submit(ids[start:start + self.batch_size], indices[start:start + self.batch_size])
+
+
+class ServerSUT(BatchSUT):
+    """Server: queries arrive one (or, coalesced, a few) at a time on LoadGen's thread.
+
+    A batcher thread groups them: a batch leaves when full, or when its oldest query has waited
+    ``batch_timeout_s``, so batching never costs more than that in latency.
+    """
+
+    def __init__(self, *args, batch_timeout_s: float = 0.002, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.batch_timeout_s = batch_timeout_s
+        self._pending: collections.deque = collections.deque()
+        self._flush = False
+        self._running = True
+        self._batcher = threading.Thread(target=self._batch_loop, name="trtfuse-batcher", daemon=True)
+
+    def start(self):
+        super().start()
+        self._batcher.start()
+
+    def stop(self, timeout: float = 5.0):
+        self._running = False
+        self._batcher.join(timeout=timeout)
+        super().stop(timeout)
+
+    def flush(self):
+        self._flush = True
+
+    def issue(self, ids, indices):
+        # Plain lists, no numpy: this runs once per query on LoadGen's thread, holding the GIL.
+        self._pending.append((ids, indices, time.monotonic()))  # deque.append: atomic, no lock
+
+    def _batch_loop(self) -> None:
+        ids, idx, oldest = [], [], 0.0  # the batch being filled
+        # Poll instead of a condition variable: a notify per query costs more GIL time than a
+        # sleeping batcher, and the poll interval is far below any latency bound.
+        poll = min(self.batch_timeout_s / 4, 0.0005)
+        size = self.batch_size
+        while self._running or self._pending or ids:
+            try:
+                new_ids, new_idx, t = self._pending.popleft()
+            except IndexError:
+                if ids and (self._flush or not self._running
+                            or time.monotonic() - oldest >= self.batch_timeout_s):
+                    self._dispatch(ids, idx)
+                    ids, idx = [], []
+                    self._flush = False
+                else:
+                    time.sleep(poll)
+                continue
+            if not ids:
+                oldest = t
+            ids += new_ids
+            idx += new_idx
+            while len(ids) >= size:
+                # What stays behind came with the newest query, so its age is that query's.
+                self._dispatch(ids[:size], idx[:size])
+                ids, idx, oldest = ids[size:], idx[size:], t
+
+    def _dispatch(self, ids: list[int], idx: list[int]) -> None:
+        self._submit(np.array(ids, dtype=np.uint64), np.array(idx, dtype=np.int64))
+
+    def abandon(self) -> int:
+        abandoned = 0
+        while self._pending:
+            try:
+                ids, _, _ = self._pending.popleft()
+            except IndexError:
+                break
+            complete(ids)
+            abandoned += len(ids)
+        self.ledger.note_completed(abandoned)
+        return abandoned + super().abandon()
+
+
+def top_k_classes(logits: np.ndarray, label_offset: int = 0, k: int = TOP_K) -> np.ndarray:
+    """[n, classes] scores -> [n, k] int32 ImageNet class indices, best first."""
+    k = min(k, logits.shape[1])
+    part = np.argpartition(-logits, k - 1, axis=1)[:, :k]
+    order = np.take_along_axis(-logits, part, axis=1).argsort(axis=1, kind="stable")
+    return (np.take_along_axis(part, order, axis=1) - label_offset).astype(np.int32)

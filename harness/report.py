@@ -1,0 +1,97 @@
+"""What a run produced: LoadGen's logs read back, a JSON report, and a readable table."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+RANDOM_WEIGHTS_NOTE = "random weights: performance only"
+PERCENTILES = ("50.00", "90.00", "95.00", "97.00", "99.00", "99.90")
+
+
+def read_loadgen_results(run_dir: Path) -> dict:
+    """The results LoadGen logged in mlperf_log_detail.txt (and percentiles from the summary)."""
+    run_dir = Path(run_dir)
+    logged: dict = {}
+    with open(run_dir / "mlperf_log_detail.txt") as f:
+        for line in f:
+            if line.startswith(":::MLLOG "):
+                entry = json.loads(line[len(":::MLLOG "):])
+                logged[entry["key"]] = entry["value"]
+    summary = (run_dir / "mlperf_log_summary.txt").read_text()
+    percentiles = {p: int(ns) for p, ns in
+                   re.findall(r"^(\d+\.\d+) percentile latency \(ns\)\s*:\s*(\d+)", summary, re.MULTILINE)}
+    scenario = str(logged.get("effective_scenario", "")).lower()
+    valid = logged.get("result_validity") == "VALID"
+    reasons = []
+    checks = {"result_min_duration_met": "min duration not met",
+              "result_min_queries_met": "min query count not met",
+              "result_perf_constraints_met": "latency constraint not met",
+              "early_stopping_met": "early stopping criterion not met"}
+    for key, why in checks.items():
+        if logged.get(key) is False:
+            reasons.append(why)
+    if logged.get("result_invalid_reason"):
+        reasons.append(str(logged["result_invalid_reason"]).strip())
+    results = {
+        "scenario": scenario,
+        "mode": str(logged.get("effective_test_mode", "")),
+        "valid": valid,
+        "invalid_reasons": [] if valid else reasons,
+        "latency_ns": {p: percentiles[p] for p in PERCENTILES if p in percentiles},
+        "min_latency_ns": logged.get("result_min_latency_ns"),
+        "mean_latency_ns": logged.get("result_mean_latency_ns"),
+        "max_latency_ns": logged.get("result_max_latency_ns"),
+        "errors": logged.get("num_errors", 0),
+    }
+    if scenario == "server":
+        results["scheduled_qps"] = logged.get("result_scheduled_samples_per_sec")
+        results["completed_samples_per_s"] = logged.get("result_completed_samples_per_sec")
+        results["target_qps"] = logged.get("effective_target_qps")
+        results["target_latency_ns"] = logged.get("effective_target_latency_ns")
+    else:
+        results["samples_per_s"] = logged.get("result_samples_per_second")
+    return results
+
+
+def write_report(run_dir: Path, report: dict) -> Path:
+    path = Path(run_dir) / "report.json"
+    path.write_text(json.dumps(report, indent=2, default=str) + "\n")
+    return path
+
+
+def _ms(ns) -> str:
+    return "-" if ns is None else f"{ns / 1e6:,.2f} ms"
+
+
+def format_table(report: dict) -> str:
+    """The report as aligned `name  value` lines."""
+    rows: list[tuple[str, str]] = [
+        ("model", report["model"] + (f"  ({RANDOM_WEIGHTS_NOTE})" if report.get("random_weights") else "")),
+        ("backend", report["backend"]),
+        ("scenario / mode", f"{report['scenario']} / {report['mode']}"),
+        ("batch size", str(report["batch_size"])),
+        ("dataset", f"{report['dataset']} ({report['dataset_size']} images)"),
+    ]
+    lg = report.get("loadgen")
+    if lg and report["mode"] == "performance":
+        if lg["scenario"] == "server":
+            rows.append(("scheduled QPS", f"{lg['scheduled_qps']:,.1f} (target {lg['target_qps']:,.0f})"))
+            rows.append(("latency bound", f"p99 <= {_ms(lg['target_latency_ns'])}"))
+        else:
+            rows.append(("samples/s", f"{lg['samples_per_s']:,.1f}"))
+        for p in ("50.00", "90.00", "99.00"):
+            if p in lg["latency_ns"]:
+                rows.append((f"latency p{p.rstrip('0').rstrip('.')}", _ms(lg["latency_ns"][p])))
+        verdict = "VALID" if lg["valid"] else "INVALID: " + "; ".join(lg["invalid_reasons"] or ["see log"])
+        rows.append(("result", verdict))
+    acc = report.get("accuracy")
+    if acc:
+        rows.append(("top-1", f"{acc['top1'] * 100:.2f} %  ({acc['n']} images)"))
+        rows.append(("top-5", f"{acc['top5'] * 100:.2f} %"))
+        if report.get("random_weights"):
+            rows.append(("note", RANDOM_WEIGHTS_NOTE + ": accuracy is meaningless"))
+    rows.append(("run folder", str(report["run_dir"])))
+    width = max(len(name) for name, _ in rows)
+    return "\n".join(f"  {name:<{width}}  {value}" for name, value in rows)
