@@ -136,26 +136,31 @@ def plugin_creator():
     return creator
 
 
-def plugin_fields(L: dict, cin: int, cout: int) -> trt.PluginFieldCollection:
-    F = trt.PluginFieldType
-    return trt.PluginFieldCollection(
-        [
-            # INT32: what the ONNX parser passes for an int-list attribute (the creator also takes INT8 and FLOAT)
-            trt.PluginField(
-                "weights", np.ascontiguousarray(L["w"], dtype=np.int32).reshape(-1), F.INT32
-            ),
-            trt.PluginField(
-                "w_scale", np.ascontiguousarray(L["w_scale"], dtype=np.float32), F.FLOAT32
-            ),
-            trt.PluginField("bias", np.ascontiguousarray(L["bias"], dtype=np.float32), F.FLOAT32),
-            trt.PluginField("x_scale", np.array([L["x_scale"]], dtype=np.float32), F.FLOAT32),
-            trt.PluginField("r_scale", np.array([L["r_scale"]], dtype=np.float32), F.FLOAT32),
-            trt.PluginField("out_scale", np.array([L["out_scale"]], dtype=np.float32), F.FLOAT32),
-            trt.PluginField("relu", np.array([int(L["relu"])], dtype=np.int32), F.INT32),
-            trt.PluginField("cin", np.array([cin], dtype=np.int32), F.INT32),
-            trt.PluginField("cout", np.array([cout], dtype=np.int32), F.INT32),
+class PluginFields:
+    """The plugin's fields. A trt.PluginField keeps only a pointer into its numpy array, so the arrays
+    live as long as this object (inline temporaries arrive as garbage: NVIDIA/TensorRT#238)."""
+
+    def __init__(self, L: dict, cin: int, cout: int):
+        F = trt.PluginFieldType
+        self.arrays = [
+            # INT32: what the ONNX rewrite emits for the weights (the creator also takes INT8 and FLOAT)
+            ("weights", np.ascontiguousarray(L["w"], dtype=np.int32).reshape(-1), F.INT32),
+            ("w_scale", np.ascontiguousarray(L["w_scale"], dtype=np.float32), F.FLOAT32),
+            ("bias", np.ascontiguousarray(L["bias"], dtype=np.float32), F.FLOAT32),
+            ("x_scale", np.array([L["x_scale"]], dtype=np.float32), F.FLOAT32),
+            ("r_scale", np.array([L["r_scale"]], dtype=np.float32), F.FLOAT32),
+            ("out_scale", np.array([L["out_scale"]], dtype=np.float32), F.FLOAT32),
+            ("relu", np.array([int(L["relu"])], dtype=np.int32), F.INT32),
+            ("cin", np.array([cin], dtype=np.int32), F.INT32),
+            ("cout", np.array([cout], dtype=np.int32), F.INT32),
         ]
-    )
+        self.fields = [trt.PluginField(*a) for a in self.arrays]
+        self.collection = trt.PluginFieldCollection(self.fields)
+
+
+def create_plugin(name: str, L: dict, cin: int, cout: int):
+    fields = PluginFields(L, cin, cout)
+    return plugin_creator().create_plugin(name, fields.collection)
 
 
 def _int8_io(t: trt.ITensor, scale: float):
@@ -191,7 +196,7 @@ def build_engine(kind: str, L: dict, n: int, cin: int, cout: int, hw: int):
             last = network.add_activation(add.get_output(0), trt.ActivationType.RELU)
         out = last.get_output(0)
     else:
-        plugin = plugin_creator().create_plugin("residual_conv", plugin_fields(L, cin, cout))
+        plugin = create_plugin("residual_conv", L, cin, cout)
         if plugin is None:
             raise RuntimeError("create_plugin refused the fields (see stderr)")
         out = network.add_plugin_v2([x, r], plugin).get_output(0)
