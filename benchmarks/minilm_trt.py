@@ -25,6 +25,7 @@ import argparse
 import ctypes
 import hashlib
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -255,7 +256,12 @@ def _build_engine(trt, logger, onnx_bytes: bytes, shapes: dict, fp16: bool):
                         for i in range(network.num_layers))
     config = builder.create_builder_config()
     config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, 1 << 30)
-    config.set_tactic_sources(0)          # no cuBLAS/cuDNN on the GPU machine
+    # No cuBLAS/cuDNN on the GPU machine by default; TRTFUSE_TACTIC_SOURCES=cublas allows cuBLAS(Lt)
+    # (tools/device_trt.sh's minilm-cublas step maps the machine's own cuBLAS under TensorRT 8.5's names).
+    if os.environ.get("TRTFUSE_TACTIC_SOURCES", "none") == "cublas":
+        config.set_tactic_sources(1 << int(trt.TacticSource.CUBLAS) | 1 << int(trt.TacticSource.CUBLAS_LT))
+    else:
+        config.set_tactic_sources(0)
     config.profiling_verbosity = trt.ProfilingVerbosity.DETAILED
     if fp16:
         config.set_flag(trt.BuilderFlag.FP16)

@@ -178,7 +178,7 @@ def build_engine(kind: str, L: dict, n: int, cin: int, cout: int, hw: int):
     _int8_io(x, L["x_scale"])
     _int8_io(r, L["r_scale"])
     if kind == "trt":
-        w_float = (L["w"].astype(np.float32) * L["w_scale"][:, None]).reshape(cout, cin, 1, 1)
+        w_float = (L["w"].astype(np.float32) * L["w_scale"][:, None]).astype(np.float32).reshape(cout, cin, 1, 1)
         conv = network.add_convolution_nd(
             x,
             cout,

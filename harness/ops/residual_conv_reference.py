@@ -129,7 +129,7 @@ def random_layer(rng: np.random.Generator, cin: int, cout: int, relu: bool = Tru
     )
     x_scale = float(rng.uniform(0.01, 0.05))
     r_scale = float(rng.uniform(0.01, 0.05))
-    w_scale = rng.uniform(0.5, 2.0, size=cout).astype(np.float32) / (127 * np.sqrt(cin))
+    w_scale = (rng.uniform(0.5, 2.0, size=cout) / (127 * np.sqrt(cin))).astype(np.float32)
     bias = rng.normal(0, 0.5, size=cout).astype(np.float32)
     # std of x*w sum ~ 73*73*sqrt(cin)*x_scale*w_scale ~ 0.04*73*73/127 ~ 1.7: put ~3 sigma at 127
     out_scale = float(rng.uniform(3.0, 6.0) / 127)
