@@ -52,13 +52,8 @@ for step in "$@"; do
         conv) run_step conv python3.10 benchmarks/residual_conv_trt.py --qdq --out "$RESULTS/residual_conv_h100.json" ;;
         conv-test) run_step conv-test python3.10 -m pytest -q -m tensorrt -p no:cacheprovider tests/test_residual_conv_plugin.py ;;
         minilm) run_step minilm python3.10 benchmarks/minilm_trt.py check --out "$RESULTS/minilm_trt.json" ;;
-        minilm-cublas)  # TensorRT 8.5 loads libcublas(Lt).so.11 by name: offer the machine's own cuBLAS under it
-            mkdir -p /tmp/cublas-shim
-            for l in libcublas libcublasLt; do
-                f=$(ls /usr/local/cuda/lib64/$l.so.1[0-9]* 2>/dev/null | head -1)
-                [ -n "$f" ] && ln -sf "$f" /tmp/cublas-shim/$l.so.11 && echo "shim $l.so.11 -> $f"
-            done
-            LD_LIBRARY_PATH=/tmp/cublas-shim:$LD_LIBRARY_PATH TRTFUSE_TACTIC_SOURCES=cublas \
+        minilm-cublas)  # TensorRT 8.5's Myelin needs cuBLAS(Lt) 11: tools/stage_cublas11.sh puts it in /tmp/cublas11
+            LD_LIBRARY_PATH=/tmp/cublas11:$LD_LIBRARY_PATH TRTFUSE_TACTIC_SOURCES=cublas \
                 run_step minilm-cublas python3.10 benchmarks/minilm_trt.py check --out "$RESULTS/minilm_trt.json" ;;
         e2e-stash) run_step e2e-stash python3.10 benchmarks/resnet50_e2e.py stash ;;
         e2e:*) run_step "e2e-${step#e2e:}" python3.10 benchmarks/resnet50_e2e.py run \
