@@ -372,7 +372,7 @@ def check(bundle: Path, out_json: Path | None, graph: str = "rewritten", plugin_
               f"(subset {subset['input_ids'].shape}: {cos_dyn.min():.7f}), bar {BARS[precision]}; "
               f"plugin layers: network {net_plugins}, engine {engine_plugins}; build {build_s:.0f}s "
               f"-> {'PASS' if passed else 'FAIL'}")
-        del context, engine
+        del inspector, context, engine  # objects an engine created go before it (TensorRT checks)
     result["pass"] = ok
     if out_json:
         Path(out_json).parent.mkdir(parents=True, exist_ok=True)
