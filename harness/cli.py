@@ -76,6 +76,9 @@ def _parser() -> argparse.ArgumentParser:
     acc = sub.add_parser("accuracy", help="top-1/top-5 of an accuracy run")
     acc.add_argument("run_dir", help="a run folder of `trtfuse run --mode accuracy`")
     acc.add_argument("--reference", metavar="RUN_DIR", help="a reference (e.g. fp32) accuracy run")
+    # Listed for --help only: main() hands these to their own parsers before this one runs.
+    sub.add_parser("build", help="quantize and build a TensorRT engine (see `trtfuse build -h`)")
+    sub.add_parser("plugins", help="build/check the CUDA kernels and TensorRT plugins (`trtfuse plugins -h`)")
     return p
 
 
