@@ -23,18 +23,23 @@ def _consumers(graph: onnx.GraphProto) -> dict[str, list[onnx.NodeProto]]:
     return users
 
 
+def _indexed_copy(model: onnx.ModelProto):
+    """A copy of the model (the caller's stays untouched) and lookups over its graph: initializers by
+    name, the node producing each tensor, the nodes consuming each tensor, the graph output names."""
+    model = onnx.ModelProto.FromString(model.SerializeToString())
+    graph = model.graph
+    inits = {t.name: t for t in graph.initializer}
+    producer = {out: node for node in graph.node for out in node.output}
+    return model, graph, inits, producer, _consumers(graph), {o.name for o in graph.output}
+
+
 def fold_batchnorm(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
     """A copy of ``model`` with every foldable Conv -> BatchNormalization pair merged.
 
     A pair is foldable when the conv's weight (and bias) and the BN's parameters are initializers
     and the conv output feeds only that BN. Returns (model, number of BNs folded).
     """
-    model = onnx.ModelProto.FromString(model.SerializeToString())
-    graph = model.graph
-    inits = {t.name: t for t in graph.initializer}
-    producer = {out: node for node in graph.node for out in node.output}
-    users = _consumers(graph)
-    graph_outputs = {o.name for o in graph.output}
+    model, graph, inits, producer, users, graph_outputs = _indexed_copy(model)
     weight_users = defaultdict(int)  # a weight shared by two convs must not be scaled in place
     for node in graph.node:
         if node.op_type == "Conv" and len(node.input) > 1:
@@ -111,12 +116,7 @@ def fold_pad_into_conv(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
     conv's input must be the tensor that gets the Q/DQ, and TensorRT pads inside the conv for free.
     Returns (model, number of Pads folded).
     """
-    model = onnx.ModelProto.FromString(model.SerializeToString())
-    graph = model.graph
-    inits = {t.name: t for t in graph.initializer}
-    producer = {out: node for node in graph.node for out in node.output}
-    users = _consumers(graph)
-    graph_outputs = {o.name for o in graph.output}
+    model, graph, inits, producer, users, graph_outputs = _indexed_copy(model)
     remove = []
     for conv in graph.node:
         pad = producer.get(conv.input[0]) if conv.op_type == "Conv" else None
