@@ -19,28 +19,10 @@ def library(path: str | None = None) -> ctypes.CDLL:
 
     lib = ctypes.CDLL(str(path or library_path("kernels")))
     c_i8p, c_fp = ctypes.POINTER(ctypes.c_int8), ctypes.POINTER(ctypes.c_float)
-    lib.trtfuse_residual_conv_check.argtypes = [
-        ctypes.c_int,
-        ctypes.c_int,
-        c_i8p,
-        c_fp,
-        c_fp,
-        ctypes.c_float,
-        ctypes.c_float,
-        ctypes.c_float,
-    ]
-    lib.trtfuse_residual_conv_create.argtypes = [
-        ctypes.c_int,
-        ctypes.c_int,
-        c_i8p,
-        c_fp,
-        c_fp,
-        ctypes.c_float,
-        ctypes.c_float,
-        ctypes.c_float,
-        ctypes.c_int,
-        ctypes.POINTER(ctypes.c_void_p),
-    ]
+    # cin, cout, weights, w_scale, bias, x_scale, r_scale, out_scale: what check and create both take
+    layer = [ctypes.c_int, ctypes.c_int, c_i8p, c_fp, c_fp, ctypes.c_float, ctypes.c_float, ctypes.c_float]
+    lib.trtfuse_residual_conv_check.argtypes = layer
+    lib.trtfuse_residual_conv_create.argtypes = layer + [ctypes.c_int, ctypes.POINTER(ctypes.c_void_p)]
     lib.trtfuse_residual_conv_destroy.argtypes = [ctypes.c_void_p]
     lib.trtfuse_residual_conv_forward.argtypes = (
         [ctypes.c_void_p] * 4 + [ctypes.c_int] * 4 + [ctypes.c_void_p]
