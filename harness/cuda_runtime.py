@@ -131,6 +131,67 @@ def copy_htod_async(dst: DeviceBuffer | int, src: PinnedBuffer, nbytes: int, str
                                  stream.handle), "cudaMemcpyAsync H2D")
 
 
+def copy_rows_htod_async(dst: DeviceBuffer | int, srcs: np.ndarray, row_bytes: int, stream: Stream) -> None:
+    """Copy ``len(srcs)`` rows of ``row_bytes`` from page-locked host addresses ``srcs`` to consecutive
+    device rows at ``dst``, in stream order: a batch assembled on the device, never on the host.
+
+    Runs of consecutive source rows go as one copy. The copies are handed over in one
+    cudaMemcpyBatchAsync (CUDA 12.8+; one call, not one per row, is what keeps a 2048-row batch cheap
+    on the Python side) or, where the driver or cuda-python lacks it, one cudaMemcpyAsync per run.
+    """
+    srcs = np.asarray(srcs, dtype=np.int64)
+    if len(srcs) == 0:
+        return
+    base = dst.ptr if isinstance(dst, DeviceBuffer) else int(dst)
+    starts = np.flatnonzero(np.diff(srcs) != row_bytes) + 1
+    starts = np.concatenate(([0], starts))
+    sizes = np.diff(np.append(starts, len(srcs))) * row_bytes
+    dsts, src_runs = base + starts * row_bytes, srcs[starts]
+    if len(starts) > 1 and _batch_copy.usable():
+        try:
+            check(cudart.cudaMemcpyBatchAsync(dsts.tolist(), src_runs.tolist(), sizes.tolist(), len(starts),
+                                              [_batch_copy.attributes()], [0], 1, stream.handle),
+                  "cudaMemcpyBatchAsync")
+            return
+        except (CudaError, TypeError) as e:  # an older driver: per-run copies from now on
+            _batch_copy.disable(e)
+    for d, s_, n in zip(dsts.tolist(), src_runs.tolist(), sizes.tolist()):
+        check(cudart.cudaMemcpyAsync(d, s_, n, cudart.cudaMemcpyKind.cudaMemcpyHostToDevice, stream.handle),
+              "cudaMemcpyAsync H2D")
+
+
+class _BatchCopy:
+    """Whether cudaMemcpyBatchAsync can be used here, and its one set of copy attributes."""
+
+    def __init__(self):
+        self._usable = hasattr(cudart, "cudaMemcpyBatchAsync")
+        self._attrs = None
+
+    def usable(self) -> bool:
+        return self._usable
+
+    def disable(self, why: BaseException) -> None:
+        if self._usable:
+            import sys
+
+            print(f"note: cudaMemcpyBatchAsync unavailable ({why}); copying row runs one by one", file=sys.stderr)
+        self._usable = False
+
+    def attributes(self):
+        if self._attrs is None:
+            a = cudart.cudaMemcpyAttributes()
+            a.srcAccessOrder = cudart.cudaMemcpySrcAccessOrder.cudaMemcpySrcAccessOrderStream
+            a.srcLocHint.type = cudart.cudaMemLocationType.cudaMemLocationTypeHost
+            a.dstLocHint.type = cudart.cudaMemLocationType.cudaMemLocationTypeDevice
+            a.dstLocHint.id = int(check(cudart.cudaGetDevice(), "cudaGetDevice"))
+            a.flags = cudart.cudaMemcpyFlags.cudaMemcpyFlagPreferOverlapWithCompute
+            self._attrs = a
+        return self._attrs
+
+
+_batch_copy = _BatchCopy()
+
+
 def copy_dtoh_async(dst: PinnedBuffer, src: DeviceBuffer | int, nbytes: int, stream: Stream) -> None:
     sptr = src.ptr if isinstance(src, DeviceBuffer) else int(src)
     check(cudart.cudaMemcpyAsync(dst.ptr, sptr, nbytes, cudart.cudaMemcpyKind.cudaMemcpyDeviceToHost,

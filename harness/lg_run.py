@@ -99,7 +99,7 @@ def run_loadgen(backend, model, dataset, settings: dict, run_dir: Path, progress
     measured = warm_up(backend, dataset, run["batch_size"], run["warmup_batches"])
     ts = loadgen_settings(settings, total, measured)
 
-    qsl = SampleLibrary(dataset, ts.performance_sample_count_override)
+    qsl = SampleLibrary(dataset, ts.performance_sample_count_override, backend)
     common = {"batch_size": run["batch_size"], "threads": run["threads"], "accuracy": accuracy,
               "label_offset": model.label_offset}
     if scenario == "offline":

@@ -93,6 +93,8 @@ class BatchSUT:
         self.ledger = Ledger()
         self.errors: list[BaseException] = []
         self._work: queue.SimpleQueue = queue.SimpleQueue()
+        self._waiting = 0  # workers blocked on an empty work queue (written under _waiting_lock)
+        self._waiting_lock = threading.Lock()
         self._threads = [threading.Thread(target=self._worker, name=f"trtfuse-worker-{k}", daemon=True)
                          for k in range(max(1, threads))]
 
@@ -114,18 +116,29 @@ class BatchSUT:
     def _submit(self, ids: np.ndarray, indices: np.ndarray) -> None:
         self._work.put((ids, indices))
 
+    @property
+    def idle_workers(self) -> int:
+        """Workers with nothing to do, so a batch dispatched now starts at once."""
+        return self._waiting - self._work.qsize()
+
+    def _next_work(self):
+        with self._waiting_lock:
+            self._waiting += 1
+        try:
+            return self._work.get()
+        finally:
+            with self._waiting_lock:
+                self._waiting -= 1
+
     def _worker(self) -> None:
-        buffer = None  # this worker's input batch, reused: gathering must not allocate
-        while (item := self._work.get()) is not None:
+        while (item := self._next_work()) is not None:
             ids, indices = item
             key = self.ledger.open(ids)
             top = None
             try:
                 if not self.errors:  # after a failure, finish the run quickly without inferring
-                    if buffer is None:
-                        buffer = np.empty((self.batch_size, *self.qsl.sample_shape()), dtype=self.qsl.sample_dtype())
-                    batch = self.qsl.gather(indices, out=buffer)
-                    out = self.backend.infer(batch)
+                    # Rows of the QSL's store, not a gathered batch: the backend reads them in place.
+                    out = self.backend.infer_rows(self.qsl.store, self.qsl.rows(indices))
                     if self.accuracy:
                         top = top_k_classes(out, self.label_offset)
             except BaseException as e:  # noqa: BLE001 - reported after StartTest returns
@@ -187,8 +200,10 @@ class OfflineSUT(BatchSUT):
 class ServerSUT(BatchSUT):
     """Server: queries arrive one (or, coalesced, a few) at a time on LoadGen's thread.
 
-    A batcher thread groups them: a batch leaves when full, or when its oldest query has waited
-    ``batch_timeout_s``, so batching never costs more than that in latency.
+    A batcher thread groups them: a batch leaves when full, when a worker is idle (holding it back
+    could only add latency: the GPU would wait), or when its oldest query has waited
+    ``batch_timeout_s``. Batches thus grow with the load by themselves: while every worker is busy,
+    arrivals pile up into the next batch, and at low load a query starts at once.
     """
 
     def __init__(self, *args, batch_timeout_s: float = 0.002, **kwargs):
@@ -225,7 +240,7 @@ class ServerSUT(BatchSUT):
             try:
                 new_ids, new_idx, t = self._pending.popleft()
             except IndexError:
-                if ids and (self._flush or not self._running
+                if ids and (self._flush or not self._running or self.idle_workers > 0
                             or time.monotonic() - oldest >= self.batch_timeout_s):
                     self._dispatch(ids, idx)
                     ids, idx = [], []

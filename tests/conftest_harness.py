@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
+from trtfuse.backends import Backend
 from trtfuse.models import PreparedModel, PreprocessSpec
 
 NUM_CLASSES = 10
@@ -105,7 +106,7 @@ class SyntheticDataset:
         return self._x[indices]
 
 
-class ScriptedBackend:
+class ScriptedBackend(Backend):
     """Wraps a backend; records calls, can raise or hang on the k-th infer, or slow every call."""
 
     name = "scripted"

@@ -5,10 +5,10 @@ import threading
 
 import numpy as np
 import pytest
-from conftest_harness import ScriptedBackend, SyntheticDataset, tiny_model
+from conftest_harness import SHAPE, ScriptedBackend, SyntheticDataset, tiny_model
 from test_loadgen_runs import settings
 from trtfuse import config
-from trtfuse.backends import create_backend
+from trtfuse.backends import Backend, create_backend
 from trtfuse.errors import UserError
 from trtfuse.lg_qsl import SampleLibrary
 from trtfuse.lg_run import loadgen_settings, run_loadgen
@@ -131,6 +131,48 @@ def test_qsl_holds_exactly_what_loadgen_loaded():
         qsl.gather(np.array([7]))
     qsl.unload([5])
     assert qsl.loaded_indices.tolist() == []
+
+
+class _StoreBackend(Backend):
+    """Records the QSL's store allocations; its input type is float16."""
+
+    def __init__(self):
+        self.allocs = []
+
+    def load(self, model, batch_size):
+        pass
+
+    def infer(self, batch):
+        return batch
+
+    def to_input(self, images):
+        return images.astype(np.float16)
+
+    def host_array(self, shape, dtype):
+        self.allocs.append((shape, np.dtype(dtype)))
+        return np.full(shape, 99, dtype)  # stale content: every row read must have been written
+
+
+def test_qsl_store_comes_from_the_backend_and_reuses_rows():
+    dataset = SyntheticDataset(10)
+    backend = _StoreBackend()
+    qsl = SampleLibrary(dataset, performance_sample_count=4, backend=backend)
+    qsl.load([7, 2, 5, 2])  # a repeat is loaded once
+    assert backend.allocs == [((4, *SHAPE), np.dtype(np.float16))]  # capacity = performance_sample_count
+    assert qsl.store.dtype == np.float16
+    np.testing.assert_array_equal(qsl.gather([5, 7, 5]), dataset._x[[5, 7, 5]].astype(np.float16))
+    qsl.unload([2, 7])
+    qsl.load([0, 9, 1])  # the freed rows are reused: still one allocation
+    assert len(backend.allocs) == 1
+    assert sorted(qsl.rows([0, 9, 1, 5]).tolist()) == [0, 1, 2, 3]
+    np.testing.assert_array_equal(qsl.gather([9, 0, 1, 5]), dataset._x[[9, 0, 1, 5]].astype(np.float16))
+    # Beyond the capacity (LoadGen never asks for it, but a caller might): the store grows, keeping rows.
+    qsl.load([3, 4])
+    assert backend.allocs[-1] == ((6, *SHAPE), np.dtype(np.float16))
+    np.testing.assert_array_equal(qsl.gather([5, 3, 4, 0]), dataset._x[[5, 3, 4, 0]].astype(np.float16))
+    # The default infer_rows gathers exactly those rows.
+    rows = qsl.rows([4, 9])
+    np.testing.assert_array_equal(backend.infer_rows(qsl.store, rows), qsl.store[rows])
 
 
 def test_server_completes_every_query_with_its_own_id_under_coalescing(tmp_path):

@@ -52,3 +52,36 @@ def test_plugins_compute_the_same_network(model_dir):  # noqa: F811
 def test_int8_input_and_single_stream_without_graphs(model_dir):  # noqa: F811
     _, outs, _ = _run(model_dir, plugins=False, streams=1, cuda_graphs=False, input_format="int8")
     assert outs[0].shape == (8, 10) and np.isfinite(outs[0]).all()
+
+
+@pytest.mark.parametrize("input_format", ["float", "int8"])
+def test_rows_of_a_pinned_store_give_what_infer_gives(model_dir, input_format, monkeypatch):  # noqa: F811
+    # The serving path: samples converted once (to_input) into pinned memory (host_array), batches
+    # named by rows (repeats, a consecutive run, ragged sizes padded to a graph bucket) and copied
+    # row by row to the device, against infer() on the same samples gathered on the host.
+    from trtfuse import cuda_runtime
+    from trtfuse.backends.tensorrt_backend import TensorRTBackend
+    from trtfuse.models import load_prepared
+
+    row_copies = []
+    original = cuda_runtime.copy_rows_htod_async
+    monkeypatch.setattr(cuda_runtime, "copy_rows_htod_async",
+                        lambda *a: (row_copies.append(len(a[1])), original(*a))[1])
+    backend = TensorRTBackend(precision="int8", plugins=False, streams=2, cuda_graphs=True,
+                              input_format=input_format)
+    backend.load(load_prepared(model_dir), 8)
+    try:
+        x = np.concatenate(calib_batches(seed=12, n=2))
+        samples = backend.to_input(x)
+        assert samples.dtype == (np.int8 if input_format == "int8" else np.float32)
+        store = backend.host_array(samples.shape, samples.dtype)
+        store[:] = samples
+        for rows in ([3, 4, 5, 6], [15, 0, 7, 7, 2, 9, 1, 8], [5], [10, 11, 12]):
+            rows = np.array(rows)
+            np.testing.assert_array_equal(backend.infer_rows(store, rows), backend.infer(x[rows]))
+        assert row_copies == [4, 8, 1, 3]  # every batch took the direct path
+        # A store that is not pinned memory from this backend takes the gathering path.
+        np.testing.assert_array_equal(backend.infer_rows(samples.copy(), np.array([1, 2])), backend.infer(x[[1, 2]]))
+        assert len(row_copies) == 4
+    finally:
+        backend.close()

@@ -3,10 +3,13 @@
 #
 #   bash tools/device_trt.sh STEP [STEP ...]
 #
-# Steps: build (the plugin library against /opt/trt85), layernorm (plugin tests), conv-kernel (the fused
+# Steps: build (the plugin library against /opt/trt85), layernorm (plugin tests), backend-test (the
+# TensorRT backend and CUDA layer tests), conv-kernel (the fused
 # conv's kernel checks, tuner and benchmark: benchmarks/residual_conv_device.sh), conv (TensorRT's
 # own int8 conv+add+relu vs the plugin, benchmark), minilm (rewritten MiniLM engine vs PyTorch),
-# e2e-stash (keep a carried e2e bundle part), e2e:STAGES (resnet50_e2e.py run --stages STAGES).
+# probe (benchmarks/serving_probe.py: row copies and the backend loop without LoadGen),
+# e2e-stash (keep a carried e2e bundle part), e2e:STAGES (resnet50_e2e.py run --stages STAGES; extra
+# arguments from $E2E_ARGS, e.g. E2E_ARGS="--server-timeout-ms 4").
 # A failing step does not stop the next. Logs and results accumulate in /tmp/trtfuse-results (outside
 # the work tree, which each call replaces); $OUT gets the JSON results and logs.tgz (at most 8 files come back).
 # Exit status: the number of failed steps.
@@ -51,13 +54,16 @@ for step in "$@"; do
                      [ -f "$RESULTS/residual_conv_tuning_h100.json" ] && export TRTFUSE_RESIDUAL_CONV_CACHE=$RESULTS/residual_conv_tuning_h100.json ;;
         conv) run_step conv python3.10 benchmarks/residual_conv_trt.py --qdq --out "$RESULTS/residual_conv_h100.json" ;;
         conv-test) run_step conv-test python3.10 -m pytest -q -m tensorrt -p no:cacheprovider tests/test_residual_conv_plugin.py ;;
+        backend-test) run_step backend-test python3.10 -m pytest -q -m "gpu or tensorrt" -p no:cacheprovider \
+                          tests/test_cuda_runtime.py tests/test_tensorrt_backend.py ;;
         minilm) run_step minilm python3.10 benchmarks/minilm_trt.py check --out "$RESULTS/minilm_trt.json" ;;
         minilm-cublas)  # TensorRT 8.5's Myelin needs cuBLAS(Lt) 11: tools/stage_cublas11.sh puts it in /tmp/cublas11
             LD_LIBRARY_PATH=/tmp/cublas11:$LD_LIBRARY_PATH TRTFUSE_TACTIC_SOURCES=cublas \
                 run_step minilm-cublas python3.10 benchmarks/minilm_trt.py check --out "$RESULTS/minilm_trt.json" ;;
+        probe) run_step probe python3.10 benchmarks/serving_probe.py --out "$RESULTS/serving_probe.json" ;;
         e2e-stash) run_step e2e-stash python3.10 benchmarks/resnet50_e2e.py stash ;;
         e2e:*) run_step "e2e-${step#e2e:}" python3.10 benchmarks/resnet50_e2e.py run \
-                   --out "$RESULTS/resnet50_e2e_h100.json" --stages "${step#e2e:}" ;;
+                   --out "$RESULTS/resnet50_e2e_h100.json" --stages "${step#e2e:}" ${E2E_ARGS:-} ;;
         *) echo "unknown step $step"; failed=$((failed + 1)) ;;
     esac
 done

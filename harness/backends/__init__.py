@@ -10,6 +10,7 @@ from __future__ import annotations
 import abc
 import importlib
 import sys
+import threading
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -33,8 +34,53 @@ class Backend(abc.ABC):
     def infer(self, batch: np.ndarray) -> np.ndarray:
         """float32 [n, C, H, W] -> logits/probabilities [n, num_classes], n <= max_batch."""
 
+    # -- the serving path: samples held by the QSL, batches named by row ----------------------
+    def to_input(self, images: np.ndarray) -> np.ndarray:
+        """``images`` in the type the model takes. The QSL calls this once per sample it loads
+        (untimed by LoadGen), so no query pays for a conversion."""
+        return images
+
+    def host_array(self, shape: tuple[int, ...], dtype) -> np.ndarray:
+        """Host memory for samples that ``infer_rows`` will read many times (the QSL's resident
+        samples). A backend that copies them to a device returns page-locked memory (freed by close)."""
+        return np.empty(shape, dtype)
+
+    def infer_rows(self, store: np.ndarray, rows: np.ndarray) -> np.ndarray:
+        """``infer(store[rows])``: the batch is rows of the QSL's sample store. This default gathers
+        them into the calling thread's reused buffer; a device backend copies each row straight to
+        the device instead, so a batch is never assembled on the host."""
+        return self.infer(gather_rows(store, rows, _thread_scratch(store, len(rows))))
+
     def close(self) -> None:
         """Release the model and its device memory."""
+
+
+LARGE_ROW_BYTES = 16 * 1024  # above this, gather row by row (see gather_rows)
+
+
+def gather_rows(store: np.ndarray, rows: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """``store[rows]`` as one contiguous array (into ``out`` if given)."""
+    if out is None:
+        return store[rows]
+    out = out[: len(rows)]
+    if store[0].nbytes >= LARGE_ROW_BYTES:
+        # One memcpy per row: for image-sized rows about 4x faster than np.take/fancy indexing,
+        # which copy element-wise (measured: 5.6 vs 1.3 GB/s for 3x224x224 float32).
+        for k, row in enumerate(rows.tolist()):
+            out[k] = store[row]
+        return out
+    return np.take(store, rows, axis=0, out=out)
+
+
+_scratch = threading.local()
+
+
+def _thread_scratch(store: np.ndarray, n: int) -> np.ndarray:
+    """This thread's batch buffer for rows of ``store``, grown when needed, never shrunk."""
+    buf = getattr(_scratch, "buf", None)
+    if buf is None or buf.dtype != store.dtype or buf.shape[1:] != store.shape[1:] or len(buf) < n:
+        buf = _scratch.buf = np.empty((n, *store.shape[1:]), store.dtype)
+    return buf[:n]
 
 
 # name -> "module:Class", imported on first use.

@@ -3,8 +3,11 @@
 Why N slots: LoadGen's issue threads call ``infer`` concurrently; while one slot's batch computes,
 another's host->device copy runs, so copies hide behind compute. Each slot owns one optimization
 profile (TensorRT 8.x lets a profile serve one context at a time; the engine is built with one per
-slot) and, per batch size, a CUDA graph of the engine launch once that batch size has been seen
-(graphs remove the per-layer launch cost; copies stay outside the graph so the buffers can be reused).
+slot) and a CUDA graph of the engine launch per batch-size bucket, captured at load (graphs remove
+the per-layer launch cost; copies stay outside the graph so the buffers can be reused).
+The serving path (``infer_rows``): the QSL keeps its samples in pinned memory from ``host_array``,
+already in the engine's input type (``to_input``), and each batch's rows are copied from there to
+the device in one batched copy: no per-query conversion, no batch assembled on the host.
 Input in int8: when the engine was built with int8 input, the host sends ``round(x / s)``, exactly
 what the network's first QuantizeLinear would compute, in a quarter of the bytes.
 """
@@ -51,7 +54,8 @@ class _Slot:
         self.shape_n = None
 
     def enqueue(self, n: int, use_graph: bool) -> None:
-        """Launch the engine for batch n on this slot's stream (graph when captured)."""
+        """Launch the engine for batch n on this slot's stream (graph when captured; one plain run,
+        then a capture, the first time a batch size is seen)."""
         if self.shape_n != n:
             self.context.set_input_shape(self.in_name, (n, *self.in_shape))
             self.shape_n = n
@@ -104,6 +108,9 @@ class TensorRTBackend(Backend):
         self._free: queue.Queue = queue.Queue()
         self._scale = None
         self._int8_input = False
+        self._in_dtype = None
+        self._buckets: list[int] = []        # batch sizes the engine runs at (see _bucket)
+        self._host_arrays: list = []         # pinned stores handed out by host_array, freed by close
 
     def load(self, model, batch_size: int) -> None:
         trt = self.trt
@@ -145,6 +152,7 @@ class TensorRTBackend(Backend):
         in_dtype = _NP[self.engine.get_tensor_dtype(in_name).name]
         out_dtype = _NP[self.engine.get_tensor_dtype(out_name).name]
         self._int8_input = in_dtype == np.int8
+        self._in_dtype = np.dtype(in_dtype)
         if self._int8_input or (Path(model.dir) / QDQ_FILE).is_file():
             self._scale = np.float32(input_scale(model.dir))
         n_slots = min(self.n_streams, self.engine.num_optimization_profiles)
@@ -156,20 +164,46 @@ class TensorRTBackend(Backend):
                          in_shape, out_shape, in_dtype, out_dtype)
             self.slots.append(slot)
             self._free.put(slot)
+        if self.cuda_graphs:
+            # Graphs for every batch size the engine will run at, now: a capture in the middle of a
+            # Server run would stall that batch (and LoadGen's p99) for tens of milliseconds.
+            step = max(1, self.max_batch // 8)
+            self._buckets = sorted({*range(step, self.max_batch + 1, step), self.max_batch})
+            for slot in self.slots:
+                self.cr.memset(slot.dev_in, 0)  # rows past n in a bucket: defined values, answers ignored
+                for b in self._buckets:
+                    slot.enqueue(b, True)
+                slot.stream.synchronize()
 
-    def _stage_input(self, slot: _Slot, batch: np.ndarray) -> None:
-        """Write the batch into the pinned input in the engine's type. int8 batches are already
-        quantized with the input scale (the QuantizeLinear's output): passed through to an int8
-        engine, dequantized for a float one."""
-        n = len(batch)
-        if self._int8_input and batch.dtype != np.int8:
-            slot.host_in.array[:n] = np.clip(np.rint(batch / self._scale), -128, 127).astype(np.int8)
-        elif not self._int8_input and batch.dtype == np.int8:
+    def _bucket(self, n: int) -> int:
+        """The batch size to run n samples at: with CUDA graphs, the next of a few fixed sizes
+        (max_batch / 8 apart), so that a Server run's ragged batches reuse a handful of graphs."""
+        if not self._buckets:
+            return n
+        return next(b for b in self._buckets if b >= n)
+
+    def to_input(self, images: np.ndarray) -> np.ndarray:
+        """``images`` in the engine's input type. int8 images are already quantized with the input
+        scale (the QuantizeLinear's output): passed through to an int8 engine, dequantized for a
+        float one; float images are quantized for an int8 engine exactly as that QuantizeLinear would."""
+        if self._int8_input and images.dtype != np.int8:
+            return np.clip(np.rint(images / self._scale), -128, 127).astype(np.int8)
+        if not self._int8_input and images.dtype == np.int8:
             if self._scale is None:
                 raise ValueError("int8 input batch for a float engine without a Q/DQ model to scale it")
-            slot.host_in.array[:n] = batch.astype(np.float32) * self._scale
-        else:
-            slot.host_in.array[:n] = batch
+            return images.astype(np.float32) * self._scale
+        return images.astype(self._in_dtype, copy=False)
+
+    def host_array(self, shape, dtype) -> np.ndarray:
+        buf = self.cr.PinnedBuffer(shape, dtype)
+        self._host_arrays.append(buf)
+        return buf.array
+
+    def _is_pinned_store(self, store: np.ndarray) -> bool:
+        if store.dtype != self._in_dtype or not store.flags.c_contiguous:
+            return False
+        start = store.ctypes.data
+        return any(b.ptr <= start and start + store.nbytes <= b.ptr + b.nbytes for b in self._host_arrays)
 
     def infer(self, batch: np.ndarray) -> np.ndarray:
         n = len(batch)
@@ -177,15 +211,35 @@ class TensorRTBackend(Backend):
             raise ValueError(f"batch {n} exceeds max_batch {self.max_batch}")
         slot = self._free.get()
         try:
-            self._stage_input(slot, batch)
-            nbytes_in = slot.host_in.array[:n].nbytes
-            self.cr.copy_htod_async(slot.dev_in, slot.host_in, nbytes_in, slot.stream)
-            slot.enqueue(n, self.cuda_graphs)
-            self.cr.copy_dtoh_async(slot.host_out, slot.dev_out, slot.host_out.array[:n].nbytes, slot.stream)
-            slot.stream.synchronize()
-            return slot.host_out.array[:n].reshape(n, -1).astype(np.float32, copy=True)
+            slot.host_in.array[:n] = self.to_input(batch)
+            self.cr.copy_htod_async(slot.dev_in, slot.host_in, slot.host_in.array[:n].nbytes, slot.stream)
+            return self._run(slot, n)
         finally:
             self._free.put(slot)
+
+    def infer_rows(self, store: np.ndarray, rows: np.ndarray) -> np.ndarray:
+        """Rows of a store from ``host_array`` go host -> device directly, one batched copy per
+        batch (the batch is assembled on the device); any other store takes the gathering path."""
+        n = len(rows)
+        if n > self.max_batch:
+            raise ValueError(f"batch {n} exceeds max_batch {self.max_batch}")
+        if not self._is_pinned_store(store):
+            return super().infer_rows(store, rows)
+        row_bytes = store.strides[0]
+        slot = self._free.get()
+        try:
+            srcs = store.ctypes.data + np.asarray(rows, dtype=np.int64) * row_bytes
+            self.cr.copy_rows_htod_async(slot.dev_in, srcs, row_bytes, slot.stream)
+            return self._run(slot, n)
+        finally:
+            self._free.put(slot)
+
+    def _run(self, slot: _Slot, n: int) -> np.ndarray:
+        """Run the engine on the n samples in the slot's device input; their outputs, on the host."""
+        slot.enqueue(self._bucket(n), self.cuda_graphs)
+        self.cr.copy_dtoh_async(slot.host_out, slot.dev_out, slot.host_out.array[:n].nbytes, slot.stream)
+        slot.stream.synchronize()
+        return slot.host_out.array[:n].reshape(n, -1).astype(np.float32, copy=True)
 
     def engine_throughput(self, batch: int, seconds: float = 5.0, warmup: int = 10) -> float:
         """Samples/s of the engine alone, input resident on the device (no copies), all slots busy."""
@@ -209,3 +263,6 @@ class TensorRTBackend(Backend):
         for slot in self.slots:
             slot.free()
         self.slots = []
+        for buf in self._host_arrays:  # after the slots: their streams are done with these
+            buf.free()
+        self._host_arrays = []
