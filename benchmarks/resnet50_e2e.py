@@ -252,7 +252,7 @@ def layer_times(trt, backend, batch: int, runs: int = 20) -> dict[str, float]:
 
 
 def run(bundle: Path, out: Path, stages, batches, seconds: float, server_batch: int = 256,
-        server_tries: int = 5, server_timeout_ms: float = 2.0) -> int:
+        server_tries: int = 5, streams: int = 2) -> int:
     import tensorrt as trt
     from trtfuse import cuda_runtime
 
@@ -367,38 +367,39 @@ def run(bundle: Path, out: Path, stages, batches, seconds: float, server_batch: 
         from trtfuse.lg_run import run_loadgen
         from trtfuse.report import read_loadgen_results
 
-        overrides = {"run.scenario": scenario, "run.batch_size": batch, "run.threads": 2,
+        overrides = {"run.scenario": scenario, "run.batch_size": batch, "run.threads": streams,
                      "run.warmup_batches": 5, "run.mlperf_model": "resnet50",
                      f"{scenario}.min_duration_ms": duration_ms}
         if scenario == "server":
             overrides.update({"server.target_qps": target_qps, "server.target_latency_ms": 15.0,
-                              "server.min_query_count": 100, "server.batch_timeout_ms": server_timeout_ms})
-        elif target_qps:
-            # LoadGen sizes its one Offline query from this; the warm-up's estimate (plain infer() on
-            # gathered batches) is slower than the serving path and would end the run before 10 s.
-            overrides["offline.target_qps"] = target_qps
-        settings = config.load(None, overrides)
+                              "server.min_query_count": 100})
         data = BundleImages(bundle)
-        backend, model = _backend(bundle, "resnet50", batch, True)
+        backend, model = _backend(bundle, "resnet50", batch, True, streams)
         run_dir = out.parent / "loadgen-runs" / f"{scenario}-{time.time():.0f}"
         try:
-            run_loadgen(backend, model, data, settings, run_dir, progress=False)
+            if scenario == "offline":
+                # LoadGen sizes its one Offline query from this; the warm-up's estimate (plain infer()
+                # on gathered batches) is slower than the serving path and would end the run early.
+                overrides["offline.target_qps"] = 1.1 * (target_qps or backend.engine_throughput(batch, 2.0))
+            lg_run = run_loadgen(backend, model, data, config.load(None, overrides), run_dir, progress=False)
         finally:
             backend.close()
-        return read_loadgen_results(run_dir)
+        return {**read_loadgen_results(run_dir), "mean_batch": lg_run.mean_batch,
+                "cpu_per_wall": round(lg_run.cpu_s / lg_run.wall_s, 2)}
 
     def offline():
         b = best_batch()
-        r = loadgen("offline", b, target_qps=1.1 * (res.engine_sps("resnet50", b, True) or 0))
+        r = loadgen("offline", b, target_qps=res.engine_sps("resnet50", b, True))
         res.data["offline"] = {"model": "resnet50", "batch": b, "samples_per_s": r.get("samples_per_s"),
                                "engine_samples_per_s": res.engine_sps("resnet50", b, True),
-                               "valid": r.get("valid")}
+                               "valid": r.get("valid"), "cpu_per_wall": r.get("cpu_per_wall"),
+                               "streams": streams}
         log(f"offline {res.data['offline']}")
 
     def server():
         offline_sps = (res.data.get("offline") or {}).get("samples_per_s") or 10000.0
         # Start at the bar (85 % of Offline); step up after a pass, bisect down after a failure.
-        # Tries add to earlier calls' (other batch timeouts); "server" is the best valid one of all.
+        # Tries add to earlier calls' (other settings); "server" is the best valid one of all.
         qps, lo, hi = 0.85 * offline_sps, None, None
         tried = res.data.setdefault("server_search", [])
         for _ in range(server_tries):
@@ -406,9 +407,10 @@ def run(bundle: Path, out: Path, stages, batches, seconds: float, server_batch: 
             p99 = (r.get("latency_ns", {}).get("99.00") or 0) / 1e6
             ok = bool(r.get("valid")) and p99 <= 15.0
             tried.append({"target_qps": round(qps, 1), "valid": r.get("valid"), "p99_ms": round(p99, 3),
-                          "batch": server_batch, "batch_timeout_ms": server_timeout_ms,
+                          "batch": server_batch, "streams": streams, "mean_batch": r.get("mean_batch"),
+                          "cpu_per_wall": r.get("cpu_per_wall"),
                           "invalid_reasons": r.get("invalid_reasons")})
-            log(f"server target {qps:,.0f} (timeout {server_timeout_ms} ms): valid {r.get('valid')} p99 {p99:.2f} ms")
+            log(f"server target {qps:,.0f} valid {r.get('valid')} p99 {p99:.2f} ms")
             res.save()
             if ok:
                 lo = qps
@@ -419,8 +421,7 @@ def run(bundle: Path, out: Path, stages, batches, seconds: float, server_batch: 
         valid = [t for t in tried if t["valid"] and t["p99_ms"] <= 15.0]
         best = max(valid, key=lambda t: t["target_qps"]) if valid else tried[-1]
         res.data["server"] = {"model": "resnet50", "qps": best["target_qps"], "p99_ms": best["p99_ms"],
-                              "valid": bool(valid), "batch": best.get("batch"),
-                              "batch_timeout_ms": best.get("batch_timeout_ms")}
+                              "valid": bool(valid), "batch": best.get("batch")}
 
     for name, fn in (("build", build), ("engine", engine), ("profile", profile), ("agreement", agreement),
                      ("accuracy", accuracy), ("offline", offline), ("server", server)):
@@ -447,9 +448,9 @@ def main(argv=None) -> int:
     c.add_argument("--batches", default="256,2048")
     c.add_argument("--seconds", type=float, default=5.0, help="engine-only timing per engine")
     c.add_argument("--server-batch", type=int, default=256, help="engine batch for Server (built by 'build')")
+    c.add_argument("--streams", type=int, default=2,
+                   help="streams (and worker threads) of the LoadGen runs' backend; engines get one profile each")
     c.add_argument("--server-tries", type=int, default=5, help="Server runs in the QPS search (~15 s each)")
-    c.add_argument("--server-timeout-ms", type=float, default=2.0,
-                   help="Server batcher: the longest a query waits for its batch to fill")
     args = p.parse_args(argv)
     if args.cmd == "prepare":
         methods = METHODS if args.methods == "all" else [
@@ -464,7 +465,7 @@ def main(argv=None) -> int:
     if unknown:
         p.error(f"unknown stages {sorted(unknown)}; choose from {STAGES}")
     return run(args.bundle, args.out, stages, [int(b) for b in args.batches.split(",")], args.seconds,
-               args.server_batch, args.server_tries, args.server_timeout_ms)
+               args.server_batch, args.server_tries, args.streams)
 
 
 if __name__ == "__main__":

@@ -39,6 +39,7 @@ class LoadGenRun:
     wall_s: float
     cpu_s: float  # CPU time of the whole process during StartTest: backend plus harness plus LoadGen
     effective: dict = field(default_factory=dict)
+    mean_batch: float | None = None  # samples per backend call (Server: set by the load)
 
 
 def loadgen_settings(settings: dict, total_count: int, measured_qps: float | None) -> lg.TestSettings:
@@ -105,7 +106,7 @@ def run_loadgen(backend, model, dataset, settings: dict, run_dir: Path, progress
     if scenario == "offline":
         sut = OfflineSUT(backend, qsl, **common)
     else:
-        sut = ServerSUT(backend, qsl, batch_timeout_s=settings["server"]["batch_timeout_ms"] / 1e3, **common)
+        sut = ServerSUT(backend, qsl, **common)
 
     def guarded(fn):
         def callback(*args):
@@ -152,7 +153,7 @@ def run_loadgen(backend, model, dataset, settings: dict, run_dir: Path, progress
                            f"the first: {first!r}") from first
     return LoadGenRun(
         run_dir=run_dir, warmup_samples_per_s=measured, issued=sut.ledger.issued,
-        completed=sut.ledger.completed, qsl_load_calls=len(qsl.load_calls),
+        completed=sut.ledger.completed, qsl_load_calls=len(qsl.load_calls), mean_batch=sut.mean_batch(),
         qsl_loaded_samples=sum(len(c) for c in qsl.load_calls), wall_s=wall, cpu_s=cpu,
         effective={"offline_expected_qps": ts.offline_expected_qps,
                    "performance_sample_count": ts.performance_sample_count_override,

@@ -69,14 +69,14 @@ class Ledger:
 def complete(ids, top_classes: np.ndarray | None = None) -> None:
     """Tell LoadGen these samples are done; with ``top_classes`` [n, TOP_K] int32, as response data."""
     if top_classes is None:
-        responses = [lg.QuerySampleResponse(int(i), 0, 0) for i in ids]
+        responses = [lg.QuerySampleResponse(i, 0, 0) for i in np.asarray(ids).tolist()]
     else:
         # LoadGen copies the response bytes inside QuerySamplesComplete, so the array only has to
         # live until the call returns.
         top_classes = np.ascontiguousarray(top_classes, dtype=np.int32)
         base, stride = top_classes.ctypes.data, top_classes.strides[0]
-        responses = [lg.QuerySampleResponse(int(i), base + k * stride, stride)
-                     for k, i in enumerate(ids)]
+        responses = [lg.QuerySampleResponse(i, base + k * stride, stride)
+                     for k, i in enumerate(np.asarray(ids).tolist())]
     lg.QuerySamplesComplete(responses)
 
 
@@ -91,10 +91,9 @@ class BatchSUT:
         self.accuracy = accuracy
         self.label_offset = label_offset
         self.ledger = Ledger()
+        self.batches_run = 0  # batches the workers took (an int += per batch: GIL-atomic enough for a mean)
         self.errors: list[BaseException] = []
         self._work: queue.SimpleQueue = queue.SimpleQueue()
-        self._waiting = 0  # workers blocked on an empty work queue (written under _waiting_lock)
-        self._waiting_lock = threading.Lock()
         self._threads = [threading.Thread(target=self._worker, name=f"trtfuse-worker-{k}", daemon=True)
                          for k in range(max(1, threads))]
 
@@ -109,30 +108,25 @@ class BatchSUT:
         for t in self._threads:
             t.join(timeout=timeout)
 
+    def mean_batch(self) -> float | None:
+        """Samples per batch run so far (None before the first)."""
+        return self.ledger.completed / self.batches_run if self.batches_run else None
+
     def flush(self) -> None:
-        """LoadGen's flush_queries: nothing is held back here except by ServerSUT."""
+        """LoadGen's flush_queries: no SUT here ever holds a query back, so nothing to do."""
 
     # -- the hot path ------------------------------------------------------------------------
     def _submit(self, ids: np.ndarray, indices: np.ndarray) -> None:
         self._work.put((ids, indices))
 
-    @property
-    def idle_workers(self) -> int:
-        """Workers with nothing to do, so a batch dispatched now starts at once."""
-        return self._waiting - self._work.qsize()
-
     def _next_work(self):
-        with self._waiting_lock:
-            self._waiting += 1
-        try:
-            return self._work.get()
-        finally:
-            with self._waiting_lock:
-                self._waiting -= 1
+        """The next (ids, indices) batch to run, or None when the SUT stops."""
+        return self._work.get()
 
     def _worker(self) -> None:
         while (item := self._next_work()) is not None:
             ids, indices = item
+            self.batches_run += 1
             key = self.ledger.open(ids)
             top = None
             try:
@@ -200,71 +194,55 @@ class OfflineSUT(BatchSUT):
 class ServerSUT(BatchSUT):
     """Server: queries arrive one (or, coalesced, a few) at a time on LoadGen's thread.
 
-    A batcher thread groups them: a batch leaves when full, when a worker is idle (holding it back
-    could only add latency: the GPU would wait), or when its oldest query has waited
-    ``batch_timeout_s``. Batches thus grow with the load by themselves: while every worker is busy,
-    arrivals pile up into the next batch, and at low load a query starts at once.
+    No batcher thread: each worker, when it is free, takes every pending query (up to the batch
+    size) and runs them at once. While all workers are busy, arrivals pile up into the next batch,
+    so batches grow with the load by themselves, and at low load a query starts at once: waiting
+    for a batch to fill could only add latency while a worker (and its stream) sat idle.
+    ``poll_s`` bounds how long a free worker sleeps before it looks again (no condition variable:
+    a notify per query costs more GIL time on LoadGen's thread than an occasional wake-up).
     """
 
-    def __init__(self, *args, batch_timeout_s: float = 0.002, **kwargs):
+    def __init__(self, *args, poll_s: float = 0.0002, **kwargs):
         super().__init__(*args, **kwargs)
-        self.batch_timeout_s = batch_timeout_s
+        self.poll_s = poll_s
         self._pending: collections.deque = collections.deque()
-        self._flush = False
         self._running = True
-        self._batcher = threading.Thread(target=self._batch_loop, name="trtfuse-batcher", daemon=True)
-
-    def start(self):
-        super().start()
-        self._batcher.start()
 
     def stop(self, timeout: float = 5.0):
         self._running = False
-        self._batcher.join(timeout=timeout)
         super().stop(timeout)
-
-    def flush(self):
-        self._flush = True
 
     def issue(self, ids, indices):
         # Plain lists, no numpy: this runs once per query on LoadGen's thread, holding the GIL.
-        self._pending.append((ids, indices, time.monotonic()))  # deque.append: atomic, no lock
+        self._pending.append((ids, indices))  # deque.append: atomic, no lock
 
-    def _batch_loop(self) -> None:
-        ids, idx, oldest = [], [], 0.0  # the batch being filled
-        # Poll instead of a condition variable: a notify per query costs more GIL time than a
-        # sleeping batcher, and the poll interval is far below any latency bound.
-        poll = min(self.batch_timeout_s / 4, 0.0005)
-        size = self.batch_size
-        while self._running or self._pending or ids:
-            try:
-                new_ids, new_idx, t = self._pending.popleft()
-            except IndexError:
-                if ids and (self._flush or not self._running or self.idle_workers > 0
-                            or time.monotonic() - oldest >= self.batch_timeout_s):
-                    self._dispatch(ids, idx)
-                    ids, idx = [], []
-                    self._flush = False
-                else:
-                    time.sleep(poll)
-                continue
-            if not ids:
-                oldest = t
-            ids += new_ids
-            idx += new_idx
-            while len(ids) >= size:
-                # What stays behind came with the newest query, so its age is that query's.
-                self._dispatch(ids[:size], idx[:size])
-                ids, idx, oldest = ids[size:], idx[size:], t
-
-    def _dispatch(self, ids: list[int], idx: list[int]) -> None:
-        self._submit(np.array(ids, dtype=np.uint64), np.array(idx, dtype=np.int64))
+    def _next_work(self):
+        """The next batch: every pending query up to the batch size, as soon as there is one."""
+        pending, size = self._pending, self.batch_size
+        while True:
+            ids, idx = [], []
+            while len(ids) < size:
+                try:
+                    new_ids, new_idx = pending.popleft()  # atomic: each query goes to one worker
+                except IndexError:
+                    break
+                room = size - len(ids)
+                if len(new_ids) > room:  # a coalesced query larger than the room left: split it
+                    pending.appendleft((new_ids[room:], new_idx[room:]))
+                    new_ids, new_idx = new_ids[:room], new_idx[:room]
+                ids += new_ids
+                idx += new_idx
+            if ids:
+                return np.array(ids, dtype=np.uint64), np.array(idx, dtype=np.int64)
+            if not self._running:
+                return None
+            time.sleep(self.poll_s)
 
     def abandon(self) -> int:
         abandoned = 0
-        while self._pending:
+        while True:
             try:
-                ids, _, _ = self._pending.popleft()
+                ids, _ = self._pending.popleft()
             except IndexError:
                 break
             complete(ids)

@@ -196,3 +196,19 @@ def test_server_completes_every_query_with_its_own_id_under_coalescing(tmp_path)
     report = cli.run(s, progress=False, model=model, dataset=dataset, backend=backend)
     assert report["accuracy"] == {"top1": 0.5, "top5": 0.5, "n": 50}
     assert report["harness"]["issued"] == report["harness"]["completed"] == 50
+
+
+def test_server_workers_split_coalesced_queries_into_batches():
+    # Queries of 3, 6 and 2 samples into batches of at most 4: every sample once, in arrival order,
+    # the index travelling with its id; with nothing pending and the SUT stopping, no batch.
+    from trtfuse.lg_sut import ServerSUT
+
+    sut = ServerSUT(backend=None, qsl=None, batch_size=4)
+    for q in ([1, 2, 3], [4, 5, 6, 7, 8, 9], [10, 11]):
+        sut.issue(q, [i * 10 for i in q])
+    batches = [sut._next_work() for _ in range(3)]
+    assert [b[0].tolist() for b in batches] == [[1, 2, 3, 4], [5, 6, 7, 8], [9, 10, 11]]
+    for ids, idx in batches:
+        assert (idx == ids.astype(np.int64) * 10).all()
+    sut._running = False
+    assert sut._next_work() is None

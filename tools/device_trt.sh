@@ -9,7 +9,7 @@
 # own int8 conv+add+relu vs the plugin, benchmark), minilm (rewritten MiniLM engine vs PyTorch),
 # probe (benchmarks/serving_probe.py: row copies and the backend loop without LoadGen),
 # e2e-stash (keep a carried e2e bundle part), e2e:STAGES (resnet50_e2e.py run --stages STAGES; extra
-# arguments from $E2E_ARGS, e.g. E2E_ARGS="--server-timeout-ms 4").
+# arguments from $E2E_ARGS, e.g. E2E_ARGS="--server-tries 3").
 # A failing step does not stop the next. Logs and results accumulate in /tmp/trtfuse-results (outside
 # the work tree, which each call replaces); $OUT gets the JSON results and logs.tgz (at most 8 files come back).
 # Exit status: the number of failed steps.
