@@ -175,7 +175,7 @@ def run(settings: dict, progress: bool = True, weights: str | None = None,
         "harness": {"warmup_samples_per_s": lg_run.warmup_samples_per_s, "issued": lg_run.issued,
                     "completed": lg_run.completed, "qsl_load_calls": lg_run.qsl_load_calls,
                     "qsl_loaded_samples": lg_run.qsl_loaded_samples, "wall_s": lg_run.wall_s,
-                    "cpu_s": lg_run.cpu_s,
+                    "cpu_s": lg_run.cpu_s, "mean_batch": lg_run.mean_batch,
                     "effective": lg_run.effective},
     }
     if model.random_weights:

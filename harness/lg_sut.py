@@ -32,6 +32,8 @@ class Ledger:
         self._keys = iter(range(1 << 62))
         self.issued = 0      # written only on LoadGen's issue thread
         self.completed = 0   # written by every worker: under a lock, once per batch
+        self.batches = 0        # batches the workers ran, and their samples (same lock)
+        self.batch_samples = 0
         self._count_lock = threading.Lock()
         self.last_progress = time.monotonic()
 
@@ -48,9 +50,13 @@ class Ledger:
     def close(self, key: int) -> bool:
         return self._open.pop(key, None) is not None
 
-    def note_completed(self, n: int) -> None:
+    def note_completed(self, n: int, batch: bool = False) -> None:
+        """``n`` samples answered: by a worker's batch (``batch``), or otherwise (errors, watchdog)."""
         with self._count_lock:
             self.completed += n
+            if batch:
+                self.batches += 1
+                self.batch_samples += n
         self.last_progress = time.monotonic()
 
     def take_all(self) -> list[np.ndarray]:
@@ -91,7 +97,6 @@ class BatchSUT:
         self.accuracy = accuracy
         self.label_offset = label_offset
         self.ledger = Ledger()
-        self.batches_run = 0  # batches the workers took (an int += per batch: GIL-atomic enough for a mean)
         self.errors: list[BaseException] = []
         self._work: queue.SimpleQueue = queue.SimpleQueue()
         self._threads = [threading.Thread(target=self._worker, name=f"trtfuse-worker-{k}", daemon=True)
@@ -110,7 +115,8 @@ class BatchSUT:
 
     def mean_batch(self) -> float | None:
         """Samples per batch run so far (None before the first)."""
-        return self.ledger.completed / self.batches_run if self.batches_run else None
+        led = self.ledger
+        return led.batch_samples / led.batches if led.batches else None
 
     def flush(self) -> None:
         """LoadGen's flush_queries: no SUT here ever holds a query back, so nothing to do."""
@@ -126,7 +132,6 @@ class BatchSUT:
     def _worker(self) -> None:
         while (item := self._next_work()) is not None:
             ids, indices = item
-            self.batches_run += 1
             key = self.ledger.open(ids)
             top = None
             try:
@@ -143,7 +148,7 @@ class BatchSUT:
                     complete(ids, top)
                 except BaseException as e:  # noqa: BLE001
                     self.errors.append(e)
-                self.ledger.note_completed(len(ids))
+                self.ledger.note_completed(len(ids), batch=True)
 
     def abandon(self) -> int:
         """Complete everything still queued or in flight with empty responses (watchdog)."""

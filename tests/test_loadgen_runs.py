@@ -85,6 +85,7 @@ def test_server_batch_leaves_at_once_when_a_worker_is_idle(tmp_path):
     lg = report["loadgen"]  # (too few queries for LoadGen's early-stopping rule to call it VALID)
     assert report["harness"]["issued"] == report["harness"]["completed"] >= 100
     assert lg["latency_ns"]["99.00"] < 300e6, lg["latency_ns"]
+    assert report["harness"]["mean_batch"] < 8  # mostly single queries, not batches filled up
 
 
 @pytest.mark.parametrize("scenario", ["offline", "server"])
