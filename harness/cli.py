@@ -43,7 +43,7 @@ def _add_run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch-size", dest="run.batch_size", type=int)
     p.add_argument("--sample-count", dest="run.sample_count", type=int,
                    help="use the first N images of the dataset (0: all)")
-    p.add_argument("--threads", dest="run.threads", type=int, help="worker threads calling the backend")
+    p.add_argument("--threads", dest="run.threads", type=int, help="worker threads calling the backend (0: one per batch it runs at once)")
     p.add_argument("--target-qps", type=float,
                    help="Server: queries/s LoadGen sends; Offline: expected samples/s")
     p.add_argument("--latency-bound-ms", dest="server.target_latency_ms", type=float,

@@ -85,8 +85,9 @@ def _check(s: Settings) -> None:
     for key in ("sample_count", "performance_sample_count", "warmup_batches"):
         if run[key] < 0:
             raise UserError(f"run.{key} is negative ({run[key]})", "use 0 or a positive number")
-    if run["threads"] < 1:
-        raise UserError(f"run.threads must be at least 1, not {run['threads']}", "use --threads 1")
+    if run["threads"] < 0:
+        raise UserError(f"run.threads must be 0 (one per backend stream) or more, not {run['threads']}",
+                        "use --threads 0")
     if run["watchdog_s"] <= 0:
         raise UserError("run.watchdog_s must be positive", "e.g. watchdog_s = 120")
     server = s["server"]

@@ -101,7 +101,8 @@ def run_loadgen(backend, model, dataset, settings: dict, run_dir: Path, progress
     ts = loadgen_settings(settings, total, measured)
 
     qsl = SampleLibrary(dataset, ts.performance_sample_count_override, backend)
-    common = {"batch_size": run["batch_size"], "threads": run["threads"], "accuracy": accuracy,
+    threads = run["threads"] or getattr(backend, "concurrency", 1)
+    common = {"batch_size": run["batch_size"], "threads": threads, "accuracy": accuracy,
               "label_offset": model.label_offset}
     if scenario == "offline":
         sut = OfflineSUT(backend, qsl, **common)

@@ -25,6 +25,7 @@ class Backend(abc.ABC):
 
     name: str = "backend"
     max_batch: int = 0  # the largest batch infer() takes; set by load()
+    concurrency: int = 1  # batches it can run at once (TensorRT: its streams): worker threads to feed it
 
     @abc.abstractmethod
     def load(self, model: PreparedModel, batch_size: int) -> None:

@@ -164,6 +164,7 @@ class TensorRTBackend(Backend):
                          in_shape, out_shape, in_dtype, out_dtype)
             self.slots.append(slot)
             self._free.put(slot)
+        self.concurrency = len(self.slots)
         if self.cuda_graphs:
             # Graphs for every batch size the engine will run at, now: a capture in the middle of a
             # Server run would stall that batch (and LoadGen's p99) for tens of milliseconds.
