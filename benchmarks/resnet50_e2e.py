@@ -210,13 +210,13 @@ def _engine(bundle, name, batch, plugins, streams=2):
     return build_engine(bundle / "models" / name, cfg)
 
 
-def _backend(bundle, name, batch, plugins, streams=2):
+def _backend(bundle, name, batch, plugins, streams=2, serial_compute=False):
     from trtfuse.backends.tensorrt_backend import TensorRTBackend
     from trtfuse.models import load_prepared
 
     model = load_prepared(bundle / "models" / name)
     backend = TensorRTBackend(engine=str(_engine(bundle, name, batch, plugins, streams)),
-                              plugins=plugins, streams=streams)
+                              plugins=plugins, streams=streams, serial_compute=serial_compute)
     backend.load(model, batch)
     return backend, model
 
@@ -252,7 +252,8 @@ def layer_times(trt, backend, batch: int, runs: int = 20) -> dict[str, float]:
 
 
 def run(bundle: Path, out: Path, stages, batches, seconds: float, server_batch: int = 256,
-        server_tries: int = 5, offline_streams: int = 6, server_streams: int = 2) -> int:
+        server_tries: int = 5, offline_streams: int = 6, server_streams: int = 2,
+        server_serial: bool = False, server_start_qps: float = 0.0) -> int:
     import tensorrt as trt
     from trtfuse import cuda_runtime
 
@@ -375,7 +376,8 @@ def run(bundle: Path, out: Path, stages, batches, seconds: float, server_batch: 
             overrides.update({"server.target_qps": target_qps, "server.target_latency_ms": 15.0,
                               "server.min_query_count": 100})
         data = BundleImages(bundle)
-        backend, model = _backend(bundle, "resnet50", batch, True, streams)
+        serial = scenario == "server" and server_serial
+        backend, model = _backend(bundle, "resnet50", batch, True, streams, serial)
         run_dir = out.parent / "loadgen-runs" / f"{scenario}-{time.time():.0f}"
         engine_only = None
         try:
@@ -404,14 +406,15 @@ def run(bundle: Path, out: Path, stages, batches, seconds: float, server_batch: 
         offline_sps = (res.data.get("offline") or {}).get("samples_per_s") or 10000.0
         # Start at the bar (85 % of Offline); step up after a pass, bisect down after a failure.
         # Tries add to earlier calls' (other settings); "server" is the best valid one of all.
-        qps, lo, hi = 0.85 * offline_sps, None, None
+        qps, lo, hi = server_start_qps or 0.85 * offline_sps, None, None
         tried = res.data.setdefault("server_search", [])
         for _ in range(server_tries):
             r = loadgen("server", server_batch, target_qps=qps)
             p99 = (r.get("latency_ns", {}).get("99.00") or 0) / 1e6
             ok = bool(r.get("valid")) and p99 <= 15.0
             tried.append({"target_qps": round(qps, 1), "valid": r.get("valid"), "p99_ms": round(p99, 3),
-                          "batch": server_batch, "streams": server_streams, "mean_batch": r.get("mean_batch"),
+                          "batch": server_batch, "streams": server_streams, "serial_compute": server_serial,
+                          "mean_batch": r.get("mean_batch"),
                           "cpu_per_wall": r.get("cpu_per_wall"),
                           "invalid_reasons": r.get("invalid_reasons")})
             log(f"server target {qps:,.0f} valid {r.get('valid')} p99 {p99:.2f} ms")
@@ -425,7 +428,8 @@ def run(bundle: Path, out: Path, stages, batches, seconds: float, server_batch: 
         valid = [t for t in tried if t["valid"] and t["p99_ms"] <= 15.0]
         best = max(valid, key=lambda t: t["target_qps"]) if valid else tried[-1]
         res.data["server"] = {"model": "resnet50", "qps": best["target_qps"], "p99_ms": best["p99_ms"],
-                              "valid": bool(valid), "batch": best.get("batch")}
+                              "valid": bool(valid), "batch": best.get("batch"), "streams": best.get("streams"),
+                              "serial_compute": best.get("serial_compute", False)}
 
     for name, fn in (("build", build), ("engine", engine), ("profile", profile), ("agreement", agreement),
                      ("accuracy", accuracy), ("offline", offline), ("server", server)):
@@ -456,6 +460,9 @@ def main(argv=None) -> int:
     # on the H100: Offline 54.2k/58.9k/59.8k/61.7k samples/s at 2/3/4/6; Server p99 grows with more than 2.
     c.add_argument("--offline-streams", type=int, default=6)
     c.add_argument("--server-streams", type=int, default=2)
+    c.add_argument("--server-start-qps", type=float, default=0.0, help="first target of the search (0: 85 %% of Offline)")
+    c.add_argument("--server-serial-compute", action="store_true",
+                   help="Server backend runs the engine one batch at a time (TensorRT backend serial_compute)")
     c.add_argument("--server-tries", type=int, default=5, help="Server runs in the QPS search (~15 s each)")
     args = p.parse_args(argv)
     if args.cmd == "prepare":
@@ -471,7 +478,8 @@ def main(argv=None) -> int:
     if unknown:
         p.error(f"unknown stages {sorted(unknown)}; choose from {STAGES}")
     return run(args.bundle, args.out, stages, [int(b) for b in args.batches.split(",")], args.seconds,
-               args.server_batch, args.server_tries, args.offline_streams, args.server_streams)
+               args.server_batch, args.server_tries, args.offline_streams, args.server_streams,
+               args.server_serial_compute, args.server_start_qps)
 
 
 if __name__ == "__main__":

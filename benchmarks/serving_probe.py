@@ -7,7 +7,9 @@ GPU machine, after resnet50_e2e.py's bundle is stashed (its engines are built or
    cudaMemcpyAsync per row, and the same bytes as one contiguous copy (the PCIe rate to compare with).
 2. The backend loop: T threads calling ``infer_rows`` on random rows of a pinned store, as the
    SUT's workers do, for a few seconds: samples/s against engine-only throughput, and one thread's
-   host time per batch split into phases (row copy call, engine launch, wait, output copy).
+   host time per batch split into phases (row copy call, engine launch, wait, output copy); with the
+   streams' engine runs overlapping and serialised (serial_compute).
+3. A check: infer_rows gives exactly what infer gives on the same samples (rows_match_infer).
 LoadGen Offline/Server numbers divided by these say how much LoadGen's callbacks and the SUT cost.
 """
 
@@ -110,6 +112,17 @@ def phases(backend, store: np.ndarray, batch: int, reps: int = 20) -> dict:
     return {k: round(v * 1e3 / reps, 3) for k, v in acc.items()}
 
 
+def rows_match_infer(backend, store: np.ndarray, samples: np.ndarray, batch: int) -> bool:
+    """infer_rows on store rows (a repeat, a run, ragged sizes) == infer on the same samples gathered."""
+    rng = np.random.default_rng(2)
+    for n in (batch, batch // 2 + 3, 1):
+        rows = rng.integers(0, len(store), n)
+        rows[:2] = rows[0]
+        if not np.array_equal(backend.infer_rows(store, rows), backend.infer(samples[rows])):
+            return False
+    return True
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--bundle", type=Path, default=Path("/tmp/trtfuse-e2e"))
@@ -122,22 +135,25 @@ def main(argv=None) -> int:
     data = BundleImages(args.bundle)
     result = {"store_samples": args.store, "rows": []}
     for b in (int(x) for x in args.batches.split(",")):
-        backend, _ = _backend(args.bundle, "resnet50", b, True)
-        try:
-            samples = backend.to_input(data.images(np.arange(args.store) % len(data)))
-            store = backend.host_array(samples.shape, samples.dtype)
-            store[:] = samples
-            row = {"batch": b, "copies": copy_rates(backend.cr, store, b),
-                   "engine_only": round(backend.engine_throughput(b, 3.0), 1),
-                   "phases_ms": phases(backend, store, b),
-                   "loops": [backend_loop(backend, store, b, int(t), args.seconds)
-                             for t in args.threads.split(",")]}
-        finally:
-            backend.close()
-        result["rows"].append(row)
-        log(f"probe batch {b}: {json.dumps(row)}")
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(result, indent=1) + "\n")
+        for serial in (False, True):
+            backend, _ = _backend(args.bundle, "resnet50", b, True, serial_compute=serial)
+            try:
+                samples = backend.to_input(data.images(np.arange(args.store) % len(data)))
+                store = backend.host_array(samples.shape, samples.dtype)
+                store[:] = samples
+                row = {"batch": b, "serial_compute": serial,
+                       "rows_match_infer": rows_match_infer(backend, store, samples, b),
+                       "engine_only": round(backend.engine_throughput(b, 3.0), 1),
+                       "loops": [backend_loop(backend, store, b, int(t), args.seconds)
+                                 for t in args.threads.split(",")]}
+                if not serial:
+                    row.update(copies=copy_rates(backend.cr, store, b), phases_ms=phases(backend, store, b))
+            finally:
+                backend.close()
+            result["rows"].append(row)
+            log(f"probe batch {b}: {json.dumps(row)}")
+            args.out.parent.mkdir(parents=True, exist_ok=True)
+            args.out.write_text(json.dumps(result, indent=1) + "\n")
     return 0
 
 

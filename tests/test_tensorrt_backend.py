@@ -54,8 +54,9 @@ def test_int8_input_and_single_stream_without_graphs(model_dir):  # noqa: F811
     assert outs[0].shape == (8, 10) and np.isfinite(outs[0]).all()
 
 
-@pytest.mark.parametrize("input_format", ["float", "int8"])
-def test_rows_of_a_pinned_store_give_what_infer_gives(model_dir, input_format, monkeypatch):  # noqa: F811
+@pytest.mark.parametrize("input_format, serial_compute", [("float", False), ("int8", True)])
+def test_rows_of_a_pinned_store_give_what_infer_gives(model_dir, input_format, serial_compute,  # noqa: F811
+                                                      monkeypatch):
     # The serving path: samples converted once (to_input) into pinned memory (host_array), batches
     # named by rows (repeats, a consecutive run, ragged sizes padded to a graph bucket) and copied
     # row by row to the device, against infer() on the same samples gathered on the host.
@@ -68,7 +69,7 @@ def test_rows_of_a_pinned_store_give_what_infer_gives(model_dir, input_format, m
     monkeypatch.setattr(cuda_runtime, "copy_rows_htod_async",
                         lambda *a: (row_copies.append(len(a[1])), original(*a))[1])
     backend = TensorRTBackend(precision="int8", plugins=False, streams=2, cuda_graphs=True,
-                              input_format=input_format)
+                              input_format=input_format, serial_compute=serial_compute)
     backend.load(load_prepared(model_dir), 8)
     try:
         x = np.concatenate(calib_batches(seed=12, n=2))
