@@ -28,7 +28,10 @@ from pathlib import Path
 from trtfuse.errors import UserError
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_ARCHS = ("80", "90")
+# 90a: the wgmma kernels of plugins/residual_conv (residual_conv_wgmma.cuh) exist only in the sm_90a cubin; on an
+# H100/H200 the driver loads the sm_90a cubin when both it and the sm_90 one are present (checked on the H100 with
+# CUDA 13.0). 90: the PTX for newer GPUs (which run the mma.sync kernels). 80: A100.
+DEFAULT_ARCHS = ("80", "90", "90a")
 KERNELS_LIB = "libtrtfuse_kernels.so"
 PLUGINS_LIB = "libtrtfuse_plugins.so"
 
@@ -220,7 +223,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tensorrt-root", help="TensorRT folder with include/ (default: $TENSORRT_ROOT)")
     p.add_argument("--kernels-only", action="store_true", help="only the C-ABI kernels library")
     p.add_argument("--archs", default=os.environ.get("TRTFUSE_CUDA_ARCHS", ",".join(DEFAULT_ARCHS)),
-                   help="comma-separated SM versions, e.g. 80,90 or 90a (default %(default)s)")
+                   help="comma-separated SM versions, e.g. 80,90 or 90a (default %(default)s); "
+                        "the residual_conv wgmma configurations need 90a")
     p.add_argument("--source", help="the plugins/ folder (default: this checkout's)")
     p.add_argument("--build-dir", help=f"output folder (default {default_build_dir()})")
     p.add_argument("--debug", action="store_true", help="-O0 -g")

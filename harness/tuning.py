@@ -68,13 +68,23 @@ def time_launches(launch, sets: int, warmup: int = 10, reps: int = 60) -> float:
     return float(np.median([s.elapsed_time(e) for s, e in zip(starts, ends)]))
 
 
-def tune_shape(cin: int, cout: int, hw: int, batch: int, reps: int = 60) -> dict:
+def tune_shape(cin: int, cout: int, hw: int, batch: int, reps: int = 60, only: list[str] | None = None) -> dict:
     import torch
     from trtfuse.ops import residual_conv as op
 
     layer, L, bufs = make_problem(cin, cout, hw, batch)
     stream = torch.cuda.current_stream().cuda_stream
     names = op.config_names()
+    # only: name prefixes of the candidates to time (quick device iterations); config 0 is always the gate
+    skipped = [n for n in names if only and not n.startswith(tuple(only)) and n != names[0]]
+    # wgmma configurations ("wg_*") run only from an sm_90a build on a compute capability 9.0 GPU: skip the others
+    unsupported = [name for c, name in enumerate(names) if not op.config_supported(c)]
+    # weight-stationary configurations ("wgs_*") that cannot hold this layer's weight slice: not candidates
+    unfit = [name for c, name in enumerate(names) if not op.config_fits(c, cin, cout)]
+    if unsupported:
+        print(f"tune {cin}->{cout} {hw}x{hw} batch {batch}: skipping {len(unsupported)} configs this build/GPU "
+              f"cannot run ({', '.join(unsupported)}): they need the library built with sm_90a (--archs 90a) "
+              "on a compute capability 9.0 GPU", flush=True)
     # Bit-exactness gate at the full shape: every candidate must reproduce, byte for byte, the output of
     # config 0 (a v5 config whose exactness the GPU tests establish against the reference) on input set 0.
     # A candidate that differs is reported and never becomes the cached choice: a fast but wrong kernel
@@ -84,6 +94,8 @@ def tune_shape(cin: int, cout: int, hw: int, batch: int, reps: int = 60) -> dict
     want = o0.clone()
     mismatched = []
     for c, name in enumerate(names):
+        if name in unsupported or name in skipped or name in unfit:
+            continue
         o0.fill_(0x5A)
         layer.forward(x0.data_ptr(), r0.data_ptr(), o0.data_ptr(), batch, hw, hw, c, stream)
         if not torch.equal(o0, want):
@@ -94,7 +106,7 @@ def tune_shape(cin: int, cout: int, hw: int, batch: int, reps: int = 60) -> dict
     del want
     times = {}
     for c, name in enumerate(names):
-        if name in mismatched:
+        if name in mismatched or name in unsupported or name in skipped or name in unfit:
             continue
 
         def launch(i, c=c):
@@ -116,6 +128,8 @@ def tune_shape(cin: int, cout: int, hw: int, batch: int, reps: int = 60) -> dict
         "ms": times[best],
         "candidates_ms": times,
         "mismatched": mismatched,  # configs whose output differed from config 0's (not timed, never chosen)
+        "unsupported": unsupported,  # configs this build/GPU cannot run (wgmma without sm_90a; not timed)
+        "unfit": unfit,  # weight-stationary configs that cannot hold this layer (not timed)
     }
 
 
@@ -144,6 +158,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--batches", default="256,2048")
     p.add_argument("--reps", type=int, default=60)
+    p.add_argument("--configs", default="", help="time only configs whose names start with these (comma-separated)")
     p.add_argument("--out", required=True, help="the cache JSON (merged with an existing one)")
     args = p.parse_args(argv)
     shapes = [RESNET50_STAGES[s] for s in args.stages.split(",") if s]
@@ -151,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     entries = []
     for cin, cout, hw in shapes:
         for batch in (int(b) for b in args.batches.split(",")):
-            e = tune_shape(cin, cout, hw, batch, args.reps)
+            e = tune_shape(cin, cout, hw, batch, args.reps, [c for c in args.configs.split(",") if c] or None)
             entries.append(e)
             cands = "  ".join(f"{k}={v:.4f}" for k, v in e["candidates_ms"].items())
             print(

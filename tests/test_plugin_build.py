@@ -32,7 +32,7 @@ def test_plugins_compile_against_tensorrt_headers(version, tmp_path):
     plan = plugin_build.BuildPlan(
         source_dir=plugin_build.plugins_source_dir(),
         build_dir=tmp_path,
-        archs=("90",),  # one architecture keeps CI time down; the device build uses 80,90
+        archs=("90",),  # one architecture keeps CI time down (wgmma code compiles out); see the sm_90a test below
         tensorrt_include=include,
     )
     both, plugin_only = plan.sources()
@@ -40,6 +40,20 @@ def test_plugins_compile_against_tensorrt_headers(version, tmp_path):
     plugin_build.build(plan, link=False, jobs=2, progress=lambda *_: None)
     objects = list((tmp_path / "obj").glob("*.o"))
     assert len(objects) == len(both) + len(plugin_only)
+
+
+@needs_nvcc
+@pytest.mark.slow
+def test_kernels_compile_for_sm90a(tmp_path):
+    # The wgmma kernels of residual_conv (residual_conv_wgmma.cuh) are compiled only in the sm_90a pass (the sm_90
+    # pass above compiles them out): assemble them here so that CI sees their inline PTX. Kernels only, no TensorRT.
+    plan = plugin_build.BuildPlan(
+        source_dir=plugin_build.plugins_source_dir(), build_dir=tmp_path, archs=("90a",)
+    )
+    both, _ = plan.sources()
+    assert any(p.name == "residual_conv.cu" for p in both)
+    plugin_build.build(plan, link=False, jobs=2, progress=lambda *_: None)
+    assert len(list((tmp_path / "obj").glob("*.o"))) == len(both)
 
 
 def test_missing_tensorrt_headers_is_a_user_error(tmp_path, monkeypatch):

@@ -267,11 +267,24 @@ def test_small_auto_config(cuda, shape, relu):
     )
 
 
-NUM_CONFIGS = 28  # 13 v5 tile configurations + 10 v6 + 5 v6 PERM ones (residual_conv.cu's kConfigs)
+NUM_CONFIGS = 38  # 13 v5 tile configurations + 10 v6 + 5 v6 PERM + 10 wgmma ones (residual_conv.cu's kConfigs)
+NUM_WGMMA = 10  # 2 streamed ("wg_") + 5 weight-stationary ("wgs_") + 3 independent-warpgroup ("wgi_")
+WGMMA_PREFIXES = ("wg_", "wgs_", "wgi_")
+
+
+def _skip_unless_supported(op, config, cin=None, cout=None):
+    # wgmma ("wg_*") configurations need the sm_90a build on a compute capability 9.0 GPU; the device script
+    # sets TRTFUSE_EXPECT_WGMMA=1 so that a build without sm_90a fails there instead of skipping them.
+    if not op.config_supported(config):
+        if os.environ.get("TRTFUSE_EXPECT_WGMMA") == "1":
+            pytest.fail(f"config {op.config_names()[config]} is not supported by this build/GPU")
+        pytest.skip("wgmma config: needs the sm_90a build on a compute capability 9.0 GPU")
+    if cin is not None and not op.config_fits(config, cin, cout):
+        pytest.skip("weight-stationary config: this layer's weight slice does not fit (forward returns -9)")
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("config", range(NUM_CONFIGS))
+@pytest.mark.parametrize("config", range(NUM_CONFIGS), ids=lambda c: f"cfg{c}")
 @pytest.mark.parametrize(
     "shape",
     [(3, 128, 512, 5, 7), (1, 96, 72, 9, 11), (2, 512, 256, 7, 7)],
@@ -280,6 +293,7 @@ NUM_CONFIGS = 28  # 13 v5 tile configurations + 10 v6 + 5 v6 PERM ones (residual
 def test_small_every_config(cuda, shape, config):
     if config >= cuda.op.num_configs():
         pytest.skip("no such config")
+    _skip_unless_supported(cuda.op, config, shape[1], shape[2])
     run_case(cuda, *shape, True, config, np.random.default_rng())
 
 
@@ -291,9 +305,20 @@ def test_config_list_is_covered():
     assert len(names) == NUM_CONFIGS
     assert sum(n.startswith("v6_") for n in names) == 10
     assert sum(n.startswith("v6p_") for n in names) == 5
+    assert sum(n.startswith(WGMMA_PREFIXES) for n in names) == NUM_WGMMA
+    assert all(n.startswith(WGMMA_PREFIXES) for n in names[-NUM_WGMMA:])
+    # weight-stationary fit rule (no GPU): the ResNet-50 stages fit the 128x256 4-stage one except res2
+    # (K = 64: one k stage per tile, too few for 2 residual buffers); 1152 input channels do not fit
+    s0 = names.index("wgs_128x256x64_s4_r2")
+    assert [op.config_fits(s0, cin, cout) for cin, cout in [(64, 256), (128, 512), (256, 1024), (512, 2048)]] == [
+        False, False, True, True]
+    assert not op.config_fits(s0, 1152, 192)
+    assert not op.config_fits(names.index("wgi_64x256x64_s4_r2"), 128, 512)  # 2 residual buffers, 2 k stages
+    assert op.config_fits(names.index("wgi_64x256x64_s3_r3"), 64, 256)
+    assert all(op.config_fits(c, 1152, 192) for c in range(len(names)) if not names[c].startswith(("wgs_", "wgi_")))
     if not os.environ.get("TRTFUSE_RESIDUAL_CONV_CACHE"):  # no cache: the heuristic, which stays on v5
         for cin, cout, hw in [(64, 256, 3136), (128, 512, 784), (256, 1024, 196), (512, 2048, 49), (32, 64, 9)]:
-            assert not names[op.select_config(cin, cout, 2048, hw)].startswith("v6")
+            assert not names[op.select_config(cin, cout, 2048, hw)].startswith(("v6", "wg"))
 
 
 # Shapes with more tiles than any configuration has resident blocks (132 SMs x up to 6), so every block
@@ -329,6 +354,7 @@ def _persistent_case(shape):
 @pytest.mark.parametrize("shape", PERSISTENT, ids=lambda s: "x".join(map(str, s[:5])))
 def test_persistent_every_config(cuda, shape, config):
     n, cin, cout, h, w, relu = shape
+    _skip_unless_supported(cuda.op, config, cin, cout)
     L, x32, r32, want = _persistent_case(shape)
     poisoned = np.full_like(r32, POISON)
     dx, dr, do = cuda.upload(x32), cuda.upload(r32), cuda.upload(poisoned)
@@ -360,6 +386,29 @@ def test_resnet_stages_batch_8(cuda, stage):
         cuda, 8 if stage != "res2" else 3, cin, cout, hw, hw, True, -1, np.random.default_rng()
     )
     print(f"{stage}: {size} outputs, {one} differ from the float64 formula by 1 LSB")
+
+
+@pytest.mark.gpu
+def test_wgmma_configs_refused_without_sm90a(cuda):
+    # Where the loaded library has no sm_90a code (or the GPU is not 9.0) a wgmma config is refused with -8,
+    # never launched as an empty kernel; where it has, forward runs (exactness: the tests above).
+    rng = np.random.default_rng()
+    L = ref.random_layer(rng, 64, 64)
+    layer = cuda.op.ResidualConv(
+        L["w"], L["w_scale"], L["bias"], L["x_scale"], L["r_scale"], L["out_scale"], True
+    )
+    buf = cuda.upload(np.zeros(64 * 64 * 4, np.int8))
+    try:
+        names = cuda.op.config_names()
+        for c in range(len(names)):
+            if not names[c].startswith(WGMMA_PREFIXES):
+                assert cuda.op.config_supported(c)
+            elif not cuda.op.config_supported(c):
+                with pytest.raises(RuntimeError, match=r"\(-8\).*sm_90a"):
+                    layer.forward(buf.value, buf.value, buf.value, 1, 8, 8, config=c)
+    finally:
+        layer.close()
+        cuda.free(buf)
 
 
 @pytest.mark.gpu

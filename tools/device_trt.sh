@@ -47,7 +47,7 @@ run_step() {
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
 for step in "$@"; do
     case $step in
-        build) run_step build python3.10 -m trtfuse.plugin_build build --tensorrt-root "$TENSORRT_ROOT" --archs 90 ;;
+        build) run_step build python3.10 -m trtfuse.plugin_build build --tensorrt-root "$TENSORRT_ROOT" --archs 90a ;;
         layernorm) run_step layernorm python3.10 -m pytest -q -m tensorrt -p no:cacheprovider tests/test_layernorm_plugin.py ;;
         conv-kernel) run_step conv-kernel env -u TRTFUSE_BUILD_DIR "${ORIG_ENV[@]}" OUT="$RESULTS/conv-kernel" bash benchmarks/residual_conv_device.sh quick
                      cp "$RESULTS/conv-kernel/residual_conv_tuning_h100.json" "$RESULTS/conv-kernel/residual_conv_bench_h100.json" "$RESULTS/" 2>/dev/null

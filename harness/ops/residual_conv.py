@@ -30,6 +30,8 @@ def library(path: str | None = None) -> ctypes.CDLL:
     lib.trtfuse_residual_conv_config_name.restype = ctypes.c_char_p
     lib.trtfuse_residual_conv_config_name.argtypes = [ctypes.c_int]
     lib.trtfuse_residual_conv_select_config.argtypes = [ctypes.c_int] * 4
+    lib.trtfuse_residual_conv_config_supported.argtypes = [ctypes.c_int]
+    lib.trtfuse_residual_conv_config_fits.argtypes = [ctypes.c_int] * 3
     lib.trtfuse_residual_conv_load_cache.argtypes = [ctypes.c_char_p]
     lib.trtfuse_residual_conv_error_string.restype = ctypes.c_char_p
     lib.trtfuse_residual_conv_error_string.argtypes = [ctypes.c_int]
@@ -71,6 +73,18 @@ def num_configs() -> int:
 
 def config_names() -> list[str]:
     return [library().trtfuse_residual_conv_config_name(i).decode() for i in range(num_configs())]
+
+
+def config_supported(config: int) -> bool:
+    """Whether `config` runs on the current device: the wgmma ("wg_*") configurations need the library built
+    for sm_90a (``plugin_build --archs ...,90a``) and a compute capability 9.0 GPU; False without a GPU."""
+    return bool(library().trtfuse_residual_conv_config_supported(config))
+
+
+def config_fits(config: int, cin: int, cout: int) -> bool:
+    """Whether `config` can hold a layer of this shape (weight-stationary "wgs_*" configurations keep a BN x Cin
+    weight slice in shared memory); no GPU needed."""
+    return bool(library().trtfuse_residual_conv_config_fits(config, cin, cout))
 
 
 def select_config(cin: int, cout: int, n: int, hw: int) -> int:

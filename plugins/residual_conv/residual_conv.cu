@@ -2,6 +2,7 @@
 #include "common/cuda_check.h"
 #include "residual_conv/residual_conv.h"
 #include "residual_conv/residual_conv_kernel.cuh"
+#include "residual_conv/residual_conv_wgmma.cuh"
 #include "residual_conv/tuning_cache.h"
 
 #include <algorithm>
@@ -49,11 +50,33 @@ using P1 = TileConfig<64, 128, 64, 32, 32, 3, 2, true, true>;
 using P2 = TileConfig<64, 64, 64, 32, 32, 3, 4, true, true>;
 using P3 = TileConfig<64, 256, 64, 32, 64, 3, 1, true, true>;
 using P4 = TileConfig<128, 128, 128, 64, 32, 3, 1, true, true>;
+// wgmma (sm_90a, residual_conv_wgmma.cuh): warpgroup MMAs from shared memory, v6 loaders/epilogue (PERM).
+// Opt-in like v6 (only the tuning cache selects them) and refused where the loaded module is not sm_90a.
+// Streamed (weights per k stage like x; v6 tile order):
+//                   BM   BN  BK STAGES MIN_BLOCKS
+using W0 = WgTileConfig<128, 256, 64, 3, 1>;          // 2 warpgroups x m64n256
+using W1 = WgTileConfig<128, 128, 64, 3, 2>;          // 2 warpgroups x m64n128, 2 blocks per SM
+// Weight stationary (the block's BN x K weight slice stays in shared memory; refused where it does not fit):
+//                   BM   BN  BK STAGES MIN_BLOCKS WSTAT RBUF
+using S0 = WgTileConfig<128, 256, 64, 4, 1, true, 2>;   // res5: 128 KB weights + 32 KB x + 64 KB residual
+using S1 = WgTileConfig<128, 256, 64, 3, 1, true, 2>;
+using S2 = WgTileConfig<128, 128, 64, 4, 2, true, 3>;   // res3/res4: 2 blocks per SM
+using S3 = WgTileConfig<128, 128, 64, 3, 2, true, 2>;
+using S4 = WgTileConfig<128, 256, 64, 4, 1, true, 3>;   // res3/res4: residual 3 tiles deep
+// Independent warpgroups (residual_conv_kernel_wgmma_wgi): weight stationary, each warpgroup its own 64-row tiles
+//                    BN  BK STAGES RBUF
+using I0 = WgiTileConfig<256, 64, 4, 2>;   // res5: 128 KB weights + 2 x (16 KB x + 32 KB residual)
+using I1 = WgiTileConfig<256, 64, 3, 3>;   // res3/res4
+using I2 = WgiTileConfig<128, 64, 4, 3>;
 
 struct ConfigInfo {
     char const* name;
     int bm, bn, threads, smem;
     void (*kernel)(Params);
+    bool wgmma = false;   // needs the sm_90a module (see wgmma_available)
+    bool wstat = false;   // weight stationary: per-layer shared memory and fit rule (see layer_fits)
+    int bk = 0, load_ahead = 0, rbuf = 0;
+    int (*smem_bytes)(int k_tiles) = nullptr;
 };
 
 template <class C>
@@ -61,6 +84,19 @@ constexpr ConfigInfo info(char const* name) {
     if constexpr (C::V6) return {name, C::BM, C::BN, C::THREADS, C::SMEM, residual_conv_kernel_v6<C>};
     else return {name, C::BM, C::BN, C::THREADS, C::SMEM, residual_conv_kernel<C>};
 }
+template <class C>
+int wgmma_smem(int k_tiles) { return wgmma_smem_bytes<C>(k_tiles); }
+template <class C>
+constexpr ConfigInfo info_wgi(char const* name) {
+    return {name, C::BM, C::BN, C::THREADS, C::SMEM, residual_conv_kernel_wgmma_wgi<C>, true, true, C::BK,
+            C::LOAD_AHEAD, C::RBUF, wgmma_smem<C>};
+}
+template <class C>
+constexpr ConfigInfo info_wgmma(char const* name) {
+    return {name, C::BM, C::BN, C::THREADS, C::SMEM, residual_conv_kernel_wgmma<C>, true, C::WSTAT, C::BK,
+            C::LOAD_AHEAD, C::RBUF, wgmma_smem<C>};
+}
+constexpr int kMaxSmem = 227 * 1024;   // dynamic shared memory per block (sm_90)
 
 ConfigInfo const kConfigs[] = {
     info<C0>("64x128x64_w32x32_s3"), info<C1>("64x64x64_w32x32_s3"),   info<C2>("64x64x64_w32x32_s4"),
@@ -75,6 +111,10 @@ ConfigInfo const kConfigs[] = {
     // (128x128 at 3 blocks per SM spills 188 bytes at the 85-register cap: not offered)
     info<P0>("v6p_128x128x64_w64x32_s2"), info<P1>("v6p_64x128x64_w32x32_s3"), info<P2>("v6p_64x64x64_w32x32_s3"),
     info<P3>("v6p_64x256x64_w32x64_s3"), info<P4>("v6p_128x128x128_w64x32_s3"),
+    info_wgmma<W0>("wg_128x256x64_s3"), info_wgmma<W1>("wg_128x128x64_s3_b2"),
+    info_wgmma<S0>("wgs_128x256x64_s4_r2"), info_wgmma<S1>("wgs_128x256x64_s3_r2"), info_wgmma<S2>("wgs_128x128x64_s4_r3_b2"),
+    info_wgmma<S3>("wgs_128x128x64_s3_r2_b2"), info_wgmma<S4>("wgs_128x256x64_s4_r3"),
+    info_wgi<I0>("wgi_64x256x64_s4_r2"), info_wgi<I1>("wgi_64x256x64_s3_r3"), info_wgi<I2>("wgi_64x128x64_s4_r3"),
 };
 constexpr int kNumConfigs = sizeof(kConfigs) / sizeof(kConfigs[0]);
 
@@ -112,6 +152,41 @@ int load_cache_locked(char const* path) {
     return static_cast<int>(g_cache.size());
 }
 
+// Whether the module the driver loaded for the current device holds the real wgmma kernels: only an sm_90a
+// cubin does (the library built with sm_90a, e.g. --archs 80,90a, on a compute capability 9.0 GPU); every other
+// pass compiles them to empty bodies. Read once per device from the kHasWgmma device constant (a synchronous
+// copy: create() calls this first, so forward() inside a stream capture finds it cached).
+int wgmma_available() {
+    static std::mutex mu;
+    static signed char cache[64];   // 0 unknown, 1 yes, -1 no
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess) { cudaGetLastError(); return 0; }
+    std::lock_guard<std::mutex> lock(mu);
+    if (dev < 64 && cache[dev]) return cache[dev] > 0;
+    int flag = 0;
+    if (cudaMemcpyFromSymbol(&flag, kHasWgmma, sizeof(int)) != cudaSuccess) { cudaGetLastError(); flag = 0; }
+    if (dev < 64) cache[dev] = flag ? 1 : -1;
+    return flag != 0;
+}
+
+bool config_supported(int config) { return !kConfigs[config].wgmma || wgmma_available(); }
+
+// Shared memory of `config` for a layer with kc input slabs (weight stationary: the weight slice grows with K).
+int config_smem(int config, int kc) {
+    ConfigInfo const& C = kConfigs[config];
+    if (!C.wstat) return C.smem;
+    return C.smem_bytes((kc * 32 + C.bk - 1) / C.bk);
+}
+// Whether `config` can run a layer with kc input slabs: weight-stationary configs need the weight slice in shared
+// memory and enough residual buffers for the tile's k stages ((RBUF - 1) * k_tiles >= LOAD_AHEAD: a tile's
+// residual is fetched LOAD_AHEAD stages before it is computed, into the buffer of the tile RBUF earlier).
+bool layer_fits(int config, int kc) {
+    ConfigInfo const& C = kConfigs[config];
+    if (!C.wstat) return true;
+    int k_tiles = (kc * 32 + C.bk - 1) / C.bk;
+    return config_smem(config, kc) <= kMaxSmem && (C.rbuf - 1) * k_tiles >= C.load_ahead;
+}
+
 int config_by_name(std::string const& name) {
     for (int i = 0; i < kNumConfigs; ++i)
         if (name == kConfigs[i].name) return i;
@@ -138,31 +213,44 @@ int select_config(int cin, int cout, int n, int hw) {
         if (!g_cache_loaded) load_cache_locked(nullptr);
         if (CacheEntry const* e = lookup(g_cache, prop.name, cin, cout, hw, n)) {
             int c = config_by_name(e->config);
-            if (c >= 0) return c;
+            // a wgmma entry without sm_90a, or one that cannot hold this layer: the heuristic
+            if (c >= 0 && config_supported(c) && layer_fits(c, (cin + 31) / 32)) return c;
         }
     }
     return heuristic(cout, static_cast<int64_t>(n) * hw, prop.multiProcessorCount);
 }
 
-// Blocks of `config` that fit on the whole current GPU at once (SMs x blocks per SM). Also raises the
-// kernel's dynamic shared-memory limit; both are cached per (device, config): they never change.
-int resident_blocks(int config, int* out) {
+// Blocks of `config` that fit on the whole current GPU at once (SMs x blocks per SM) with `smem` bytes of dynamic
+// shared memory. Also raises the kernel's dynamic shared-memory limit (weight-stationary configs: to the maximum,
+// their size depends on the layer); both are cached per (device, config) where the size is fixed.
+int resident_blocks(int config, int smem, int* out) {
     static std::mutex mu;
     static int cache[64][kNumConfigs] = {};
+    static bool attr_set[64][kNumConfigs] = {};
     int dev = 0;
     TRTFUSE_CUDA_RETURN(cudaGetDevice(&dev));
+    ConfigInfo const& C = kConfigs[config];
+    bool const fixed = !C.wstat;
+    bool need_attr = true;
     if (dev < 64) {
         std::lock_guard<std::mutex> lock(mu);
-        if (cache[dev][config] > 0) { *out = cache[dev][config]; return 0; }
+        if (fixed && cache[dev][config] > 0) { *out = cache[dev][config]; return 0; }
+        need_attr = !attr_set[dev][config];
     }
-    ConfigInfo const& C = kConfigs[config];
-    TRTFUSE_CUDA_RETURN(cudaFuncSetAttribute(C.kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C.smem));
+    if (need_attr) {
+        TRTFUSE_CUDA_RETURN(cudaFuncSetAttribute(C.kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                 fixed ? C.smem : kMaxSmem));
+        if (dev < 64) {
+            std::lock_guard<std::mutex> lock(mu);
+            attr_set[dev][config] = true;
+        }
+    }
     int per_sm = 0, sms = 0;
-    TRTFUSE_CUDA_RETURN(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, C.kernel, C.threads, C.smem));
+    TRTFUSE_CUDA_RETURN(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, C.kernel, C.threads, smem));
     TRTFUSE_CUDA_RETURN(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
     if (per_sm <= 0) return static_cast<int>(cudaErrorInvalidConfiguration);
     *out = per_sm * sms;
-    if (dev < 64) {
+    if (dev < 64 && fixed) {
         std::lock_guard<std::mutex> lock(mu);
         cache[dev][config] = *out;
     }
@@ -194,6 +282,8 @@ extern "C" int trtfuse_residual_conv_create(int cin, int cout, int8_t const* wei
     *handle = nullptr;
     if (int st = trtfuse_residual_conv_check(cin, cout, weights, w_scale, bias, x_scale, r_scale, out_scale))
         return st;
+    wgmma_available();   // cache the sm_90a probe now, outside any stream capture of forward()
+    cudaGetLastError();
     Layer L;
     L.cin = cin;
     L.cout = cout;
@@ -257,7 +347,10 @@ extern "C" int trtfuse_residual_conv_forward(void const* handle, void const* x, 
     int64_t const M = static_cast<int64_t>(n) * hw;
     if (M >= (int64_t(1) << 31) - 256) return TRTFUSE_RCONV_ERR_SHAPE;
     if (config < 0) config = select_config(L->cin, L->cout, n, hw);
+    if (!config_supported(config)) return TRTFUSE_RCONV_ERR_ARCH;
+    if (!layer_fits(config, L->kc)) return TRTFUSE_RCONV_ERR_FIT;
     ConfigInfo const& C = kConfigs[config];
+    int const smem = config_smem(config, L->kc);
 
     Params p;
     p.x = static_cast<int8_t const*>(x);
@@ -281,10 +374,14 @@ extern "C" int trtfuse_residual_conv_forward(void const* handle, void const* x, 
     int64_t tiles = (M + C.bm - 1) / C.bm * p.n_blocks;
     if (tiles >= (int64_t(1) << 31)) return TRTFUSE_RCONV_ERR_SHAPE;
     int resident = 0;
-    if (int st = resident_blocks(config, &resident)) return st;
+    if (int st = resident_blocks(config, smem, &resident)) return st;
     // Persistent grid: every resident block slot gets a block, each walks tiles with a grid stride.
     int64_t blocks = std::min<int64_t>(tiles, resident);
-    C.kernel<<<static_cast<unsigned>(blocks), C.threads, C.smem, static_cast<cudaStream_t>(stream)>>>(p);
+    if (C.wstat) {   // a multiple of n_blocks: each block keeps one N block (at least one block per N block)
+        blocks = std::max<int64_t>(1, resident / p.n_blocks) * p.n_blocks;
+        blocks = std::min<int64_t>(blocks, tiles);
+    }
+    C.kernel<<<static_cast<unsigned>(blocks), C.threads, smem, static_cast<cudaStream_t>(stream)>>>(p);
     TRTFUSE_LAUNCH_CHECK();
     return 0;
 }
@@ -293,6 +390,16 @@ extern "C" int trtfuse_residual_conv_num_configs(void) { return kNumConfigs; }
 
 extern "C" char const* trtfuse_residual_conv_config_name(int config) {
     return config >= 0 && config < kNumConfigs ? kConfigs[config].name : nullptr;
+}
+
+extern "C" int trtfuse_residual_conv_config_supported(int config) {
+    if (config < 0 || config >= kNumConfigs) return 0;
+    return config_supported(config) ? 1 : 0;
+}
+
+extern "C" int trtfuse_residual_conv_config_fits(int config, int cin, int cout) {
+    if (config < 0 || config >= kNumConfigs || cin <= 0 || cout <= 0) return 0;
+    return layer_fits(config, (cin + 31) / 32) ? 1 : 0;
 }
 
 extern "C" int trtfuse_residual_conv_select_config(int cin, int cout, int n, int hw) {
@@ -325,6 +432,12 @@ extern "C" char const* trtfuse_residual_conv_error_string(int status) {
         case TRTFUSE_RCONV_ERR_CONFIG: return "unknown tile configuration";
         case TRTFUSE_RCONV_ERR_ALIGN: return "x, r or out is not 16-byte aligned";
         case TRTFUSE_RCONV_ERR_CACHE: return "the tuning cache is unreadable or malformed";
+        case TRTFUSE_RCONV_ERR_FIT:
+            return "this weight-stationary tile configuration cannot hold this layer (weight slice or residual "
+                   "buffers vs. K): choose another configuration";
+        case TRTFUSE_RCONV_ERR_ARCH:
+            return "this tile configuration uses wgmma and needs the sm_90a build (plugin_build --archs 90a) "
+                   "on a compute capability 9.0 GPU (H100/H200); the loaded library/GPU has no sm_90a code";
         default: return status > 0 ? cudaGetErrorString(static_cast<cudaError_t>(status)) : "unknown error";
     }
 }

@@ -12,6 +12,8 @@
 #define TRTFUSE_RCONV_ERR_CONFIG (-5)      /* unknown tile configuration */
 #define TRTFUSE_RCONV_ERR_ALIGN (-6)       /* x, r or out not 16-byte aligned */
 #define TRTFUSE_RCONV_ERR_CACHE (-7)       /* tuning cache unreadable or malformed */
+#define TRTFUSE_RCONV_ERR_ARCH (-8)        /* wgmma config without sm_90a code for this GPU */
+#define TRTFUSE_RCONV_ERR_FIT (-9)         /* weight-stationary config cannot hold this layer (K too large) */
 
 #ifdef __cplusplus
 extern "C" {
@@ -35,6 +37,12 @@ int trtfuse_residual_conv_forward(void const* handle, void const* x, void const*
                                   int w, int config, void* stream);
 
 int trtfuse_residual_conv_num_configs(void);
+/* 1 if config can run on the current device (the wgmma "wg_*" configs need the library built for sm_90a and a
+   compute capability 9.0 GPU; forward() returns TRTFUSE_RCONV_ERR_ARCH otherwise), else 0. */
+int trtfuse_residual_conv_config_supported(int config);
+/* 1 if config can hold a layer of this shape (the weight-stationary "wgs_*" configs keep a BN x Cin weight slice
+   in shared memory; forward() returns TRTFUSE_RCONV_ERR_FIT otherwise), else 0. Needs no GPU. */
+int trtfuse_residual_conv_config_fits(int config, int cin, int cout);
 char const* trtfuse_residual_conv_config_name(int config);
 /* The configuration forward(config=-1) would use on the current device; -1 on error. */
 int trtfuse_residual_conv_select_config(int cin, int cout, int n, int hw);
