@@ -252,8 +252,8 @@ def layer_times(trt, backend, batch: int, runs: int = 20) -> dict[str, float]:
 
 
 def run(bundle: Path, out: Path, stages, batches, seconds: float, server_batch: int = 256,
-        server_tries: int = 5, offline_streams: int = 6, server_streams: int = 2,
-        server_serial: bool = False, server_start_qps: float = 0.0) -> int:
+        server_tries: int = 5, offline_streams: int = 2, server_streams: int = 2,
+        server_serial: bool = True, server_start_qps: float = 0.0, offline_serial: bool = True) -> int:
     import tensorrt as trt
     from trtfuse import cuda_runtime
 
@@ -376,7 +376,7 @@ def run(bundle: Path, out: Path, stages, batches, seconds: float, server_batch: 
             overrides.update({"server.target_qps": target_qps, "server.target_latency_ms": 15.0,
                               "server.min_query_count": 100})
         data = BundleImages(bundle)
-        serial = scenario == "server" and server_serial
+        serial = server_serial if scenario == "server" else offline_serial
         backend, model = _backend(bundle, "resnet50", batch, True, streams, serial)
         run_dir = out.parent / "loadgen-runs" / f"{scenario}-{time.time():.0f}"
         engine_only = None
@@ -399,7 +399,7 @@ def run(bundle: Path, out: Path, stages, batches, seconds: float, server_batch: 
         res.data["offline"] = {"model": "resnet50", "batch": b, "samples_per_s": r.get("samples_per_s"),
                                "engine_samples_per_s": round(r["engine_only"], 1),
                                "valid": r.get("valid"), "cpu_per_wall": r.get("cpu_per_wall"),
-                               "streams": offline_streams}
+                               "streams": offline_streams, "serial_compute": offline_serial}
         log(f"offline {res.data['offline']}")
 
     def server():
@@ -456,13 +456,15 @@ def main(argv=None) -> int:
     c.add_argument("--batches", default="256,2048")
     c.add_argument("--seconds", type=float, default=5.0, help="engine-only timing per engine")
     c.add_argument("--server-batch", type=int, default=256, help="engine batch for Server (built by 'build')")
-    # Streams (and worker threads) of the LoadGen runs' backend; engines get one profile each. Measured
-    # on the H100: Offline 54.2k/58.9k/59.8k/61.7k samples/s at 2/3/4/6; Server p99 grows with more than 2.
-    c.add_argument("--offline-streams", type=int, default=6)
+    # Streams (and worker threads) of the LoadGen runs' backend (engines get one profile each) and whether
+    # their engine runs overlap (concurrent) or go one at a time with the copies overlapping (serial).
+    # Measured on the H100 (resnet50_e2e_h100.json): Offline 66.3k samples/s serial with 2 streams, 64.7k
+    # concurrent with 6 (54.2k with 2); Server 56.0k QPS serial with 2 streams, 36.8k concurrent.
+    c.add_argument("--offline-streams", type=int, default=2)
     c.add_argument("--server-streams", type=int, default=2)
+    c.add_argument("--offline-serial-compute", action=argparse.BooleanOptionalAction, default=True)
     c.add_argument("--server-start-qps", type=float, default=0.0, help="first target of the search (0: 85 %% of Offline)")
-    c.add_argument("--server-serial-compute", action="store_true",
-                   help="Server backend runs the engine one batch at a time (TensorRT backend serial_compute)")
+    c.add_argument("--server-serial-compute", action=argparse.BooleanOptionalAction, default=True)
     c.add_argument("--server-tries", type=int, default=5, help="Server runs in the QPS search (~15 s each)")
     args = p.parse_args(argv)
     if args.cmd == "prepare":
@@ -479,7 +481,7 @@ def main(argv=None) -> int:
         p.error(f"unknown stages {sorted(unknown)}; choose from {STAGES}")
     return run(args.bundle, args.out, stages, [int(b) for b in args.batches.split(",")], args.seconds,
                args.server_batch, args.server_tries, args.offline_streams, args.server_streams,
-               args.server_serial_compute, args.server_start_qps)
+               args.server_serial_compute, args.server_start_qps, args.offline_serial_compute)
 
 
 if __name__ == "__main__":

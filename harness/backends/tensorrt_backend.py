@@ -92,15 +92,17 @@ class _Slot:
 class TensorRTBackend(Backend):
     """Options: engine (a built engine file; else one is built for the model), precision ("int8"),
     plugins (False), streams (2), cuda_graphs (True), input_format ("float" | "int8"), plugin_lib,
-    serial_compute (False: the streams' engine runs may overlap each other; True: they run one after
-    another, in launch order, while copies still overlap them: a batch then is not slowed by others
-    sharing the GPU, which shortens its latency, at the price of the throughput concurrency can add)."""
+    serial_compute (True: the streams' engine runs go one after another, in launch order, while the
+    copies overlap them; False: they may overlap each other). Measured on the H100 with ResNet-50,
+    serial is better both ways: two engine runs sharing the GPU are slower together than one after the
+    other (2 threads: 66.6k vs 57.7k samples/s at batch 2048), and a batch that has the GPU to itself
+    finishes sooner (Server: 56.0k vs 36.8k QPS within p99 15 ms)."""
 
     name = "tensorrt"
 
     def __init__(self, engine: str | None = None, precision: str = "int8", plugins: bool = False,
                  streams: int = 2, cuda_graphs: bool = True, input_format: str = "float",
-                 plugin_lib: str | None = None, serial_compute: bool = False, **_ignored):
+                 plugin_lib: str | None = None, serial_compute: bool = True, **_ignored):
         self.trt = import_tensorrt()
         from trtfuse import cuda_runtime
 
