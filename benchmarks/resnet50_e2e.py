@@ -391,6 +391,7 @@ def run(bundle: Path, out: Path, stages, batches, seconds: float, server_batch: 
         finally:
             backend.close()
         return {**read_loadgen_results(run_dir), "mean_batch": lg_run.mean_batch, "engine_only": engine_only,
+                "graph_buckets": backend.graph_buckets,
                 "cpu_per_wall": round(lg_run.cpu_s / lg_run.wall_s, 2)}
 
     def offline():
@@ -414,6 +415,7 @@ def run(bundle: Path, out: Path, stages, batches, seconds: float, server_batch: 
             ok = bool(r.get("valid")) and p99 <= 15.0
             tried.append({"target_qps": round(qps, 1), "valid": r.get("valid"), "p99_ms": round(p99, 3),
                           "batch": server_batch, "streams": server_streams, "serial_compute": server_serial,
+                          "graph_buckets": r.get("graph_buckets"),
                           "mean_batch": r.get("mean_batch"),
                           "cpu_per_wall": r.get("cpu_per_wall"),
                           "invalid_reasons": r.get("invalid_reasons")})

@@ -92,6 +92,7 @@ class _Slot:
 class TensorRTBackend(Backend):
     """Options: engine (a built engine file; else one is built for the model), precision ("int8"),
     plugins (False), streams (2), cuda_graphs (True), input_format ("float" | "int8"), plugin_lib,
+    graph_buckets (16: batch sizes with a CUDA graph, max_batch / 16 apart; a batch runs at the next one up),
     serial_compute (True: the streams' engine runs go one after another, in launch order, while the
     copies overlap them; False: they may overlap each other). Measured on the H100 with ResNet-50,
     serial is better both ways: two engine runs sharing the GPU are slower together than one after the
@@ -102,7 +103,8 @@ class TensorRTBackend(Backend):
 
     def __init__(self, engine: str | None = None, precision: str = "int8", plugins: bool = False,
                  streams: int = 2, cuda_graphs: bool = True, input_format: str = "float",
-                 plugin_lib: str | None = None, serial_compute: bool = True, **_ignored):
+                 plugin_lib: str | None = None, serial_compute: bool = True, graph_buckets: int = 16,
+                 **_ignored):
         self.trt = import_tensorrt()
         from trtfuse import cuda_runtime
 
@@ -113,6 +115,7 @@ class TensorRTBackend(Backend):
         self.n_streams, self.cuda_graphs, self.input_format = int(streams), bool(cuda_graphs), input_format
         self.plugin_lib = plugin_lib
         self.serial_compute = bool(serial_compute)
+        self.graph_buckets = max(1, int(graph_buckets))
         self._order = threading.Lock()  # serial_compute: launch order = run order
         self._last_run = None           # the Event recorded after the last launched run
         self.slots: list[_Slot] = []
@@ -179,7 +182,7 @@ class TensorRTBackend(Backend):
         if self.cuda_graphs:
             # Graphs for every batch size the engine will run at, now: a capture in the middle of a
             # Server run would stall that batch (and LoadGen's p99) for tens of milliseconds.
-            step = max(1, self.max_batch // 8)
+            step = max(1, self.max_batch // self.graph_buckets)
             self._buckets = sorted({*range(step, self.max_batch + 1, step), self.max_batch})
             for slot in self.slots:
                 self.cr.memset(slot.dev_in, 0)  # rows past n in a bucket: defined values, answers ignored
@@ -189,7 +192,8 @@ class TensorRTBackend(Backend):
 
     def _bucket(self, n: int) -> int:
         """The batch size to run n samples at: with CUDA graphs, the next of a few fixed sizes
-        (max_batch / 8 apart), so that a Server run's ragged batches reuse a handful of graphs."""
+        (max_batch / graph_buckets apart), so that a Server run's ragged batches reuse a few graphs; the
+        rows padded up to the bucket cost GPU time (half a step on average)."""
         if not self._buckets:
             return n
         return next(b for b in self._buckets if b >= n)
