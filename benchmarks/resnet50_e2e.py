@@ -461,7 +461,7 @@ def main(argv=None) -> int:
     # Streams (and worker threads) of the LoadGen runs' backend (engines get one profile each) and whether
     # their engine runs overlap (concurrent) or go one at a time with the copies overlapping (serial).
     # Measured on the H100 (resnet50_e2e_h100.json): Offline 66.3k samples/s serial with 2 streams, 64.7k
-    # concurrent with 6 (54.2k with 2); Server 56.0k QPS serial with 2 streams, 36.8k concurrent.
+    # concurrent with 6 (54.2k with 2); Server 59.3k QPS serial with 2 streams (16 graph buckets), 36.8k concurrent.
     c.add_argument("--offline-streams", type=int, default=2)
     c.add_argument("--server-streams", type=int, default=2)
     c.add_argument("--offline-serial-compute", action=argparse.BooleanOptionalAction, default=True)
