@@ -205,6 +205,67 @@ constexpr int wgmma_smem_bytes(int k_tiles) {
     return Cfg::SMEM + (Cfg::WSTAT ? Cfg::BN * k_tiles * Cfg::BK : 0);
 }
 
+// ---- the epilogue, shared by every wgmma kernel: the v6 one (rounding rule, magic-float accumulators, PERM's four
+// channels per thread) applied per n8 chunk of the m64nN accumulator, whose register layout is mma.sync's m16n8 C
+// fragment. This thread owns rows `row` and `row + 8` of its warp's 16 and, per chunk, 2 (PERM: 4) columns; it reads
+// their residual bytes from the tile in shared memory and overwrites them in place with the int8 output.
+template <int BM, int NI, bool PERM, bool SMALL>
+__device__ __forceinline__ void wgmma_epilogue_chunks(int const (&acc)[NI * 4], Params const& p, int8_t* r_tile, int row,
+                                                      int tig, int n0, std::integral_constant<bool, SMALL> small) {
+    if constexpr (!PERM) {
+#pragma unroll
+        for (int n = 0; n < NI; ++n) {
+            int col = n * 8 + tig * 2;
+            float2 a = __ldg(reinterpret_cast<float2 const*>(p.a + n0 + col));
+            float2 b = __ldg(reinterpret_cast<float2 const*>(p.b + n0 + col));
+            float2 s = __ldg(reinterpret_cast<float2 const*>(p.s + n0 + col));
+            uint16_t* base = reinterpret_cast<uint16_t*>(r_tile + swz_offset(col >> 5, BM, row, col & 31));
+            uint32_t rv[2], q[2];
+#pragma unroll
+            for (int h = 0; h < 2; ++h) rv[h] = base[h * 8 * 16];
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                float2 rf = r_pair_to_float(rv[h]);
+                float v0 = __fmaf_rn(acc_bits_to_float(acc[4 * n + 2 * h], small), a.x, __fmaf_rn(rf.x, s.x, b.x));
+                float v1 = __fmaf_rn(acc_bits_to_float(acc[4 * n + 2 * h + 1], small), a.y, __fmaf_rn(rf.y, s.y, b.y));
+                q[h] = q_pair(v0, v1, p.lo);
+            }
+#pragma unroll
+            for (int h = 0; h < 2; ++h) base[h * 8 * 16] = static_cast<uint16_t>(q[h]);
+        }
+    } else {
+#pragma unroll
+        for (int n = 0; n < NI; n += 2) {
+            int col = n * 8 + tig * 4;
+            float4 a = __ldg(reinterpret_cast<float4 const*>(p.a + n0 + col));
+            float4 b = __ldg(reinterpret_cast<float4 const*>(p.b + n0 + col));
+            float4 s = __ldg(reinterpret_cast<float4 const*>(p.s + n0 + col));
+            uint32_t* base = reinterpret_cast<uint32_t*>(r_tile + swz_offset(col >> 5, BM, row, col & 31));
+            uint32_t rv[2], q[2];
+#pragma unroll
+            for (int h = 0; h < 2; ++h) rv[h] = base[h * 8 * 8];
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                float4 rf = r_quad_to_float(rv[h]);
+                float v0 = __fmaf_rn(acc_bits_to_float(acc[4 * n + 2 * h], small), a.x, __fmaf_rn(rf.x, s.x, b.x));
+                float v1 = __fmaf_rn(acc_bits_to_float(acc[4 * n + 2 * h + 1], small), a.y, __fmaf_rn(rf.y, s.y, b.y));
+                float v2 = __fmaf_rn(acc_bits_to_float(acc[4 * (n + 1) + 2 * h], small), a.z, __fmaf_rn(rf.z, s.z, b.z));
+                float v3 = __fmaf_rn(acc_bits_to_float(acc[4 * (n + 1) + 2 * h + 1], small), a.w, __fmaf_rn(rf.w, s.w, b.w));
+                q[h] = __byte_perm(q_pair(v0, v1, p.lo), q_pair(v2, v3, p.lo), 0x5410);
+            }
+#pragma unroll
+            for (int h = 0; h < 2; ++h) base[h * 8 * 8] = q[h];
+        }
+    }
+}
+
+template <int BM, int NI, bool PERM>
+__device__ __forceinline__ void wgmma_epilogue(int const (&acc)[NI * 4], Params const& p, int8_t* r_tile, int row, int tig,
+                                               int n0) {
+    if (p.small_acc) wgmma_epilogue_chunks<BM, NI, PERM>(acc, p, r_tile, row, tig, n0, std::true_type{});
+    else wgmma_epilogue_chunks<BM, NI, PERM>(acc, p, r_tile, row, tig, n0, std::false_type{});
+}
+
 template <class Cfg>
 __global__ void __launch_bounds__(Cfg::THREADS, Cfg::MIN_BLOCKS)
 residual_conv_kernel_wgmma(Params p) {
@@ -365,59 +426,7 @@ residual_conv_kernel_wgmma(Params p) {
         int m0, n0;
         tile_mn(j, m0, n0);
         int8_t* r_tile = sR + (j % RBUF) * Cfg::R_TILE;
-        auto epilogue = [&](auto small) {
-#pragma unroll
-            for (int n = 0; n < NI; ++n) {
-                int col = n * 8 + tig * 2;
-                float2 a = __ldg(reinterpret_cast<float2 const*>(p.a + n0 + col));
-                float2 b = __ldg(reinterpret_cast<float2 const*>(p.b + n0 + col));
-                float2 s = __ldg(reinterpret_cast<float2 const*>(p.s + n0 + col));
-                uint16_t* base = reinterpret_cast<uint16_t*>(r_tile + swz_offset(col >> 5, BM, warp_row0 + g, col & 31));
-                uint32_t rv[2], q[2];
-#pragma unroll
-                for (int h = 0; h < 2; ++h) rv[h] = base[h * 8 * 16];
-#pragma unroll
-                for (int h = 0; h < 2; ++h) {
-                    float2 rf = r_pair_to_float(rv[h]);
-                    float v0 = __fmaf_rn(acc_bits_to_float(acc[4 * n + 2 * h], small), a.x, __fmaf_rn(rf.x, s.x, b.x));
-                    float v1 = __fmaf_rn(acc_bits_to_float(acc[4 * n + 2 * h + 1], small), a.y, __fmaf_rn(rf.y, s.y, b.y));
-                    q[h] = q_pair(v0, v1, p.lo);
-                }
-#pragma unroll
-                for (int h = 0; h < 2; ++h) base[h * 8 * 16] = static_cast<uint16_t>(q[h]);
-            }
-        };
-        auto epilogue_perm = [&](auto small) {
-#pragma unroll
-            for (int n = 0; n < NI; n += 2) {
-                int col = n * 8 + tig * 4;
-                float4 a = __ldg(reinterpret_cast<float4 const*>(p.a + n0 + col));
-                float4 b = __ldg(reinterpret_cast<float4 const*>(p.b + n0 + col));
-                float4 s = __ldg(reinterpret_cast<float4 const*>(p.s + n0 + col));
-                uint32_t* base = reinterpret_cast<uint32_t*>(r_tile + swz_offset(col >> 5, BM, warp_row0 + g, col & 31));
-                uint32_t rv[2], q[2];
-#pragma unroll
-                for (int h = 0; h < 2; ++h) rv[h] = base[h * 8 * 8];
-#pragma unroll
-                for (int h = 0; h < 2; ++h) {
-                    float4 rf = r_quad_to_float(rv[h]);
-                    float v0 = __fmaf_rn(acc_bits_to_float(acc[4 * n + 2 * h], small), a.x, __fmaf_rn(rf.x, s.x, b.x));
-                    float v1 = __fmaf_rn(acc_bits_to_float(acc[4 * n + 2 * h + 1], small), a.y, __fmaf_rn(rf.y, s.y, b.y));
-                    float v2 = __fmaf_rn(acc_bits_to_float(acc[4 * (n + 1) + 2 * h], small), a.z, __fmaf_rn(rf.z, s.z, b.z));
-                    float v3 = __fmaf_rn(acc_bits_to_float(acc[4 * (n + 1) + 2 * h + 1], small), a.w, __fmaf_rn(rf.w, s.w, b.w));
-                    q[h] = __byte_perm(q_pair(v0, v1, p.lo), q_pair(v2, v3, p.lo), 0x5410);
-                }
-#pragma unroll
-                for (int h = 0; h < 2; ++h) base[h * 8 * 8] = q[h];
-            }
-        };
-        if constexpr (Cfg::PERM) {
-            if (p.small_acc) epilogue_perm(std::true_type{});
-            else epilogue_perm(std::false_type{});
-        } else {
-            if (p.small_acc) epilogue(std::true_type{});
-            else epilogue(std::false_type{});
-        }
+        wgmma_epilogue<BM, NI, Cfg::PERM>(acc, p, r_tile, warp_row0 + g, tig, n0);
 #pragma unroll
         for (int i = 0; i < BN / 2; ++i) acc[i] = init;
         __syncthreads();
@@ -588,59 +597,7 @@ residual_conv_kernel_wgmma_wgi(Params p) {
 
         int const m0 = tile_m0(j), n0 = wn0;
         int8_t* r_tile = sR + (j % RBUF) * Cfg::R_TILE;
-        auto epilogue = [&](auto small) {
-#pragma unroll
-            for (int n = 0; n < NI; ++n) {
-                int col = n * 8 + tig * 2;
-                float2 a = __ldg(reinterpret_cast<float2 const*>(p.a + n0 + col));
-                float2 b = __ldg(reinterpret_cast<float2 const*>(p.b + n0 + col));
-                float2 s = __ldg(reinterpret_cast<float2 const*>(p.s + n0 + col));
-                uint16_t* base = reinterpret_cast<uint16_t*>(r_tile + swz_offset(col >> 5, BM, warp_row0 + g, col & 31));
-                uint32_t rv[2], q[2];
-#pragma unroll
-                for (int h = 0; h < 2; ++h) rv[h] = base[h * 8 * 16];
-#pragma unroll
-                for (int h = 0; h < 2; ++h) {
-                    float2 rf = r_pair_to_float(rv[h]);
-                    float v0 = __fmaf_rn(acc_bits_to_float(acc[4 * n + 2 * h], small), a.x, __fmaf_rn(rf.x, s.x, b.x));
-                    float v1 = __fmaf_rn(acc_bits_to_float(acc[4 * n + 2 * h + 1], small), a.y, __fmaf_rn(rf.y, s.y, b.y));
-                    q[h] = q_pair(v0, v1, p.lo);
-                }
-#pragma unroll
-                for (int h = 0; h < 2; ++h) base[h * 8 * 16] = static_cast<uint16_t>(q[h]);
-            }
-        };
-        auto epilogue_perm = [&](auto small) {
-#pragma unroll
-            for (int n = 0; n < NI; n += 2) {
-                int col = n * 8 + tig * 4;
-                float4 a = __ldg(reinterpret_cast<float4 const*>(p.a + n0 + col));
-                float4 b = __ldg(reinterpret_cast<float4 const*>(p.b + n0 + col));
-                float4 s = __ldg(reinterpret_cast<float4 const*>(p.s + n0 + col));
-                uint32_t* base = reinterpret_cast<uint32_t*>(r_tile + swz_offset(col >> 5, BM, warp_row0 + g, col & 31));
-                uint32_t rv[2], q[2];
-#pragma unroll
-                for (int h = 0; h < 2; ++h) rv[h] = base[h * 8 * 8];
-#pragma unroll
-                for (int h = 0; h < 2; ++h) {
-                    float4 rf = r_quad_to_float(rv[h]);
-                    float v0 = __fmaf_rn(acc_bits_to_float(acc[4 * n + 2 * h], small), a.x, __fmaf_rn(rf.x, s.x, b.x));
-                    float v1 = __fmaf_rn(acc_bits_to_float(acc[4 * n + 2 * h + 1], small), a.y, __fmaf_rn(rf.y, s.y, b.y));
-                    float v2 = __fmaf_rn(acc_bits_to_float(acc[4 * (n + 1) + 2 * h], small), a.z, __fmaf_rn(rf.z, s.z, b.z));
-                    float v3 = __fmaf_rn(acc_bits_to_float(acc[4 * (n + 1) + 2 * h + 1], small), a.w, __fmaf_rn(rf.w, s.w, b.w));
-                    q[h] = __byte_perm(q_pair(v0, v1, p.lo), q_pair(v2, v3, p.lo), 0x5410);
-                }
-#pragma unroll
-                for (int h = 0; h < 2; ++h) base[h * 8 * 8] = q[h];
-            }
-        };
-        if constexpr (Cfg::PERM) {
-            if (p.small_acc) epilogue_perm(std::true_type{});
-            else epilogue_perm(std::false_type{});
-        } else {
-            if (p.small_acc) epilogue(std::true_type{});
-            else epilogue(std::false_type{});
-        }
+        wgmma_epilogue<BM, NI, Cfg::PERM>(acc, p, r_tile, warp_row0 + g, tig, n0);
 #pragma unroll
         for (int i = 0; i < BN / 2; ++i) acc[i] = init;
         named_barrier_sync(1 + wg, WT);
