@@ -101,7 +101,7 @@ def run_loadgen(backend, model, dataset, settings: dict, run_dir: Path, progress
     ts = loadgen_settings(settings, total, measured)
 
     qsl = SampleLibrary(dataset, ts.performance_sample_count_override, backend)
-    threads = run["threads"] or getattr(backend, "concurrency", 1)
+    threads = run["threads"] or backend.concurrency
     common = {"batch_size": run["batch_size"], "threads": threads, "accuracy": accuracy,
               "label_offset": model.label_offset}
     if scenario == "offline":
