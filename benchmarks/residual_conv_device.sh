@@ -21,12 +21,13 @@ step sass
   cuobjdump -res-usage "$LIB" 2>&1 | grep -A1 residual_conv_kernel | grep -oE "(TileConfigILi[0-9A-Za-z]*|REG:[0-9]+|STACK:[0-9]+|LOCAL:[0-9]+)" | paste - - - -
   # v5 64x64 s3, v5 128x128 s3 b1, v5 128x128 s2 (the default), its v6 twin, v6 128x128x128 s3 (res4/res5),
   # v6 PERM 128x128 s2
-  # + wgmma: streamed 128x256, weight-stationary 128x256 s4 r2, independent warpgroups 64x256 s4 r2
+  # + wgmma: streamed 128x256, weight-stationary 128x256 s4 r2, independent warpgroups 64x256 s4 r2,
+  # warp specialized 64x256 s4 r2
   for k in kernelINS0_10TileConfigILi64ELi64ELi64ELi32ELi32ELi3ELi4 kernelINS0_10TileConfigILi128ELi128ELi64ELi64ELi32ELi3ELi1 \
            kernelINS0_10TileConfigILi128ELi128ELi64ELi64ELi32ELi2ELi2 v6INS0_10TileConfigILi128ELi128ELi64ELi64ELi32ELi2ELi2ELb1ELb0 \
            v6INS0_10TileConfigILi128ELi128ELi128ELi64ELi32ELi3ELi1ELb1ELb0 v6INS0_10TileConfigILi128ELi128ELi64ELi64ELi32ELi2ELi2ELb1ELb1 \
            wgmmaINS0_12WgTileConfigILi128ELi256ELi64ELi3ELi1ELb0 wgmmaINS0_12WgTileConfigILi128ELi256ELi64ELi4ELi1ELb1ELi2 \
-           wgmma_wgiINS0_13WgiTileConfigILi256ELi64ELi4ELi2; do
+           wgmma_wgiINS0_13WgiTileConfigILi256ELi64ELi4ELi2 wgmma_wsINS0_13WgwTileConfigILi256ELi64ELi4ELi2; do
     echo "-- $k"; cuobjdump -sass "$LIB" | awk -v k="$k" '/Function :/{f=index($0,k)>0} f' \
       | grep -oE "\b(MUFU[.A-Z0-9]*|IMMA[.A-Z0-9]*|IGMMA[.A-Z0-9x]*|WARPGROUP[.A-Z]*|FENCE[.A-Z]*|LDSM[.A-Z0-9]*|LDGSTS[.A-Z0-9]*|STG[.A-Z0-9]*|LDS[.A-Z0-9]*|STS[.A-Z0-9]*|LDG[.A-Z0-9]*|LDL[.A-Z0-9]*|STL[.A-Z0-9]*|BAR[.A-Z0-9]*)" | sort | uniq -c
   done
@@ -50,13 +51,17 @@ K="small_every_config or (small_auto_config and (1x144 or 3x128 or 1x32)) or rej
   timeout 45 $SAN --tool memcheck python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_residual_conv.py -k "persistent_every_config and (cfg13 or cfg19 or cfg23)" 2>&1; echo "memcheck-persistent rc=$?";
   timeout 45 $SAN --tool racecheck --racecheck-report analysis python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_residual_conv.py -k "persistent_every_config and 8x64 and cfg13" 2>&1; echo "racecheck-persistent rc=$?";
   # wgmma: cfg28 streamed, cfg30 weight stationary (128x256 s4 r2), cfg35 independent warpgroups (64x256 s4 r2),
-  # cfg36 (64x256 s3 r3, the one that fits res2) on the persistent shapes (several tiles per block / warpgroup)
+  # cfg36 (64x256 s3 r3, the one that fits res2), cfg38/39 warp specialized (mbarrier rings) on the persistent
+  # shapes (several tiles per block / warpgroup)
   timeout 60 $SAN --tool memcheck python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_residual_conv.py -k "persistent_every_config and (cfg28 or cfg30 or cfg35 or cfg36)" 2>&1; echo "memcheck-wgmma rc=$?";
   timeout 60 $SAN --tool racecheck --racecheck-report analysis python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_residual_conv.py -k "persistent_every_config and 16x256 and (cfg30 or cfg35)" 2>&1; echo "racecheck-wgmma rc=$?";
+  timeout 60 $SAN --tool memcheck python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_residual_conv.py -k "(persistent_every_config or small_every_config) and (cfg38 or cfg39)" 2>&1; echo "memcheck-wgw rc=$?";
+  timeout 60 $SAN --tool racecheck --racecheck-report analysis python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_residual_conv.py -k "persistent_every_config and (cfg38 or cfg39)" 2>&1; echo "racecheck-wgw rc=$?";
+  timeout 60 $SAN --tool synccheck python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_residual_conv.py -k "persistent_every_config and 16x256 and cfg38" 2>&1; echo "synccheck-wgw rc=$?";
 } > "$OUT/sanitizer.log"
 grep -E "ERROR SUMMARY|RACECHECK SUMMARY|rc=|passed|failed" "$OUT/sanitizer.log"
 # any non-zero rc fails the run, except a time-capped persistent step that ran out of time (124)
-grep -E "^[a-z-]+ rc=[1-9]" "$OUT/sanitizer.log" | grep -vE "^(memcheck|racecheck)-(persistent|wgmma) rc=124( |$)" | grep -q . && status=1
+grep -E "^[a-z-]+ rc=[1-9]" "$OUT/sanitizer.log" | grep -vE "^(memcheck|racecheck|synccheck)-(persistent|wgmma|wgw) rc=124( |$)" | grep -q . && status=1
 
 step tune
 python3 -m trtfuse.tuning --out "$OUT/residual_conv_tuning_h100.json" ${1:+--reps 30} 2>&1 | tee "$OUT/tune.log" | cut -c1-400

@@ -267,9 +267,10 @@ def test_small_auto_config(cuda, shape, relu):
     )
 
 
-NUM_CONFIGS = 38  # 13 v5 tile configurations + 10 v6 + 5 v6 PERM + 10 wgmma ones (residual_conv.cu's kConfigs)
-NUM_WGMMA = 10  # 2 streamed ("wg_") + 5 weight-stationary ("wgs_") + 3 independent-warpgroup ("wgi_")
-WGMMA_PREFIXES = ("wg_", "wgs_", "wgi_")
+NUM_CONFIGS = 40  # 13 v5 tile configurations + 10 v6 + 5 v6 PERM + 12 wgmma ones (residual_conv.cu's kConfigs)
+NUM_WGMMA = 12  # 2 streamed ("wg_") + 5 weight-stationary ("wgs_") + 3 independent-warpgroup ("wgi_")
+# + 2 warp-specialized ("wgw_")
+WGMMA_PREFIXES = ("wg_", "wgs_", "wgi_", "wgw_")
 
 
 def _skip_unless_supported(op, config, cin=None, cout=None):
@@ -315,7 +316,12 @@ def test_config_list_is_covered():
     assert not op.config_fits(s0, 1152, 192)
     assert not op.config_fits(names.index("wgi_64x256x64_s4_r2"), 128, 512)  # 2 residual buffers, 2 k stages
     assert op.config_fits(names.index("wgi_64x256x64_s3_r3"), 64, 256)
-    assert all(op.config_fits(c, 1152, 192) for c in range(len(names)) if not names[c].startswith(("wgs_", "wgi_")))
+    w0 = names.index("wgw_64x256x64_s4_r2")  # rings per consumer, independent of K: every stage fits
+    assert [op.config_fits(w0, cin, cout) for cin, cout in [(64, 256), (128, 512), (256, 1024), (512, 2048)]] == [
+        True] * 4
+    assert not op.config_fits(w0, 1152, 192)
+    assert all(op.config_fits(c, 1152, 192) for c in range(len(names))
+               if not names[c].startswith(("wgs_", "wgi_", "wgw_")))
     if not os.environ.get("TRTFUSE_RESIDUAL_CONV_CACHE"):  # no cache: the heuristic, which stays on v5
         for cin, cout, hw in [(64, 256, 3136), (128, 512, 784), (256, 1024, 196), (512, 2048, 49), (32, 64, 9)]:
             assert not names[op.select_config(cin, cout, 2048, hw)].startswith(("v6", "wg"))

@@ -3,6 +3,7 @@
 #include "residual_conv/residual_conv.h"
 #include "residual_conv/residual_conv_kernel.cuh"
 #include "residual_conv/residual_conv_wgmma.cuh"
+#include "residual_conv/residual_conv_wgmma_ws.cuh"
 #include "residual_conv/tuning_cache.h"
 
 #include <algorithm>
@@ -68,6 +69,11 @@ using S4 = WgTileConfig<128, 256, 64, 4, 1, true, 3>;   // res3/res4: residual 3
 using I0 = WgiTileConfig<256, 64, 4, 2>;   // res5: 128 KB weights + 2 x (16 KB x + 32 KB residual)
 using I1 = WgiTileConfig<256, 64, 3, 3>;   // res3/res4
 using I2 = WgiTileConfig<128, 64, 4, 3>;
+// Warp specialized (residual_conv_kernel_wgmma_ws): weight stationary, 2 consumer warpgroups (64-row tiles each)
+// fed by a producer warpgroup; x slots and residual buffers per consumer. res5: 128 KB weights + 2 x (x + residual)
+//                       BN  BK STAGES RBUF
+using Q0 = WgwTileConfig<256, 64, 4, 2>;    // 2 x (16 KB x + 32 KB residual)
+using Q1 = WgwTileConfig<256, 128, 2, 2>;   // 4 wgmmas per stage
 
 struct ConfigInfo {
     char const* name;
@@ -90,6 +96,13 @@ template <class C>
 constexpr ConfigInfo info_wgi(char const* name) {
     return {name, C::BM, C::BN, C::THREADS, C::SMEM, residual_conv_kernel_wgmma_wgi<C>, true, true, C::BK,
             C::LOAD_AHEAD, C::RBUF, wgmma_smem<C>};
+}
+template <class C>
+int wgw_smem(int k_tiles) { return wgw_smem_bytes<C>(k_tiles); }
+template <class C>
+constexpr ConfigInfo info_wgw(char const* name) {   // load_ahead 0: residual buffers independent of K
+    return {name, C::BM, C::BN, C::THREADS, C::SMEM, residual_conv_kernel_wgmma_ws<C>, true, true, C::BK, 0, C::RBUF,
+            wgw_smem<C>};
 }
 template <class C>
 constexpr ConfigInfo info_wgmma(char const* name) {
@@ -115,6 +128,7 @@ ConfigInfo const kConfigs[] = {
     info_wgmma<S0>("wgs_128x256x64_s4_r2"), info_wgmma<S1>("wgs_128x256x64_s3_r2"), info_wgmma<S2>("wgs_128x128x64_s4_r3_b2"),
     info_wgmma<S3>("wgs_128x128x64_s3_r2_b2"), info_wgmma<S4>("wgs_128x256x64_s4_r3"),
     info_wgi<I0>("wgi_64x256x64_s4_r2"), info_wgi<I1>("wgi_64x256x64_s3_r3"), info_wgi<I2>("wgi_64x128x64_s4_r3"),
+    info_wgw<Q0>("wgw_64x256x64_s4_r2"), info_wgw<Q1>("wgw_64x256x128_s2_r2"),
 };
 constexpr int kNumConfigs = sizeof(kConfigs) / sizeof(kConfigs[0]);
 
