@@ -205,19 +205,11 @@ constexpr int wgmma_smem_bytes(int k_tiles) {
     return Cfg::SMEM + (Cfg::WSTAT ? Cfg::BN * k_tiles * Cfg::BK : 0);
 }
 
-// Byte offset of (slab, row, byte) in a [slab][BM rows][32] residual/output tile: swizzled like the operand tiles
-// (swz_offset, conflict-free epilogue accesses) or linear (as bulk copies write it; rows i and i + 4 share banks).
-template <bool SWZ>
-__device__ __forceinline__ int r_offset(int slab, int rows, int row, int byte_in_slab) {
-    return SWZ ? swz_offset(slab, rows, row, byte_in_slab) : ((slab * rows + row) << 5) + byte_in_slab;
-}
-
 // ---- the epilogue, shared by every wgmma kernel: the v6 one (rounding rule, magic-float accumulators, PERM's four
 // channels per thread) applied per n8 chunk of the m64nN accumulator, whose register layout is mma.sync's m16n8 C
 // fragment. This thread owns rows `row` and `row + 8` of its warp's 16 and, per chunk, 2 (PERM: 4) columns; it reads
-// their residual bytes from the tile in shared memory (layout: r_offset<SWZ>) and overwrites them in place with the
-// int8 output.
-template <int BM, int NI, bool PERM, bool SWZ, bool SMALL>
+// their residual bytes from the tile in shared memory and overwrites them in place with the int8 output.
+template <int BM, int NI, bool PERM, bool SMALL>
 __device__ __forceinline__ void wgmma_epilogue_chunks(int const (&acc)[NI * 4], Params const& p, int8_t* r_tile, int row,
                                                       int tig, int n0, std::integral_constant<bool, SMALL> small) {
     if constexpr (!PERM) {
@@ -227,7 +219,7 @@ __device__ __forceinline__ void wgmma_epilogue_chunks(int const (&acc)[NI * 4], 
             float2 a = __ldg(reinterpret_cast<float2 const*>(p.a + n0 + col));
             float2 b = __ldg(reinterpret_cast<float2 const*>(p.b + n0 + col));
             float2 s = __ldg(reinterpret_cast<float2 const*>(p.s + n0 + col));
-            uint16_t* base = reinterpret_cast<uint16_t*>(r_tile + r_offset<SWZ>(col >> 5, BM, row, col & 31));
+            uint16_t* base = reinterpret_cast<uint16_t*>(r_tile + swz_offset(col >> 5, BM, row, col & 31));
             uint32_t rv[2], q[2];
 #pragma unroll
             for (int h = 0; h < 2; ++h) rv[h] = base[h * 8 * 16];
@@ -248,7 +240,7 @@ __device__ __forceinline__ void wgmma_epilogue_chunks(int const (&acc)[NI * 4], 
             float4 a = __ldg(reinterpret_cast<float4 const*>(p.a + n0 + col));
             float4 b = __ldg(reinterpret_cast<float4 const*>(p.b + n0 + col));
             float4 s = __ldg(reinterpret_cast<float4 const*>(p.s + n0 + col));
-            uint32_t* base = reinterpret_cast<uint32_t*>(r_tile + r_offset<SWZ>(col >> 5, BM, row, col & 31));
+            uint32_t* base = reinterpret_cast<uint32_t*>(r_tile + swz_offset(col >> 5, BM, row, col & 31));
             uint32_t rv[2], q[2];
 #pragma unroll
             for (int h = 0; h < 2; ++h) rv[h] = base[h * 8 * 8];
@@ -267,11 +259,11 @@ __device__ __forceinline__ void wgmma_epilogue_chunks(int const (&acc)[NI * 4], 
     }
 }
 
-template <int BM, int NI, bool PERM, bool SWZ = true>
+template <int BM, int NI, bool PERM>
 __device__ __forceinline__ void wgmma_epilogue(int const (&acc)[NI * 4], Params const& p, int8_t* r_tile, int row, int tig,
                                                int n0) {
-    if (p.small_acc) wgmma_epilogue_chunks<BM, NI, PERM, SWZ>(acc, p, r_tile, row, tig, n0, std::true_type{});
-    else wgmma_epilogue_chunks<BM, NI, PERM, SWZ>(acc, p, r_tile, row, tig, n0, std::false_type{});
+    if (p.small_acc) wgmma_epilogue_chunks<BM, NI, PERM>(acc, p, r_tile, row, tig, n0, std::true_type{});
+    else wgmma_epilogue_chunks<BM, NI, PERM>(acc, p, r_tile, row, tig, n0, std::false_type{});
 }
 
 template <class Cfg>
