@@ -267,9 +267,9 @@ def test_small_auto_config(cuda, shape, relu):
     )
 
 
-NUM_CONFIGS = 40  # 13 v5 tile configurations + 10 v6 + 5 v6 PERM + 12 wgmma ones (residual_conv.cu's kConfigs)
-NUM_WGMMA = 12  # 2 streamed ("wg_") + 5 weight-stationary ("wgs_") + 3 independent-warpgroup ("wgi_")
-# + 2 warp-specialized ("wgw_")
+NUM_CONFIGS = 43  # 13 v5 tile configurations + 10 v6 + 5 v6 PERM + 15 wgmma ones (residual_conv.cu's kConfigs)
+NUM_WGMMA = 15  # 2 streamed ("wg_") + 5 weight-stationary ("wgs_") + 3 independent-warpgroup ("wgi_")
+# + 5 warp-specialized ("wgw_")
 WGMMA_PREFIXES = ("wg_", "wgs_", "wgi_", "wgw_")
 
 

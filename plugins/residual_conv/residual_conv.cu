@@ -74,6 +74,9 @@ using I2 = WgiTileConfig<128, 64, 4, 3>;
 //                       BN  BK STAGES RBUF
 using Q0 = WgwTileConfig<256, 64, 4, 2>;    // 2 x (16 KB x + 32 KB residual)
 using Q1 = WgwTileConfig<256, 128, 2, 2>;   // 4 wgmmas per stage
+using Q2 = WgwTileConfig<256, 64, 4, 2, true>;    // SPLIT: 2 producer warps per consumer, each x and residual
+using Q3 = WgwTileConfig<256, 128, 2, 2, true>;
+using Q4 = WgwTileConfig<256, 64, 4, 2, true, true>;   // + PINGPONG: the consumers take turns on the tensor cores
 
 struct ConfigInfo {
     char const* name;
@@ -129,6 +132,8 @@ ConfigInfo const kConfigs[] = {
     info_wgmma<S3>("wgs_128x128x64_s3_r2_b2"), info_wgmma<S4>("wgs_128x256x64_s4_r3"),
     info_wgi<I0>("wgi_64x256x64_s4_r2"), info_wgi<I1>("wgi_64x256x64_s3_r3"), info_wgi<I2>("wgi_64x128x64_s4_r3"),
     info_wgw<Q0>("wgw_64x256x64_s4_r2"), info_wgw<Q1>("wgw_64x256x128_s2_r2"),
+    info_wgw<Q2>("wgw_64x256x64_s4_r2_p2"), info_wgw<Q3>("wgw_64x256x128_s2_r2_p2"),
+    info_wgw<Q4>("wgw_64x256x64_s4_r2_p2_pp"),
 };
 constexpr int kNumConfigs = sizeof(kConfigs) / sizeof(kConfigs[0]);
 

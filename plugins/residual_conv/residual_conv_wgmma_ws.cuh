@@ -6,27 +6,36 @@
 //     Consumer c takes the block's tiles c, c + 2, ...; its k stages are waited for on mbarriers and released as
 //     soon as the wgmmas that read them are done (wgmma.wait_group 1: the next stage's wgmmas are already
 //     issued), so the tensor cores never wait for a block-wide barrier.
-//   warpgroup 2 (producers), one warp per (consumer, operand): warp c copies consumer c's x stages into its ring
-//     of STAGES slots (and, with its first tile, half of the weight slice, one k chunk ahead of each stage);
-//     warp 2 + c copies consumer c's residual tiles into its ring of RBUF buffers, as far ahead as they allow.
+//   warpgroup 2 (producers), two warps per consumer. Default: warp c copies consumer c's x stages into its ring
+//     of STAGES slots, warp 2 + c its residual tiles into its ring of RBUF buffers (as far ahead as they allow).
+//     SPLIT: warps c and 2 + c each copy half of the rows of both (the residual first, then the x stages).
+//     Consumer 0's x warps also copy the weight slice with their first tile, one k chunk ahead of each stage.
+//     A producer lane computes its rows' source offsets once per tile; each 16-byte copy is then one 64-bit add
+//     (the first version recomputed them per copy: ncu showed the x warp busy all the time, ~17 instructions and a
+//     register reuse stall per cp.async, and the consumers waiting for x).
+//   PINGPONG: the consumers take turns issuing their tiles' wgmmas (mbarrier mma_turn), so one's epilogue runs
+//     while the other's wgmmas do.
 // Each consumer has rings of its own: an mbarrier wait by parity is only unambiguous when the waiter is at most
 // one phase ahead of the barrier, which holds for a ring that one consumer walks in order.
-// Measured on the H100 (tuner, same run): faster than the wgi kernel at res5 (batch 2048: 0.348 vs 0.384 ms; 256:
-// 0.058 vs 0.064 ms) and res4 batch 256 (0.0705 vs 0.0712 ms); 3-12 % slower at res2, res3 and res4 batch 2048.
+// Measured on the H100 (tuner; Version 9 in docs/residual_conv.md): res5 batch 2048 0.340-0.346 ms (first version
+// 0.348-0.366), res4 0.443-0.446, res3 0.72-0.76 (runs differ by up to 10 % at res3). Per-tile phases (clock64,
+// benchmarks/residual_conv_wgw_phases.cu) at res5: ~1.2k cycles waiting for the first x stage, ~4.4k issuing
+// 16 wgmmas (2k of tensor time), ~4.1k epilogue, ~1.2k stores.
 // Variants measured and not kept: one x and one residual warp for both consumers (1.3-1.5x slower than wgi);
-// the residual by bulk copies into linear buffers, issued by the consumers, with x by 2 warps per consumer
-// (res5 0.41 ms, res2 1.75 ms); 1 residual buffer and 8 x slots per consumer (res5 0.384 ms).
+// the residual by bulk copies into linear buffers (res5 0.41 ms, res2 1.75 ms); 8 x slots and 1 residual buffer
+// (res5 0.361); the output stores by the residual warp instead of the consumers (res2 1.83 vs 1.55 ms).
 //
 // Producer -> consumer: a producer lane issues its cp.asyncs, then cp.async.mbarrier.arrive.noinc on the slot's
-// full barrier (count 32: it fires when every lane's copies have landed). cp.async writes through the generic
-// proxy and wgmma reads through the async proxy: each consumer thread runs fence.proxy.async.shared::cta after
-// its full-barrier wait, before its wgmmas. The residual is read by ordinary loads: no proxy fence.
+// full barrier (count 32 per producer warp: it fires when every lane's copies have landed). cp.async writes
+// through the generic proxy and wgmma reads through the async proxy: each consumer thread runs
+// fence.proxy.async.shared::cta after its full-barrier wait, before its wgmmas. The residual is read by ordinary loads: no proxy fence.
 // Consumer -> producer: lane 0 of each consumer warp arrives on a slot's empty barrier (count 4) once the warp's
 // wgmmas that read the slot are done; every consumer thread arrives on a residual buffer's empty barrier (count
 // 128) once it has read its output pieces back (its own accesses then precede its own release: compute-sanitizer's
 // racecheck does not follow a release by lane 0 after __syncwarp).
-// The weight slice: k chunk kt has a barrier of its own (count 64: both x warps copy half of its rows), waited
-// for by both consumers in their first tile only.
+// The weight slice: k chunk kt has a barrier of its own (count 32 per x warp of consumer 0), waited for by both
+// consumers in their first tile only. Consumer 1 thus depends on consumer 0's producers, never the other way
+// round, which PINGPONG needs (consumer 1's ring does not advance before consumer 0's first tile is issued).
 //
 // Compiled only in the sm_90a pass, like the other wgmma kernels (kHasWgmma guards the launch).
 #pragma once
@@ -37,6 +46,16 @@
 
 namespace trtfuse {
 namespace rconv {
+
+// Diagnostic hook (off unless a measuring program defines TRTFUSE_WGW_TRACE before including this header):
+// thread 0 of each consumer records clock64() at the phases of its first 64 tiles.
+#ifdef TRTFUSE_WGW_TRACE
+__device__ long long* g_wgw_trace;
+#define WGW_TRACE(i) \
+    if (t128 == 0 && u < 64) g_wgw_trace[((blockIdx.x * 2 + c) * 64 + u) * 8 + (i)] = clock64()
+#else
+#define WGW_TRACE(i)
+#endif
 
 template <int REGS>
 __device__ __forceinline__ void setmaxnreg_inc() {
@@ -68,6 +87,10 @@ __device__ __forceinline__ void mbar_arrive_on_cp_async(uint32_t bar) {
     asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
 #endif
 }
+// cp_async_16 with the source size given: 16, or 0 to zero-fill without reading
+__device__ __forceinline__ void cp_async_16_zfill(uint32_t dst, void const* src, int src_bytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
+}
 // Waits until the phase of `bar` with this parity has completed (a fresh barrier: parity 1 passes at once).
 __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -81,10 +104,10 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
 // Tile configuration: BN (wgmma N), BK (k bytes per x stage), STAGES x slots and RBUF residual buffers per
 // consumer, PERM (the v6 PERM epilogue). Shared memory: [weights BN x k_tiles*BK][2 x STAGES x 64 x BK]
 // [2 x RBUF x 64 x BN][mbarriers]; the weight slice depends on K (wgw_smem_bytes).
-template <int BN_, int BK_, int STAGES_, int RBUF_, bool PERM_ = true>
+template <int BN_, int BK_, int STAGES_, int RBUF_, bool SPLIT_ = false, bool PINGPONG_ = false, bool PERM_ = true>
 struct WgwTileConfig {
     static constexpr int BM = 64, BN = BN_, BK = BK_, STAGES = STAGES_, RBUF = RBUF_;
-    static constexpr bool PERM = PERM_;
+    static constexpr bool SPLIT = SPLIT_, PINGPONG = PINGPONG_, PERM = PERM_;
     static constexpr int THREADS = 3 * 128;
     // setmaxnreg moves registers from the producers (they need few) to the consumers (128 accumulators at BN
     // 256) within the block's allocation, THREADS x 168 (the consumers' increase blocks until the pool has them)
@@ -95,7 +118,7 @@ struct WgwTileConfig {
     static constexpr int A_STAGE = BM * BK, R_TILE = BM * BN;
     // k chunks of the weight slice with a barrier each: shared memory caps BN * k_tiles * BK below 227 KB
     static constexpr int MAX_K_TILES = 227 * 1024 / (BN * BK) + 1;
-    static constexpr int BARRIERS = 4 * (STAGES + RBUF) + MAX_K_TILES;
+    static constexpr int BARRIERS = 4 * (STAGES + RBUF) + MAX_K_TILES + 2;
     static constexpr int SMEM = 2 * (STAGES * A_STAGE + RBUF * R_TILE) + BARRIERS * 8;   // + the weight slice
     static_assert(BN == 128 || BN == 256, "n128 or n256 per wgmma");
     static_assert(BK % 32 == 0 && 128 % BK == 0, "packing pads K to 128");
@@ -129,7 +152,9 @@ residual_conv_kernel_wgmma_ws(Params p) {
     auto r_full = [&](int b) { return bars + 8 * (4 * STAGES + b); };
     auto r_empty = [&](int b) { return bars + 8 * (4 * STAGES + 2 * RBUF + b); };
     auto w_full = [&](int kt) { return bars + 8 * (4 * STAGES + 4 * RBUF + kt); };
+    auto mma_turn = [&](int c) { return bars + 8 * (4 * STAGES + 4 * RBUF + Cfg::MAX_K_TILES + c); };
 
+    constexpr int XW = Cfg::SPLIT ? 2 : 1;   // producer warps per ring
     int const tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     int64_t const slab_bytes = static_cast<int64_t>(p.HW) * 32;
     int const m_blocks = static_cast<int>((p.M + BM - 1) / BM);
@@ -142,25 +167,46 @@ residual_conv_kernel_wgmma_ws(Params p) {
     auto tile_m0 = [&](int t) { return (mb0 + t * mstep) * BM; };
 
     if (tid == 0) {
-        for (int s = 0; s < 2 * STAGES; ++s) { mbar_init(x_full(s), 32); mbar_init(x_empty(s), 4); }
-        for (int b = 0; b < 2 * RBUF; ++b) { mbar_init(r_full(b), 32); mbar_init(r_empty(b), 128); }
-        for (int kt = 0; kt < k_tiles; ++kt) mbar_init(w_full(kt), 64);
+        for (int s = 0; s < 2 * STAGES; ++s) { mbar_init(x_full(s), 32 * XW); mbar_init(x_empty(s), 4); }
+        for (int b = 0; b < 2 * RBUF; ++b) { mbar_init(r_full(b), 32 * XW); mbar_init(r_empty(b), 128); }
+        for (int kt = 0; kt < k_tiles; ++kt) mbar_init(w_full(kt), 32 * XW);
+        for (int c = 0; c < 2; ++c) mbar_init(mma_turn(c), 128);
     }
     __syncthreads();   // the only block-wide barrier
 
     if (warp >= 8) {
         // ---------------- producers (warpgroup 2) ----------------
         setmaxnreg_dec<Cfg::PRODUCER_REGS>();
-        int const c = warp & 1;           // the consumer this warp feeds: tiles c, c + 2, ...
-        bool const x_warp = warp < 10;    // else the residual
-        // Lane l copies rows l/2 + 16 i (i = 0..3), 16-byte half l % 2, of every slab of a tile: per slab the warp
-        // reads 16 consecutive rows x 32 bytes per i (coalesced); the row math is done once per tile.
-        int const half = lane & 1;
+        int const pw = warp - 8, c = pw & 1;   // the consumer this warp feeds: tiles c, c + 2, ...
+        // SPLIT: warps c and c + 2 each copy half of consumer c's rows of x and of the residual; else warp c
+        // copies x and warp c + 2 the residual
+        constexpr int W = Cfg::SPLIT ? 2 : 1, ROWS = 4 / W;
+        int const wsub = Cfg::SPLIT ? pw >> 1 : 0;
+        bool const do_x = Cfg::SPLIT || pw < 2, do_r = Cfg::SPLIT || pw >= 2;
+        // Lane l copies rows l/2 + 16 (W i + wsub), i < ROWS, 16-byte half l % 2, of every slab of a tile: per slab
+        // 16 lanes read 16 consecutive rows x 32 bytes (coalesced). The swizzle depends on the row mod 8 only, so
+        // piece (slab, i) lies at lane_dst + (slab * 64 + 16 W i) * 32; source offsets are computed once per tile.
+        int const half = lane & 1, row0 = (lane >> 1) + 16 * wsub;
+        uint32_t const lane_dst = swz_offset(0, BM, row0, half * 16);
+        // copies `slabs` slabs of the tile rows, starting at slab s0 of a tensor with `nslabs`, into a [slab][64][32]
+        // tile at dst; slabs past nslabs and rows past M are zero-filled
+        auto copy_slabs = [&](uint32_t dst, int8_t const* src, int64_t const (&off)[ROWS], int const (&bytes)[ROWS],
+                              int slabs, int s0, int nslabs) {
+#pragma unroll
+            for (int sl = 0; sl < slabs; ++sl) {
+                bool const ok = s0 + sl < nslabs;
+                int8_t const* base = src + (ok ? s0 + sl : 0) * slab_bytes;
+#pragma unroll
+                for (int i = 0; i < ROWS; ++i)
+                    cp_async_16_zfill(dst + (sl * BM + 16 * W * i) * 32, base + off[i], ok ? bytes[i] : 0);
+            }
+        };
         int8_t const* wsrc = (Cfg::PERM ? p.w_perm : p.w) + static_cast<int64_t>(n0) * p.Kpad;
-        auto copy_weights = [&](int kt) {   // rows c*BN/2 .. c*BN/2 + BN/2 - 1 of chunk kt (the rest: warp 1 - c)
-            constexpr int W_PIECES = BN / 2 * BK / 16;
+        // the weight slice: consumer 0's x warps, a 1/W share each, one k chunk ahead of each first-tile stage
+        auto copy_weights = [&](int kt) {
+            constexpr int W_ROWS = BN / W, W_PIECES = W_ROWS * BK / 16;
             for (int piece = lane; piece < W_PIECES; piece += 32) {
-                int row = c * (BN / 2) + piece / (BK / 16), kb = kt * BK + (piece % (BK / 16)) * 16;
+                int row = wsub * W_ROWS + piece / (BK / 16), kb = kt * BK + (piece % (BK / 16)) * 16;
                 cp_async_16(smem_u32(sW + swz_offset(kb >> 5, BN, row, kb & 31)),
                             wsrc + static_cast<int64_t>(row) * p.Kpad + kb, true);
             }
@@ -168,56 +214,37 @@ residual_conv_kernel_wgmma_ws(Params p) {
         };
         for (int t = c, u = 0; t < my_tiles; t += 2, ++u) {
             int const m0 = tile_m0(t);
-            int img[4], hw[4];
+            int64_t xoff[ROWS], roff[ROWS];
+            int bytes[ROWS];
 #pragma unroll
-            for (int i = 0; i < 4; ++i) {
-                int m = min(m0 + (lane >> 1) + 16 * i, p.M - 1);   // rows past M: clamped, copied as zeros
-                img[i] = p.hw_div.div(m);
-                hw[i] = m - img[i] * p.HW;
+            for (int i = 0; i < ROWS; ++i) {
+                int m = m0 + row0 + 16 * W * i;
+                bytes[i] = m < p.M ? 16 : 0;
+                m = min(m, p.M - 1);   // rows past M: a valid address, zero-filled
+                int const img = p.hw_div.div(m), hw = m - img * p.HW;
+                xoff[i] = (static_cast<int64_t>(img) * p.Kc * p.HW + hw) * 32 + half * 16;
+                roff[i] = (static_cast<int64_t>(img) * p.Nc * p.HW + hw) * 32 + half * 16;
             }
-            auto row_src = [&](int8_t const* base, int slabs, int i) {
-                return base + (static_cast<int64_t>(img[i]) * slabs * p.HW + hw[i]) * 32 + half * 16;
-            };
-            if (x_warp) {
+            if (do_r) {   // first: the residual is needed a whole k loop later than the first x stage
+                int const b = c * RBUF + u % RBUF;
+                mbar_wait(r_empty(b), ((u / RBUF) & 1) ^ 1);
+                copy_slabs(smem_u32(sR + b * Cfg::R_TILE) + lane_dst, p.r, roff, bytes, BN / 32, n0 / 32, p.Nc);
+                mbar_arrive_on_cp_async(r_full(b));
+            }
+            if (do_x) {
                 for (int kt = 0; kt < k_tiles; ++kt) {
                     int const q = u * k_tiles + kt, slot = c * STAGES + q % STAGES;
                     mbar_wait(x_empty(slot), ((q / STAGES) & 1) ^ 1);
-                    if (u == 0) copy_weights(kt);
-                    int8_t* dst = sA + slot * Cfg::A_STAGE;
-#pragma unroll
-                    for (int ch = 0; ch < KCH; ++ch) {
-                        int const kc = kt * KCH + ch;
-#pragma unroll
-                        for (int i = 0; i < 4; ++i) {
-                            int const row = (lane >> 1) + 16 * i;
-                            bool const ok = m0 + row < p.M && kc < p.Kc;
-                            cp_async_16(smem_u32(dst + swz_offset(ch, BM, row, half * 16)),
-                                        ok ? row_src(p.x, p.Kc, i) + kc * slab_bytes : p.x, ok);
-                        }
-                    }
+                    if (c == 0 && u == 0) copy_weights(kt);
+                    copy_slabs(smem_u32(sA + slot * Cfg::A_STAGE) + lane_dst, p.x, xoff, bytes, KCH, kt * KCH, p.Kc);
                     mbar_arrive_on_cp_async(x_full(slot));
+#ifdef TRTFUSE_WGW_TRACE
+                    if (lane == 0 && wsub == 0 && kt == 0 && u < 64)
+                        g_wgw_trace[((blockIdx.x * 2 + c) * 64 + u) * 8 + 7] = clock64();
+#endif
                 }
-            } else {
-                int const b = c * RBUF + u % RBUF;
-                mbar_wait(r_empty(b), ((u / RBUF) & 1) ^ 1);
-                int8_t* dst = sR + b * Cfg::R_TILE;
-#pragma unroll
-                for (int slab = 0; slab < BN / 32; ++slab) {
-                    int const gslab = n0 / 32 + slab;
-#pragma unroll
-                    for (int i = 0; i < 4; ++i) {
-                        int const row = (lane >> 1) + 16 * i;
-                        bool const ok = m0 + row < p.M && gslab < p.Nc;
-                        cp_async_16(smem_u32(dst + swz_offset(slab, BM, row, half * 16)),
-                                    ok ? row_src(p.r, p.Nc, i) + gslab * slab_bytes : p.r, ok);
-                    }
-                }
-                mbar_arrive_on_cp_async(r_full(b));
             }
         }
-        // a consumer's first tile waits for every weight chunk: an x warp without tiles still copies its half
-        if (x_warp && c >= my_tiles && my_tiles > 0)
-            for (int kt = 0; kt < k_tiles; ++kt) copy_weights(kt);
         asm volatile("cp.async.wait_all;\n" ::: "memory");
         return;
     }
@@ -237,9 +264,14 @@ residual_conv_kernel_wgmma_ws(Params p) {
 #pragma unroll
         for (int i = 0; i < BN / 2; ++i) acc[i] = init;
         int prev = -1;
+        // PINGPONG: the consumers take turns on the tensor cores (tile u of consumer 0, tile u of consumer 1,
+        // tile u + 1 of consumer 0, ...), so that one's epilogue runs while the other's wgmmas do
+        WGW_TRACE(0);
+        if (Cfg::PINGPONG && (c == 1 || u > 0)) mbar_wait(mma_turn(c), (c == 1 ? u : u - 1) & 1);
         for (int kt = 0; kt < k_tiles; ++kt) {
             int const q = u * k_tiles + kt, slot = c * STAGES + q % STAGES;
             mbar_wait(x_full(slot), (q / STAGES) & 1);
+            if (kt == 0) WGW_TRACE(1);
             if (u == 0) mbar_wait(w_full(kt), 0);
             fence_proxy_async_smem();   // the landed cp.async bytes, visible to this thread's wgmmas
             wgmma_fence();
@@ -256,15 +288,20 @@ residual_conv_kernel_wgmma_ws(Params p) {
             }
             prev = slot;
         }
+        if (Cfg::PINGPONG) mbar_arrive(mma_turn(1 - c));   // this tile's wgmmas are all issued
+        WGW_TRACE(2);
         wgmma_wait<0>();
+        WGW_TRACE(3);
         __syncwarp();
         if (lane == 0) mbar_arrive(x_empty(prev));
 
         // ---- epilogue: in registers, written in place over the residual tile, then 16-byte stores ----
         int const b = c * RBUF + u % RBUF, m0 = tile_m0(t);
         mbar_wait(r_full(b), (u / RBUF) & 1);
+        WGW_TRACE(4);
         int8_t* r_tile = sR + b * Cfg::R_TILE;
         wgmma_epilogue<BM, NI, Cfg::PERM>(acc, p, r_tile, warp_in_wg * 16 + g, tig, n0);
+        WGW_TRACE(5);
         named_barrier_sync(1 + c, 128);   // every output byte of the tile is in shared memory
         int const m = m0 + my_row;
         if (m < p.M) {
@@ -279,6 +316,7 @@ residual_conv_kernel_wgmma_ws(Params p) {
             }
         }
         mbar_arrive(r_empty(b));
+        WGW_TRACE(6);
     }
 #else
     (void)p;   // not an sm_90a pass: never launched (the host checks kHasWgmma first)

@@ -1,0 +1,108 @@
+// Where a wgw consumer tile's time goes: clock64() at the phases of each consumer's first 64 tiles (the kernel's
+// WGW_TRACE hook, compiled in only here), averaged over tiles 1.. of every block, for the offered wgw configs at
+// the four ResNet-50 conv3 shapes, batch 2048. Timing only: constant inputs, zero epilogue constants; the
+// outputs are not checked (tests/test_residual_conv.py does that).
+//   nvcc -std=c++17 -O3 -arch=sm_90a -Iplugins -o /tmp/wgw_phases benchmarks/residual_conv_wgw_phases.cu
+//   /tmp/wgw_phases            (on an H100; one line per config and shape)
+#define TRTFUSE_WGW_TRACE
+#include <cstdio>
+#include <cstdlib>
+#include <vector>
+
+#include "residual_conv/residual_conv_wgmma_ws.cuh"
+
+using namespace trtfuse;
+using namespace trtfuse::rconv;
+
+#define CK(x)                                                                          \
+    do {                                                                               \
+        cudaError_t e = (x);                                                           \
+        if (e != cudaSuccess) {                                                        \
+            std::printf("%s: %s\n", #x, cudaGetErrorString(e));                        \
+            std::exit(1);                                                              \
+        }                                                                              \
+    } while (0)
+
+template <class Cfg>
+void run(char const* name, int cin, int cout, int hw, int batch) {
+    int const Kc = cin / 32, Nc = cout / 32, Kpad = (cin + 127) / 128 * 128, Npad = (cout + 255) / 256 * 256;
+    size_t const xb = size_t(batch) * Kc * hw * 32, rb = size_t(batch) * Nc * hw * 32, wb = size_t(Npad) * Kpad;
+    int8_t *x, *r, *o, *w;
+    float* f;
+    long long* trace;
+    CK(cudaMalloc(&x, xb));
+    CK(cudaMalloc(&r, rb));
+    CK(cudaMalloc(&o, rb));
+    CK(cudaMalloc(&w, wb));
+    CK(cudaMalloc(&f, Npad * 12));
+    CK(cudaMemset(x, 3, xb));
+    CK(cudaMemset(r, 5, rb));
+    CK(cudaMemset(w, 1, wb));
+    CK(cudaMemset(f, 0, Npad * 12));
+    Params p{};
+    p.x = x; p.r = r; p.out = o; p.w = w; p.w_perm = w; p.a = f; p.b = f + Npad; p.s = f + 2 * Npad;
+    p.lo = 0; p.small_acc = cin <= 258; p.M = batch * hw; p.HW = hw; p.Kc = Kc; p.Kpad = Kpad; p.Nc = Nc;
+    p.n_blocks = (Nc * 32 + Cfg::BN - 1) / Cfg::BN;
+    p.hw_div = FastDivmod(hw);
+    p.nb_div = FastDivmod(p.n_blocks);
+    int const k_tiles = (Kc * 32 + Cfg::BK - 1) / Cfg::BK, smem = wgw_smem_bytes<Cfg>(k_tiles);
+    int sms;
+    CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+    int const grid = sms / p.n_blocks * p.n_blocks;   // as the library launches it
+    size_t const n_trace = size_t(grid) * 2 * 64 * 8;
+    CK(cudaMalloc(&trace, n_trace * 8));
+    CK(cudaMemset(trace, 0, n_trace * 8));
+    CK(cudaMemcpyToSymbol(g_wgw_trace, &trace, sizeof(trace)));
+    auto kernel = residual_conv_kernel_wgmma_ws<Cfg>;
+    CK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    cudaEvent_t e0, e1;
+    CK(cudaEventCreate(&e0));
+    CK(cudaEventCreate(&e1));
+    for (int i = 0; i < 3; ++i) kernel<<<grid, Cfg::THREADS, smem>>>(p);
+    CK(cudaEventRecord(e0));
+    kernel<<<grid, Cfg::THREADS, smem>>>(p);
+    CK(cudaEventRecord(e1));
+    CK(cudaEventSynchronize(e1));
+    CK(cudaGetLastError());
+    float ms;
+    CK(cudaEventElapsedTime(&ms, e0, e1));
+    std::vector<long long> h(n_trace);
+    CK(cudaMemcpy(h.data(), trace, n_trace * 8, cudaMemcpyDeviceToHost));
+    // per tile: 0 start, 1 first x stage ready, 2 wgmmas issued, 3 wgmmas done, 4 residual ready, 5 epilogue
+    // done, 6 stored; the period runs to the next tile's start
+    double sum[8] = {};
+    int n = 0;
+    for (int b = 0; b < grid; ++b)
+        for (int c = 0; c < 2; ++c) {
+            long long const* t = &h[size_t((b * 2 + c) * 64) * 8];
+            for (int u = 1; u < 63 && t[(u + 1) * 8] != 0; ++u, ++n) {
+                long long const* q = t + u * 8;
+                for (int i = 1; i <= 6; ++i) sum[i] += double(q[i] - q[i - 1]);
+                sum[7] += double(q[8] - q[0]);
+            }
+        }
+    if (n == 0) n = 1;
+    std::printf("%-26s %4d->%-4d HW %-4d batch %d: %.4f ms | cycles per tile: wait x %.0f, issue wgmmas %.0f, "
+                "drain %.0f, wait residual %.0f, epilogue %.0f, store %.0f | period %.0f\n",
+                name, cin, cout, hw, batch, ms, sum[1] / n, sum[2] / n, sum[3] / n, sum[4] / n, sum[5] / n,
+                sum[6] / n, sum[7] / n);
+    CK(cudaFree(x)); CK(cudaFree(r)); CK(cudaFree(o)); CK(cudaFree(w)); CK(cudaFree(f)); CK(cudaFree(trace));
+}
+
+int main() {
+    // the offered wgw configs (residual_conv.cu)
+    using Q0 = WgwTileConfig<256, 64, 4, 2>;
+    using Q1 = WgwTileConfig<256, 128, 2, 2>;
+    using Q2 = WgwTileConfig<256, 64, 4, 2, true>;
+    using Q3 = WgwTileConfig<256, 128, 2, 2, true>;
+    using Q4 = WgwTileConfig<256, 64, 4, 2, true, true>;
+    int const shapes[4][3] = {{512, 2048, 49}, {256, 1024, 196}, {128, 512, 784}, {64, 256, 3136}};
+    for (auto const& s : shapes) {
+        run<Q0>("wgw_64x256x64_s4_r2", s[0], s[1], s[2], 2048);
+        run<Q1>("wgw_64x256x128_s2_r2", s[0], s[1], s[2], 2048);
+        run<Q2>("wgw_64x256x64_s4_r2_p2", s[0], s[1], s[2], 2048);
+        run<Q3>("wgw_64x256x128_s2_r2_p2", s[0], s[1], s[2], 2048);
+        run<Q4>("wgw_64x256x64_s4_r2_p2_pp", s[0], s[1], s[2], 2048);
+    }
+    return 0;
+}
