@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <vector>
 
+#include "residual_conv/residual_conv_out_map.h"
 #include "residual_conv/residual_conv_wgmma_ws.cuh"
 
 using namespace trtfuse;
@@ -45,6 +46,10 @@ void run(char const* name, int cin, int cout, int hw, int batch) {
     p.n_blocks = (Nc * 32 + Cfg::BN - 1) / Cfg::BN;
     p.hw_div = FastDivmod(hw);
     p.nb_div = FastDivmod(p.n_blocks);
+    if (int st = encode_out_map(p, batch, Cfg::BN)) {
+        std::printf("encode_out_map: %d\n", st);
+        std::exit(1);
+    }
     int const k_tiles = (Kc * 32 + Cfg::BK - 1) / Cfg::BK, smem = wgw_smem_bytes<Cfg>(k_tiles);
     int sms;
     CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
@@ -78,14 +83,15 @@ void run(char const* name, int cin, int cout, int hw, int batch) {
             for (int u = 1; u < 63 && t[(u + 1) * 8] != 0; ++u, ++n) {
                 long long const* q = t + u * 8;
                 for (int i = 1; i <= 6; ++i) sum[i] += double(q[i] - q[i - 1]);
+                sum[0] += double(q[7]);
                 sum[7] += double(q[8] - q[0]);
             }
         }
     if (n == 0) n = 1;
     std::printf("%-26s %4d->%-4d HW %-4d batch %d: %.4f ms | cycles per tile: wait x %.0f, issue wgmmas %.0f, "
-                "drain %.0f, wait residual %.0f, epilogue %.0f, store %.0f | period %.0f\n",
+                "drain %.0f, wait residual %.0f, epilogue %.0f, store %.0f | period %.0f | x stage 0 ready at start %.0f %%\n",
                 name, cin, cout, hw, batch, ms, sum[1] / n, sum[2] / n, sum[3] / n, sum[4] / n, sum[5] / n,
-                sum[6] / n, sum[7] / n);
+                sum[6] / n, sum[7] / n, 100.0 * sum[0] / n);
     CK(cudaFree(x)); CK(cudaFree(r)); CK(cudaFree(o)); CK(cudaFree(w)); CK(cudaFree(f)); CK(cudaFree(trace));
 }
 

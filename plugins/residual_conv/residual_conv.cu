@@ -2,6 +2,7 @@
 #include "common/cuda_check.h"
 #include "residual_conv/residual_conv.h"
 #include "residual_conv/residual_conv_kernel.cuh"
+#include "residual_conv/residual_conv_out_map.h"
 #include "residual_conv/residual_conv_wgmma.cuh"
 #include "residual_conv/residual_conv_wgmma_ws.cuh"
 #include "residual_conv/tuning_cache.h"
@@ -77,7 +78,6 @@ using Q1 = WgwTileConfig<256, 128, 2, 2>;   // 4 wgmmas per stage
 using Q2 = WgwTileConfig<256, 64, 4, 2, true>;    // SPLIT: 2 producer warps per consumer, each x and residual
 using Q3 = WgwTileConfig<256, 128, 2, 2, true>;
 using Q4 = WgwTileConfig<256, 64, 4, 2, true, true>;   // + PINGPONG: the consumers take turns on the tensor cores
-
 struct ConfigInfo {
     char const* name;
     int bm, bn, threads, smem;
@@ -86,6 +86,7 @@ struct ConfigInfo {
     bool wstat = false;   // weight stationary: per-layer shared memory and fit rule (see layer_fits)
     int bk = 0, load_ahead = 0, rbuf = 0;
     int (*smem_bytes)(int k_tiles) = nullptr;
+    bool tma_out = false;   // stores the output with TMA (wgw): the launch encodes Params::out_map
 };
 
 template <class C>
@@ -105,7 +106,7 @@ int wgw_smem(int k_tiles) { return wgw_smem_bytes<C>(k_tiles); }
 template <class C>
 constexpr ConfigInfo info_wgw(char const* name) {   // load_ahead 0: residual buffers independent of K
     return {name, C::BM, C::BN, C::THREADS, C::SMEM, residual_conv_kernel_wgmma_ws<C>, true, true, C::BK, 0, C::RBUF,
-            wgw_smem<C>};
+            wgw_smem<C>, true};
 }
 template <class C>
 constexpr ConfigInfo info_wgmma(char const* name) {
@@ -390,6 +391,8 @@ extern "C" int trtfuse_residual_conv_forward(void const* handle, void const* x, 
     p.n_blocks = (L->nc * 32 + C.bn - 1) / C.bn;
     p.hw_div = trtfuse::FastDivmod(hw);
     p.nb_div = trtfuse::FastDivmod(p.n_blocks);
+    if (C.tma_out)
+        if (int st = encode_out_map(p, n, C.bn)) return st;
     int64_t tiles = (M + C.bm - 1) / C.bm * p.n_blocks;
     if (tiles >= (int64_t(1) << 31)) return TRTFUSE_RCONV_ERR_SHAPE;
     int resident = 0;

@@ -17,13 +17,14 @@
 //     while the other's wgmmas do.
 // Each consumer has rings of its own: an mbarrier wait by parity is only unambiguous when the waiter is at most
 // one phase ahead of the barrier, which holds for a ring that one consumer walks in order.
-// Measured on the H100 (tuner; Version 9 in docs/residual_conv.md): res5 batch 2048 0.340-0.346 ms (first version
-// 0.348-0.366), res4 0.443-0.446, res3 0.72-0.76 (runs differ by up to 10 % at res3). Per-tile phases (clock64,
-// benchmarks/residual_conv_wgw_phases.cu) at res5: ~1.2k cycles waiting for the first x stage, ~4.4k issuing
-// 16 wgmmas (2k of tensor time), ~4.1k epilogue, ~1.2k stores.
+// Output: a tile within one image leaves shared memory by one TMA store (Params::out_map), others by 16-byte stores.
+// Measured on the H100 against TensorRT 8.5 (docs/residual_conv.md, Version 9), batch 2048: res2 1.30 ms, res3
+// 0.72, res4 0.43, res5 0.33 (Version 8: 1.48 / 0.77 / 0.47 / 0.35). Per-tile phases (clock64,
+// benchmarks/residual_conv_wgw_phases.cu): the epilogue, ~4k cycles, is now the largest at every stage.
 // Variants measured and not kept: one x and one residual warp for both consumers (1.3-1.5x slower than wgi);
 // the residual by bulk copies into linear buffers (res5 0.41 ms, res2 1.75 ms); 8 x slots and 1 residual buffer
-// (res5 0.361); the output stores by the residual warp instead of the consumers (res2 1.83 vs 1.55 ms).
+// (res5 0.361); the output stores by the residual warp instead of the consumers (res2 1.83 vs 1.55 ms); SPLIT
+// with x stage 0 before the residual (a parity race, see load_residual).
 //
 // Producer -> consumer: a producer lane issues its cp.asyncs, then cp.async.mbarrier.arrive.noinc on the slot's
 // full barrier (count 32 per producer warp: it fires when every lane's copies have landed). cp.async writes
@@ -49,10 +50,12 @@ namespace rconv {
 
 // Diagnostic hook (off unless a measuring program defines TRTFUSE_WGW_TRACE before including this header):
 // thread 0 of each consumer records clock64() at the phases of its first 64 tiles.
+// The buffer's address is read once per thread (wgw_trace): reading the __device__ pointer at every record made
+// the recording warp wait for a global load each time (~1k cycles under this kernel's memory traffic).
 #ifdef TRTFUSE_WGW_TRACE
 __device__ long long* g_wgw_trace;
 #define WGW_TRACE(i) \
-    if (t128 == 0 && u < 64) g_wgw_trace[((blockIdx.x * 2 + c) * 64 + u) * 8 + (i)] = clock64()
+    if (t128 == 0 && u < 64) wgw_trace[((blockIdx.x * 2 + c) * 64 + u) * 8 + (i)] = clock64()
 #else
 #define WGW_TRACE(i)
 #endif
@@ -91,6 +94,28 @@ __device__ __forceinline__ void mbar_arrive_on_cp_async(uint32_t bar) {
 __device__ __forceinline__ void cp_async_16_zfill(uint32_t dst, void const* src, int src_bytes) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
 }
+// TMA (bulk tensor) store of a shared-memory box to the 4-d tensor `map` describes, at coordinates (c0..c3);
+// out-of-bounds parts of the box are not written. Completion is tracked per thread by bulk async-groups.
+__device__ __forceinline__ void tma_store_4d(CUtensorMap const* map, uint32_t src, int c0, int c1, int c2, int c3) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    asm volatile("cp.async.bulk.tensor.4d.global.shared::cta.bulk_group [%0, {%2, %3, %4, %5}], [%1];\n"
+                 ::"l"(reinterpret_cast<uint64_t>(map)), "r"(src), "r"(c0), "r"(c1), "r"(c2), "r"(c3) : "memory");
+#endif
+}
+__device__ __forceinline__ void bulk_commit() {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+#endif
+}
+// waits until this thread's bulk groups but the newest N have finished reading shared memory (READ) or completed
+template <int N, bool READ>
+__device__ __forceinline__ void bulk_wait() {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    if constexpr (READ) asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(N) : "memory");
+    else asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(N) : "memory");
+#endif
+}
+
 // Waits until the phase of `bar` with this parity has completed (a fresh barrier: parity 1 passes at once).
 __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -135,7 +160,7 @@ constexpr int wgw_smem_bytes(int k_tiles) {
 
 template <class Cfg>
 __global__ void __launch_bounds__(Cfg::THREADS, 1)
-residual_conv_kernel_wgmma_ws(Params p) {
+residual_conv_kernel_wgmma_ws(const __grid_constant__ Params p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     constexpr int BM = Cfg::BM, BN = Cfg::BN, BK = Cfg::BK, STAGES = Cfg::STAGES, RBUF = Cfg::RBUF;
     constexpr int KCH = Cfg::KCH, NI = BN / 8;
@@ -212,37 +237,48 @@ residual_conv_kernel_wgmma_ws(Params p) {
             }
             mbar_arrive_on_cp_async(w_full(kt));
         };
-        for (int t = c, u = 0; t < my_tiles; t += 2, ++u) {
-            int const m0 = tile_m0(t);
-            int64_t xoff[ROWS], roff[ROWS];
-            int bytes[ROWS];
+        // per tile: the byte offsets of this lane's rows (slab 0, its half) in a kCHW32 tensor with `slabs` slabs,
+        // and their source sizes (0 for rows past M, clamped to a valid address and zero-filled)
+        auto row_offsets = [&](int m0, int slabs, int64_t (&off)[ROWS], int (&bytes)[ROWS]) {
 #pragma unroll
             for (int i = 0; i < ROWS; ++i) {
                 int m = m0 + row0 + 16 * W * i;
                 bytes[i] = m < p.M ? 16 : 0;
-                m = min(m, p.M - 1);   // rows past M: a valid address, zero-filled
+                m = min(m, p.M - 1);
                 int const img = p.hw_div.div(m), hw = m - img * p.HW;
-                xoff[i] = (static_cast<int64_t>(img) * p.Kc * p.HW + hw) * 32 + half * 16;
-                roff[i] = (static_cast<int64_t>(img) * p.Nc * p.HW + hw) * 32 + half * 16;
+                off[i] = (static_cast<int64_t>(img) * slabs * p.HW + hw) * 32 + half * 16;
             }
-            if (do_r) {   // first: the residual is needed a whole k loop later than the first x stage
+        };
+        for (int t = c, u = 0; t < my_tiles; t += 2, ++u) {
+            int const m0 = tile_m0(t);
+            auto load_residual = [&] {
+                int64_t off[ROWS];
+                int bytes[ROWS];
                 int const b = c * RBUF + u % RBUF;
+                row_offsets(m0, p.Nc, off, bytes);
                 mbar_wait(r_empty(b), ((u / RBUF) & 1) ^ 1);
-                copy_slabs(smem_u32(sR + b * Cfg::R_TILE) + lane_dst, p.r, roff, bytes, BN / 32, n0 / 32, p.Nc);
+                copy_slabs(smem_u32(sR + b * Cfg::R_TILE) + lane_dst, p.r, off, bytes, BN / 32, n0 / 32, p.Nc);
                 mbar_arrive_on_cp_async(r_full(b));
+            };
+            if (!do_x) {
+                load_residual();
+                continue;
             }
-            if (do_x) {
-                for (int kt = 0; kt < k_tiles; ++kt) {
-                    int const q = u * k_tiles + kt, slot = c * STAGES + q % STAGES;
-                    mbar_wait(x_empty(slot), ((q / STAGES) & 1) ^ 1);
-                    if (c == 0 && u == 0) copy_weights(kt);
-                    copy_slabs(smem_u32(sA + slot * Cfg::A_STAGE) + lane_dst, p.x, xoff, bytes, KCH, kt * KCH, p.Kc);
-                    mbar_arrive_on_cp_async(x_full(slot));
-#ifdef TRTFUSE_WGW_TRACE
-                    if (lane == 0 && wsub == 0 && kt == 0 && u < 64)
-                        g_wgw_trace[((blockIdx.x * 2 + c) * 64 + u) * 8 + 7] = clock64();
-#endif
-                }
+            // SPLIT: the residual first. Its r_empty wait keeps these warps within RBUF tiles of the consumer; with
+            // x stage 0 first, the x ring let them run up to STAGES tiles ahead, and a parity wait two phases ahead
+            // passed at once (racecheck: residual overwritten before the epilogue read it). Cost: a cp.async
+            // mbarrier arrival waits for all of the thread's earlier copies, so x stage 0 lands no sooner than the
+            // residual (measured: not ready at 24-36 % of res2/res3 tile starts).
+            if (do_r) load_residual();
+            int64_t off[ROWS];
+            int bytes[ROWS];
+            row_offsets(m0, p.Kc, off, bytes);
+            for (int kt = 0; kt < k_tiles; ++kt) {
+                int const q = u * k_tiles + kt, slot = c * STAGES + q % STAGES;
+                mbar_wait(x_empty(slot), ((q / STAGES) & 1) ^ 1);
+                if (c == 0 && u == 0) copy_weights(kt);
+                copy_slabs(smem_u32(sA + slot * Cfg::A_STAGE) + lane_dst, p.x, off, bytes, KCH, kt * KCH, p.Kc);
+                mbar_arrive_on_cp_async(x_full(slot));
             }
         }
         asm volatile("cp.async.wait_all;\n" ::: "memory");
@@ -258,15 +294,27 @@ residual_conv_kernel_wgmma_ws(Params p) {
     uint64_t const descB0 = smem_desc<true>(smem_u32(sW));
     // the output pieces this thread stores: row t128 / 2, 16-byte half t128 % 2, of every slab
     int const my_row = t128 >> 1, my_half = t128 & 1;
+#ifdef TRTFUSE_WGW_TRACE
+    long long* const wgw_trace = g_wgw_trace;
+#endif
 
     int acc[BN / 2];
-    for (int t = c, u = 0; t < my_tiles; t += 2, ++u) {
 #pragma unroll
-        for (int i = 0; i < BN / 2; ++i) acc[i] = init;
+    for (int i = 0; i < BN / 2; ++i) acc[i] = init;
+    for (int t = c, u = 0; t < my_tiles; t += 2, ++u) {
         int prev = -1;
         // PINGPONG: the consumers take turns on the tensor cores (tile u of consumer 0, tile u of consumer 1,
         // tile u + 1 of consumer 0, ...), so that one's epilogue runs while the other's wgmmas do
         WGW_TRACE(0);
+#ifdef TRTFUSE_WGW_TRACE
+        if (t128 == 0 && u < 64) {   // is stage 0 of this tile already complete? (non-blocking test)
+            int const q0 = u * k_tiles, slot0 = c * STAGES + q0 % STAGES;
+            uint32_t done;
+            asm volatile("{\n.reg .pred p;\nmbarrier.test_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+                         : "=r"(done) : "r"(x_full(slot0)), "r"((q0 / STAGES) & 1) : "memory");
+            wgw_trace[((blockIdx.x * 2 + c) * 64 + u) * 8 + 7] = done;
+        }
+#endif
         if (Cfg::PINGPONG && (c == 1 || u > 0)) mbar_wait(mma_turn(c), (c == 1 ? u : u - 1) & 1);
         for (int kt = 0; kt < k_tiles; ++kt) {
             int const q = u * k_tiles + kt, slot = c * STAGES + q % STAGES;
@@ -302,6 +350,30 @@ residual_conv_kernel_wgmma_ws(Params p) {
         int8_t* r_tile = sR + b * Cfg::R_TILE;
         wgmma_epilogue<BM, NI, Cfg::PERM>(acc, p, r_tile, warp_in_wg * 16 + g, tig, n0);
         WGW_TRACE(5);
+        // the next tile's accumulators, set here: the moves then overlap the wait below instead of delaying the
+        // next tile's first wgmma (measured: ~1k cycles between a tile's start and its first wgmma otherwise)
+#pragma unroll
+        for (int i = 0; i < BN / 2; ++i) asm volatile("mov.b32 %0, %1;\n" : "=r"(acc[i]) : "r"(init));   // stays here
+        // A tile whose valid rows lie in one image leaves shared memory by one TMA store (p.out_map; box: 64 rows
+        // from its first row, rows past HW or M and slabs past Nc not written), issued by thread 0, which then
+        // waits until the engine has read the buffer. A tile that straddles images takes the 16-byte stores
+        // below: a store box must not start at a negative hw (measured: illegal instruction), and one box per
+        // image would need the rows before the boundary. Hence no TMA at res5 (HW 49 < 64), ~70 % of res4 tiles.
+        {
+            int const img = p.hw_div.div(m0), hs = m0 - img * p.HW;
+            if (min(BM, p.M - m0) + hs <= p.HW) {
+                fence_proxy_async_smem();   // this thread's output bytes (generic writes) -> the TMA engine's reads
+                named_barrier_sync(1 + c, 128);
+                if (t128 == 0) {
+                    tma_store_4d(&p.out_map, smem_u32(r_tile), 0, hs, n0 / 32, img);
+                    bulk_commit();
+                    bulk_wait<0, true>();
+                }
+                mbar_arrive(r_empty(b));
+                WGW_TRACE(6);
+                continue;
+            }
+        }
         named_barrier_sync(1 + c, 128);   // every output byte of the tile is in shared memory
         int const m = m0 + my_row;
         if (m < p.M) {
@@ -318,6 +390,7 @@ residual_conv_kernel_wgmma_ws(Params p) {
         mbar_arrive(r_empty(b));
         WGW_TRACE(6);
     }
+    if (t128 == 0) bulk_wait<0, false>();   // the output stores complete before the block ends
 #else
     (void)p;   // not an sm_90a pass: never launched (the host checks kHasWgmma first)
 #endif
