@@ -116,6 +116,16 @@ __device__ __forceinline__ void bulk_wait() {
 #endif
 }
 
+// Whether the phase of `bar` with this parity has completed (does not wait)
+__device__ __forceinline__ uint32_t mbar_test(uint32_t bar, uint32_t parity) {
+    uint32_t done = 0;
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    asm volatile(
+        "{\n.reg .pred p;\nmbarrier.test_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done) : "r"(bar), "r"(parity) : "memory");
+#endif
+    return done;
+}
 // Waits until the phase of `bar` with this parity has completed (a fresh barrier: parity 1 passes at once).
 __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -303,18 +313,16 @@ residual_conv_kernel_wgmma_ws(const __grid_constant__ Params p) {
     for (int i = 0; i < BN / 2; ++i) acc[i] = init;
     for (int t = c, u = 0; t < my_tiles; t += 2, ++u) {
         int prev = -1;
-        // PINGPONG: the consumers take turns on the tensor cores (tile u of consumer 0, tile u of consumer 1,
-        // tile u + 1 of consumer 0, ...), so that one's epilogue runs while the other's wgmmas do
         WGW_TRACE(0);
 #ifdef TRTFUSE_WGW_TRACE
-        if (t128 == 0 && u < 64) {   // is stage 0 of this tile already complete? (non-blocking test)
-            int const q0 = u * k_tiles, slot0 = c * STAGES + q0 % STAGES;
-            uint32_t done;
-            asm volatile("{\n.reg .pred p;\nmbarrier.test_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-                         : "=r"(done) : "r"(x_full(slot0)), "r"((q0 / STAGES) & 1) : "memory");
-            wgw_trace[((blockIdx.x * 2 + c) * 64 + u) * 8 + 7] = done;
+        if (t128 == 0 && u < 64) {   // record whether stage 0 of this tile has already landed
+            int const q0 = u * k_tiles;
+            wgw_trace[((blockIdx.x * 2 + c) * 64 + u) * 8 + 7] =
+                mbar_test(x_full(c * STAGES + q0 % STAGES), (q0 / STAGES) & 1);
         }
 #endif
+        // PINGPONG: the consumers take turns on the tensor cores (tile u of consumer 0, tile u of consumer 1,
+        // tile u + 1 of consumer 0, ...), so that one's epilogue runs while the other's wgmmas do
         if (Cfg::PINGPONG && (c == 1 || u > 0)) mbar_wait(mma_turn(c), (c == 1 ? u : u - 1) & 1);
         for (int kt = 0; kt < k_tiles; ++kt) {
             int const q = u * k_tiles + kt, slot = c * STAGES + q % STAGES;
