@@ -6,6 +6,7 @@
 //   /tmp/wgw_phases            (on an H100; one line per config and shape)
 #define TRTFUSE_WGW_TRACE
 #include <cstdio>
+#include <algorithm>
 #include <cstdlib>
 #include <vector>
 
@@ -24,6 +25,47 @@ using namespace trtfuse::rconv;
         }                                                                              \
     } while (0)
 
+// Where a launch's time goes, on one clock for all SMs (built with TRTFUSE_WGW_TRACE_GLOBALTIMER: the trace is
+// %globaltimer, ns): the launch as the events see it, the span from the first block's start to the last consumer's
+// end, how late the blocks start, a consumer's first tile (from its block's start: x stage 0 landed, wgmmas done,
+// stored), the steady period (tiles 1..), the tiles per consumer (most) and the last tile (start to consumer end).
+void timeline(char const* name, int cin, int cout, int hw, int batch, float ms, int grid,
+              std::vector<long long> const& h, long long const* d_span) {
+    std::vector<long long> sp(size_t(grid) * 4);
+    CK(cudaMemcpy(sp.data(), d_span, sp.size() * 8, cudaMemcpyDeviceToHost));
+    long long t0 = sp[0], t_end = 0, start_max = 0;
+    for (int b = 0; b < grid; ++b) t0 = std::min(t0, sp[b * 4]);
+    double x0 = 0, mma0 = 0, st0 = 0, period = 0, last = 0;
+    int n_first = 0, n_period = 0, most = 0, n_last = 0;
+    for (int b = 0; b < grid; ++b) {
+        start_max = std::max(start_max, sp[b * 4] - t0);
+        for (int c = 0; c < 2; ++c) {
+            long long const* t = &h[size_t((b * 2 + c) * 64) * 8];
+            long long const end = sp[b * 4 + 1 + c];
+            t_end = std::max(t_end, end - t0);
+            int tiles = 0;
+            while (tiles < 64 && t[tiles * 8] != 0) ++tiles;
+            most = std::max(most, tiles);
+            if (tiles == 0) continue;
+            x0 += double(t[1] - sp[b * 4]);
+            mma0 += double(t[3] - sp[b * 4]);
+            st0 += double(t[6] - sp[b * 4]);
+            ++n_first;
+            for (int u = 1; u + 1 < tiles; ++u, ++n_period) period += double(t[(u + 1) * 8] - t[u * 8]);
+            if (tiles < 64) {
+                last += double(end - t[(tiles - 1) * 8]);
+                ++n_last;
+            }
+        }
+    }
+    auto us = [](double ns, int n) { return n ? ns / n / 1e3 : 0.0; };
+    std::printf("%-26s %4d->%-4d HW %-4d batch %-4d: events %.1f us | span %.1f us, blocks start within %.1f us | "
+                "first tile from block start: x ready %.2f, wgmmas done %.2f, stored %.2f us | period %.2f us x %d "
+                "tiles (most) | last tile %.2f us\n",
+                name, cin, cout, hw, batch, ms * 1e3, t_end / 1e3, start_max / 1e3, us(x0, n_first),
+                us(mma0, n_first), us(st0, n_first), us(period, n_period), most, us(last, n_last));
+}
+
 template <class Cfg>
 void run(char const* name, int cin, int cout, int hw, int batch) {
     int const Kc = cin / 32, Nc = cout / 32, Kpad = (cin + 127) / 128 * 128, Npad = (cout + 255) / 256 * 256;
@@ -35,14 +77,16 @@ void run(char const* name, int cin, int cout, int hw, int batch) {
     CK(cudaMalloc(&r, rb));
     CK(cudaMalloc(&o, rb));
     CK(cudaMalloc(&w, wb));
-    CK(cudaMalloc(&f, Npad * 12));
+    CK(cudaMalloc(&f, Npad * 24));
     CK(cudaMemset(x, 3, xb));
     CK(cudaMemset(r, 5, rb));
     CK(cudaMemset(w, 1, wb));
-    CK(cudaMemset(f, 0, Npad * 12));
+    CK(cudaMemset(f, 0, Npad * 24));
     Params p{};
     p.x = x; p.r = r; p.out = o; p.w = w; p.w_perm = w; p.a = f; p.b = f + Npad; p.s = f + 2 * Npad;
-    p.lo = 0; p.small_acc = cin <= 258; p.M = batch * hw; p.HW = hw; p.Kc = Kc; p.Kpad = Kpad; p.Nc = Nc;
+    p.a8 = f + 3 * Npad; p.b8 = f + 4 * Npad; p.s8 = f + 5 * Npad;
+    p.lo = 0; p.small_acc = cin <= 258; p.sat = 1;   // ReLU: the saturating epilogue
+    p.M = batch * hw; p.HW = hw; p.Kc = Kc; p.Kpad = Kpad; p.Nc = Nc;
     p.n_blocks = (Nc * 32 + Cfg::BN - 1) / Cfg::BN;
     p.hw_div = FastDivmod(hw);
     p.nb_div = FastDivmod(p.n_blocks);
@@ -58,6 +102,10 @@ void run(char const* name, int cin, int cout, int hw, int batch) {
     CK(cudaMalloc(&trace, n_trace * 8));
     CK(cudaMemset(trace, 0, n_trace * 8));
     CK(cudaMemcpyToSymbol(g_wgw_trace, &trace, sizeof(trace)));
+    long long* span;
+    CK(cudaMalloc(&span, size_t(grid) * 4 * 8));
+    CK(cudaMemset(span, 0, size_t(grid) * 4 * 8));
+    CK(cudaMemcpyToSymbol(g_wgw_span, &span, sizeof(span)));
     auto kernel = residual_conv_kernel_wgmma_ws<Cfg>;
     CK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     cudaEvent_t e0, e1;
@@ -73,6 +121,12 @@ void run(char const* name, int cin, int cout, int hw, int batch) {
     CK(cudaEventElapsedTime(&ms, e0, e1));
     std::vector<long long> h(n_trace);
     CK(cudaMemcpy(h.data(), trace, n_trace * 8, cudaMemcpyDeviceToHost));
+#ifdef TRTFUSE_WGW_TRACE_GLOBALTIMER
+    timeline(name, cin, cout, hw, batch, ms, grid, h, span);
+    CK(cudaFree(x)); CK(cudaFree(r)); CK(cudaFree(o)); CK(cudaFree(w)); CK(cudaFree(f)); CK(cudaFree(trace));
+    CK(cudaFree(span));
+    return;
+#endif
     // per tile: 0 start, 1 first x stage ready, 2 wgmmas issued, 3 wgmmas done, 4 residual ready, 5 epilogue
     // done, 6 stored; the period runs to the next tile's start
     double sum[8] = {};
@@ -93,6 +147,7 @@ void run(char const* name, int cin, int cout, int hw, int batch) {
                 name, cin, cout, hw, batch, ms, sum[1] / n, sum[2] / n, sum[3] / n, sum[4] / n, sum[5] / n,
                 sum[6] / n, sum[7] / n, 100.0 * sum[0] / n);
     CK(cudaFree(x)); CK(cudaFree(r)); CK(cudaFree(o)); CK(cudaFree(w)); CK(cudaFree(f)); CK(cudaFree(trace));
+    CK(cudaFree(span));
 }
 
 int main() {
@@ -103,6 +158,14 @@ int main() {
     using Q3 = WgwTileConfig<256, 128, 2, 2, true>;
     using Q4 = WgwTileConfig<256, 64, 4, 2, true, true>;
     int const shapes[4][3] = {{512, 2048, 49}, {256, 1024, 196}, {128, 512, 784}, {64, 256, 3136}};
+#ifdef TRTFUSE_WGW_TRACE_GLOBALTIMER
+    for (auto const& s : shapes)
+        for (int batch : {256, 2048}) {
+            run<Q2>("wgw_64x256x64_s4_r2_p2", s[0], s[1], s[2], batch);
+            run<Q3>("wgw_64x256x128_s2_r2_p2", s[0], s[1], s[2], batch);
+            run<Q4>("wgw_64x256x64_s4_r2_p2_pp", s[0], s[1], s[2], batch);
+        }
+#else
     for (auto const& s : shapes) {
         run<Q0>("wgw_64x256x64_s4_r2", s[0], s[1], s[2], 2048);
         run<Q1>("wgw_64x256x128_s2_r2", s[0], s[1], s[2], 2048);
@@ -110,5 +173,6 @@ int main() {
         run<Q3>("wgw_64x256x128_s2_r2_p2", s[0], s[1], s[2], 2048);
         run<Q4>("wgw_64x256x64_s4_r2_p2_pp", s[0], s[1], s[2], 2048);
     }
+#endif
     return 0;
 }

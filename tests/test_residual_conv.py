@@ -215,8 +215,10 @@ def cuda():
     return Cuda()
 
 
-def run_case(cuda, n, cin, cout, h, w, relu, config, rng):
+def run_case(cuda, n, cin, cout, h, w, relu, config, rng, edit=None):
     L = ref.random_layer(rng, cin, cout, relu)
+    if edit:
+        edit(L)
     x = rng.integers(-128, 128, size=(n, cin, h, w), dtype=np.int8)
     r = rng.integers(-128, 128, size=(n, cout, h, w), dtype=np.int8)
     x32, r32 = ref.to_nc32hw32(x), ref.to_nc32hw32(r)
@@ -336,6 +338,36 @@ PERSISTENT = [  # (n, cin, cout, h, w, relu)
     (16, 256, 512, 28, 28, False),  # 2-4 k stages per tile, 784 rows per image: 128-row tiles straddle
 ]
 _persistent_cache = {}
+
+
+def _ties_and_clamps(L):
+    # a = 0.5, s = 0.5, b = 0 (all exact): t = (acc + r) / 2, a tie whenever acc + r is odd, and far outside
+    # [-128, 127] for most outputs: every rounding and clamp decision of the rule is exercised
+    L.update(x_scale=1.0, r_scale=0.5, out_scale=1.0)
+    L["w_scale"] = np.full_like(L["w_scale"], 0.5)
+    L["bias"] = np.zeros_like(L["bias"])
+
+
+def _outside_saturating_range(L):
+    # one channel's bias term b = bias * (1 / out_scale) ~ 2^-100: ReLU, but not the wgmma epilogue's saturating
+    # form (exact only for constants of magnitude 0 or in [2^-90, 2^100]): the plain form runs instead
+    L["bias"][0] = np.float32(L["out_scale"] * 2.0**-100)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("config", range(NUM_CONFIGS), ids=lambda c: f"cfg{c}")
+@pytest.mark.parametrize(
+    "case",
+    [(True, _ties_and_clamps), (False, _ties_and_clamps), (True, _outside_saturating_range)],
+    ids=["relu-ties", "identity-ties", "relu-plain-form"],
+)
+def test_epilogue_forms_every_config(cuda, case, config):
+    relu, edit = case
+    if config >= cuda.op.num_configs():
+        pytest.skip("no such config")
+    shape = (2, 256, 256, 7, 9)  # M = 126: tiles straddle images, the last one partial
+    _skip_unless_supported(cuda.op, config, shape[1], shape[2])
+    run_case(cuda, *shape, relu, config, np.random.default_rng(), edit=edit)
 
 
 def _persistent_case(shape):

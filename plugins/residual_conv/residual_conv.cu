@@ -143,10 +143,18 @@ struct Layer {
     float lo;          // lower clamp: 0 with ReLU, -128 without
     int8_t* w = nullptr;
     int8_t* w_perm = nullptr;   // w with rows permuted in 16-channel groups (v6 PERM configs)
-    float* abs = nullptr;   // [3][npad]: a, b, s of the rounding rule
+    float* abs = nullptr;   // [6][npad]: a, b, s of the rounding rule, then the same times 2^-8
+    bool sat = false;       // the wgmma epilogue may use its saturating form (see sat_exact)
 };
 
 int round_up(int v, int m) { return (v + m - 1) / m * m; }
+
+// Whether the wgmma epilogue's saturating form of the rule (residual_conv_wgmma.cuh) is exact for a constant:
+// zero, or a magnitude in [2^-90, 2^100]
+bool sat_exact(float v) {
+    float const m = std::fabs(v);
+    return m == 0.f || (m >= std::ldexp(1.f, -90) && m <= std::ldexp(1.f, 100));
+}
 bool good_scale(float s) { return std::isfinite(s) && s > 0.f; }
 
 // ---- tuning cache: process-wide, loaded once on first use ----
@@ -313,7 +321,7 @@ extern "C" int trtfuse_residual_conv_create(int cin, int cout, int8_t const* wei
     L.npad = round_up(L.nc * 32, 256);   // every BN divides 256: no N predicate
     L.lo = relu ? 0.f : -128.f;
     std::vector<int8_t> w(static_cast<size_t>(L.npad) * L.kpad, 0);
-    std::vector<float> abs(3 * static_cast<size_t>(L.npad), 0.f);   // zero in the padding: padded channels -> 0
+    std::vector<float> abs(6 * static_cast<size_t>(L.npad), 0.f);   // zero in the padding: padded channels -> 0
     // The rounding rule's constants, each an fp32 operation in this order (docs/residual_conv.md).
     float const inv_out = 1.0f / out_scale;
     for (int n = 0; n < cout; ++n) {
@@ -322,6 +330,11 @@ extern "C" int trtfuse_residual_conv_create(int cin, int cout, int8_t const* wei
         abs[n] = alpha * inv_out;
         abs[L.npad + n] = bias[n] * inv_out;
         abs[2 * L.npad + n] = r_scale * inv_out;
+    }
+    L.sat = relu != 0;
+    for (size_t i = 0; i < 3 * static_cast<size_t>(L.npad); ++i) {
+        L.sat = L.sat && sat_exact(abs[i]);
+        abs[3 * static_cast<size_t>(L.npad) + i] = std::ldexp(abs[i], -8);   // exact for these magnitudes
     }
     // PERM copy: packed row 16*grp + t*8 + 2*tig + e holds channel 16*grp + 4*tig + 2*t + e (t, e in {0,1},
     // tig in 0..3), so that an mma.sync lane's C columns of n8 tiles 2k, 2k+1 are 4 consecutive channels.
@@ -381,8 +394,12 @@ extern "C" int trtfuse_residual_conv_forward(void const* handle, void const* x, 
     p.a = L->abs;
     p.b = L->abs + L->npad;
     p.s = L->abs + 2 * L->npad;
+    p.a8 = L->abs + 3 * L->npad;
+    p.b8 = L->abs + 4 * L->npad;
+    p.s8 = L->abs + 5 * L->npad;
     p.lo = L->lo;
     p.small_acc = 16256LL * L->cin < (1LL << 22);   // 128 * 127 * Cin bounds |acc|
+    p.sat = L->sat;
     p.M = static_cast<int>(M);
     p.HW = hw;
     p.Kc = L->kc;

@@ -36,8 +36,12 @@ struct Params {
     float const* a;        // [Npad] (x_scale * w_scale[n]) * inv_out, 0 in the padding
     float const* b;        // [Npad] bias[n] * inv_out, 0 in the padding
     float const* s;        // [Npad] r_scale * inv_out, 0 in the padding (padded channels come out 0)
+    float const* a8;       // a, b, s times 2^-8 (exact), for the wgmma epilogue's saturating form (sat)
+    float const* b8;
+    float const* s8;
     float lo;              // 0 with ReLU, else -128: the lower clamp
     int small_acc;         // |acc| < 2^22 is guaranteed (Cin <= 258): exact int->float without I2F
+    int sat;               // ReLU and a, b, s in the range where the saturating form is exact (see wgmma)
     int M;                 // N * HW (< 2^31)
     int HW;
     int Kc;                // ceil(Cin / 32): slabs of x

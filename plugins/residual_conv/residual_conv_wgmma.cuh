@@ -209,16 +209,51 @@ constexpr int wgmma_smem_bytes(int k_tiles) {
 // channels per thread) applied per n8 chunk of the m64nN accumulator, whose register layout is mma.sync's m16n8 C
 // fragment. This thread owns rows `row` and `row + 8` of its warp's 16 and, per chunk, 2 (PERM: 4) columns; it reads
 // their residual bytes from the tile in shared memory and overwrites them in place with the int8 output.
-template <int BM, int NI, bool PERM, bool SMALL>
+//
+// SAT, the saturating form of the rule with ReLU (p.sat), one clamp instruction fewer per element (the clamps ran on
+// the ALU pipe, which the epilogue's byte permutes share): with a, b, s scaled by 2^-8 (exact),
+//   t8 = fma.sat(float(acc), a8, fma(float(r), s8, b8)) = clamp(t, 0, 256) * 2^-8,
+// then min(t8, 127/256) and fma(., 256, 1.5 * 2^23) round half to even as the rule does. Exact: scaling by a power
+// of two commutes with each fp32 rounding unless a result is subnormal. The host allows SAT only when every nonzero
+// a, b, s lies in [2^-90, 2^100]: fma(r, s, b) is then 0 or a multiple of 2^-113 (normal after scaling, no
+// overflow); a subnormal t8 means t < 2^-118, which rounds to 0 either way; an overflowing t (inf in the rule)
+// saturates to 127 either way.
+__device__ __forceinline__ float fma_sat(float x, float y, float z) {
+    float d;
+    asm("fma.rn.sat.f32 %0, %1, %2, %3;\n" : "=f"(d) : "f"(x), "f"(y), "f"(z));
+    return d;
+}
+template <bool SAT>
+__device__ __forceinline__ float rule_t(float accf, float rf, float a, float b, float s) {
+    return SAT ? fma_sat(accf, a, __fmaf_rn(rf, s, b)) : __fmaf_rn(accf, a, __fmaf_rn(rf, s, b));
+}
+// q_pair for two rule_t values
+template <bool SAT>
+__device__ __forceinline__ uint32_t q_pair_t(float t0, float t1, float lo) {
+    if constexpr (SAT) {
+        int b0 = __float_as_int(__fmaf_rn(fminf(t0, 127.f / 256.f), 256.f, kMagic));
+        int b1 = __float_as_int(__fmaf_rn(fminf(t1, 127.f / 256.f), 256.f, kMagic));
+        return __byte_perm(b0, b1, 0x0040);
+    } else {
+        return q_pair(t0, t1, lo);
+    }
+}
+
+template <int BM, int NI, bool PERM, bool SMALL, bool SAT>
 __device__ __forceinline__ void wgmma_epilogue_chunks(int const (&acc)[NI * 4], Params const& p, int8_t* r_tile, int row,
-                                                      int tig, int n0, std::integral_constant<bool, SMALL> small) {
+                                                      int tig, int n0, std::integral_constant<bool, SMALL> small,
+                                                      std::integral_constant<bool, SAT>) {
+    // this thread's first channel of the per-channel constants: each chunk's loads are then an immediate offset from
+    // it (indexing with n0 + col per chunk cost two 64-bit adds per load, ~7 % of the epilogue's instructions)
+    int const c0 = n0 + tig * (PERM ? 4 : 2);
+    float const *pa = (SAT ? p.a8 : p.a) + c0, *pb = (SAT ? p.b8 : p.b) + c0, *ps = (SAT ? p.s8 : p.s) + c0;
     if constexpr (!PERM) {
 #pragma unroll
         for (int n = 0; n < NI; ++n) {
             int col = n * 8 + tig * 2;
-            float2 a = __ldg(reinterpret_cast<float2 const*>(p.a + n0 + col));
-            float2 b = __ldg(reinterpret_cast<float2 const*>(p.b + n0 + col));
-            float2 s = __ldg(reinterpret_cast<float2 const*>(p.s + n0 + col));
+            float2 a = __ldg(reinterpret_cast<float2 const*>(pa + n * 8));
+            float2 b = __ldg(reinterpret_cast<float2 const*>(pb + n * 8));
+            float2 s = __ldg(reinterpret_cast<float2 const*>(ps + n * 8));
             uint16_t* base = reinterpret_cast<uint16_t*>(r_tile + swz_offset(col >> 5, BM, row, col & 31));
             uint32_t rv[2], q[2];
 #pragma unroll
@@ -226,9 +261,9 @@ __device__ __forceinline__ void wgmma_epilogue_chunks(int const (&acc)[NI * 4], 
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
                 float2 rf = r_pair_to_float(rv[h]);
-                float v0 = __fmaf_rn(acc_bits_to_float(acc[4 * n + 2 * h], small), a.x, __fmaf_rn(rf.x, s.x, b.x));
-                float v1 = __fmaf_rn(acc_bits_to_float(acc[4 * n + 2 * h + 1], small), a.y, __fmaf_rn(rf.y, s.y, b.y));
-                q[h] = q_pair(v0, v1, p.lo);
+                float v0 = rule_t<SAT>(acc_bits_to_float(acc[4 * n + 2 * h], small), rf.x, a.x, b.x, s.x);
+                float v1 = rule_t<SAT>(acc_bits_to_float(acc[4 * n + 2 * h + 1], small), rf.y, a.y, b.y, s.y);
+                q[h] = q_pair_t<SAT>(v0, v1, p.lo);
             }
 #pragma unroll
             for (int h = 0; h < 2; ++h) base[h * 8 * 16] = static_cast<uint16_t>(q[h]);
@@ -237,9 +272,9 @@ __device__ __forceinline__ void wgmma_epilogue_chunks(int const (&acc)[NI * 4], 
 #pragma unroll
         for (int n = 0; n < NI; n += 2) {
             int col = n * 8 + tig * 4;
-            float4 a = __ldg(reinterpret_cast<float4 const*>(p.a + n0 + col));
-            float4 b = __ldg(reinterpret_cast<float4 const*>(p.b + n0 + col));
-            float4 s = __ldg(reinterpret_cast<float4 const*>(p.s + n0 + col));
+            float4 a = __ldg(reinterpret_cast<float4 const*>(pa + n * 8));
+            float4 b = __ldg(reinterpret_cast<float4 const*>(pb + n * 8));
+            float4 s = __ldg(reinterpret_cast<float4 const*>(ps + n * 8));
             uint32_t* base = reinterpret_cast<uint32_t*>(r_tile + swz_offset(col >> 5, BM, row, col & 31));
             uint32_t rv[2], q[2];
 #pragma unroll
@@ -247,11 +282,11 @@ __device__ __forceinline__ void wgmma_epilogue_chunks(int const (&acc)[NI * 4], 
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
                 float4 rf = r_quad_to_float(rv[h]);
-                float v0 = __fmaf_rn(acc_bits_to_float(acc[4 * n + 2 * h], small), a.x, __fmaf_rn(rf.x, s.x, b.x));
-                float v1 = __fmaf_rn(acc_bits_to_float(acc[4 * n + 2 * h + 1], small), a.y, __fmaf_rn(rf.y, s.y, b.y));
-                float v2 = __fmaf_rn(acc_bits_to_float(acc[4 * (n + 1) + 2 * h], small), a.z, __fmaf_rn(rf.z, s.z, b.z));
-                float v3 = __fmaf_rn(acc_bits_to_float(acc[4 * (n + 1) + 2 * h + 1], small), a.w, __fmaf_rn(rf.w, s.w, b.w));
-                q[h] = __byte_perm(q_pair(v0, v1, p.lo), q_pair(v2, v3, p.lo), 0x5410);
+                float v0 = rule_t<SAT>(acc_bits_to_float(acc[4 * n + 2 * h], small), rf.x, a.x, b.x, s.x);
+                float v1 = rule_t<SAT>(acc_bits_to_float(acc[4 * n + 2 * h + 1], small), rf.y, a.y, b.y, s.y);
+                float v2 = rule_t<SAT>(acc_bits_to_float(acc[4 * (n + 1) + 2 * h], small), rf.z, a.z, b.z, s.z);
+                float v3 = rule_t<SAT>(acc_bits_to_float(acc[4 * (n + 1) + 2 * h + 1], small), rf.w, a.w, b.w, s.w);
+                q[h] = __byte_perm(q_pair_t<SAT>(v0, v1, p.lo), q_pair_t<SAT>(v2, v3, p.lo), 0x5410);
             }
 #pragma unroll
             for (int h = 0; h < 2; ++h) base[h * 8 * 8] = q[h];
@@ -262,8 +297,15 @@ __device__ __forceinline__ void wgmma_epilogue_chunks(int const (&acc)[NI * 4], 
 template <int BM, int NI, bool PERM>
 __device__ __forceinline__ void wgmma_epilogue(int const (&acc)[NI * 4], Params const& p, int8_t* r_tile, int row, int tig,
                                                int n0) {
-    if (p.small_acc) wgmma_epilogue_chunks<BM, NI, PERM>(acc, p, r_tile, row, tig, n0, std::true_type{});
-    else wgmma_epilogue_chunks<BM, NI, PERM>(acc, p, r_tile, row, tig, n0, std::false_type{});
+    using T = std::true_type;
+    using F = std::false_type;
+    if (p.sat) {
+        if (p.small_acc) wgmma_epilogue_chunks<BM, NI, PERM>(acc, p, r_tile, row, tig, n0, T{}, T{});
+        else wgmma_epilogue_chunks<BM, NI, PERM>(acc, p, r_tile, row, tig, n0, F{}, T{});
+    } else {
+        if (p.small_acc) wgmma_epilogue_chunks<BM, NI, PERM>(acc, p, r_tile, row, tig, n0, T{}, F{});
+        else wgmma_epilogue_chunks<BM, NI, PERM>(acc, p, r_tile, row, tig, n0, F{}, F{});
+    }
 }
 
 template <class Cfg>

@@ -52,12 +52,26 @@ namespace rconv {
 // thread 0 of each consumer records clock64() at the phases of its first 64 tiles.
 // The buffer's address is read once per thread (wgw_trace): reading the __device__ pointer at every record made
 // the recording warp wait for a global load each time (~1k cycles under this kernel's memory traffic).
+// TRTFUSE_WGW_TRACE_GLOBALTIMER records %globaltimer (ns, one clock for all SMs) instead, and WGW_SPAN the block's
+// start (i = 0) and each consumer's end (1 + c) into g_wgw_span: where a short launch's time goes.
 #ifdef TRTFUSE_WGW_TRACE
 __device__ long long* g_wgw_trace;
+__device__ long long* g_wgw_span;
+__device__ __forceinline__ long long wgw_clock() {
+#ifdef TRTFUSE_WGW_TRACE_GLOBALTIMER
+    long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+#else
+    return clock64();
+#endif
+}
 #define WGW_TRACE(i) \
-    if (t128 == 0 && u < 64) wgw_trace[((blockIdx.x * 2 + c) * 64 + u) * 8 + (i)] = clock64()
+    if (t128 == 0 && u < 64) wgw_trace[((blockIdx.x * 2 + c) * 64 + u) * 8 + (i)] = wgw_clock()
+#define WGW_SPAN(i) g_wgw_span[blockIdx.x * 4 + (i)] = wgw_clock()
 #else
 #define WGW_TRACE(i)
+#define WGW_SPAN(i)
 #endif
 
 template <int REGS>
@@ -202,6 +216,7 @@ residual_conv_kernel_wgmma_ws(const __grid_constant__ Params p) {
     auto tile_m0 = [&](int t) { return (mb0 + t * mstep) * BM; };
 
     if (tid == 0) {
+        WGW_SPAN(0);
         for (int s = 0; s < 2 * STAGES; ++s) { mbar_init(x_full(s), 32 * XW); mbar_init(x_empty(s), 4); }
         for (int b = 0; b < 2 * RBUF; ++b) { mbar_init(r_full(b), 32 * XW); mbar_init(r_empty(b), 128); }
         for (int kt = 0; kt < k_tiles; ++kt) mbar_init(w_full(kt), 32 * XW);
@@ -398,7 +413,10 @@ residual_conv_kernel_wgmma_ws(const __grid_constant__ Params p) {
         mbar_arrive(r_empty(b));
         WGW_TRACE(6);
     }
-    if (t128 == 0) bulk_wait<0, false>();   // the output stores complete before the block ends
+    if (t128 == 0) {
+        bulk_wait<0, false>();   // the output stores complete before the block ends
+        WGW_SPAN(1 + c);
+    }
 #else
     (void)p;   // not an sm_90a pass: never launched (the host checks kHasWgmma first)
 #endif
