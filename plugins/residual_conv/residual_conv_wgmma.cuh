@@ -36,6 +36,7 @@
 #pragma once
 #include <cstdint>
 #include <type_traits>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include "residual_conv/residual_conv_kernel.cuh"
@@ -210,32 +211,63 @@ constexpr int wgmma_smem_bytes(int k_tiles) {
 // fragment. This thread owns rows `row` and `row + 8` of its warp's 16 and, per chunk, 2 (PERM: 4) columns; it reads
 // their residual bytes from the tile in shared memory and overwrites them in place with the int8 output.
 //
-// SAT, the saturating form of the rule with ReLU (p.sat), one clamp instruction fewer per element (the clamps ran on
-// the ALU pipe, which the epilogue's byte permutes share): with a, b, s scaled by 2^-8 (exact),
+// SAT, the saturating form of the rule with ReLU (p.sat), which takes work off the ALU pipe (the epilogue's clamps,
+// byte permutes and packs all ran there, measured as math-pipe stalls, while the FMA pipes had room): with a, b, s
+// scaled by 2^-8 (exact),
 //   t8 = fma.sat(float(acc), a8, fma(float(r), s8, b8)) = clamp(t, 0, 256) * 2^-8,
-// then min(t8, 127/256) and fma(., 256, 1.5 * 2^23) round half to even as the rule does. Exact: scaling by a power
-// of two commutes with each fp32 rounding unless a result is subnormal. The host allows SAT only when every nonzero
-// a, b, s lies in [2^-90, 2^100]: fma(r, s, b) is then 0 or a multiple of 2^-113 (normal after scaling, no
-// overflow); a subnormal t8 means t < 2^-118, which rounds to 0 either way; an overflowing t (inf in the rule)
-// saturates to 127 either way.
+// then min(t8, 127/256) * 2^-141 = clamp(t, 0, 127) * 2^-149 rounds, half to even, to a subnormal whose bits are the
+// output byte. Subnormals add as integers, so bytes 0-2 of a word pack by fp32 multiply-adds (q0 + q1 2^8 + q2 2^16
+// < 2^23 stays subnormal, exact); byte 3 by one integer op. Exact: scaling by a power of two commutes with each fp32
+// rounding unless a result is subnormal. The host allows SAT only when every nonzero a, b, s lies in [2^-90, 2^100]:
+// fma(r, s, b) is then 0 or a multiple of 2^-113 (normal after scaling, no overflow); a subnormal t8 means
+// t < 2^-118, which rounds to 0 either way; an overflowing t (inf in the rule) saturates to 127 either way. The PTX
+// below has no .ftz, so subnormals are kept whatever the compiler flags.
 __device__ __forceinline__ float fma_sat(float x, float y, float z) {
     float d;
     asm("fma.rn.sat.f32 %0, %1, %2, %3;\n" : "=f"(d) : "f"(x), "f"(y), "f"(z));
     return d;
 }
+// the output byte of a SAT value t8 in [0, 1], as the subnormal float whose bits are that byte
+__device__ __forceinline__ float sat_byte(float t8) {
+    float d;
+    asm("mul.rn.f32 %0, %1, %2;\n" : "=f"(d) : "f"(fminf(t8, 127.f / 256.f)), "f"(0x1p-141f));
+    return d;
+}
+// lo + hi * 2^shift for subnormal byte floats (exact while the sum stays below 2^-126)
+template <int SHIFT>
+__device__ __forceinline__ float sub_pack(float hi, float lo) {
+    float d;
+    asm("fma.rn.f32 %0, %1, %2, %3;\n" : "=f"(d) : "f"(hi), "f"(static_cast<float>(1 << SHIFT)), "f"(lo));
+    return d;
+}
+// r_quad_to_float with half of its byte permutes moved to the FMA pipe: two bytes at a time are spliced under the
+// fp16 exponent of 1024 (one PRMT), 1024 + 128 subtracted in f16x2 (exact: integers below 2048), then widened.
+__device__ __forceinline__ float4 r_quad_to_float_h(uint32_t quad) {
+    uint32_t const u = quad ^ 0x80808080u;
+    __half2 const bias = __float2half2_rn(1152.f);
+    uint32_t const w01 = __byte_perm(u, 0x6464u, 0x4140), w23 = __byte_perm(u, 0x6464u, 0x4342);
+    float2 const f01 = __half22float2(__hsub2(*reinterpret_cast<__half2 const*>(&w01), bias));
+    float2 const f23 = __half22float2(__hsub2(*reinterpret_cast<__half2 const*>(&w23), bias));
+    return make_float4(f01.x, f01.y, f23.x, f23.y);
+}
+
 template <bool SAT>
 __device__ __forceinline__ float rule_t(float accf, float rf, float a, float b, float s) {
     return SAT ? fma_sat(accf, a, __fmaf_rn(rf, s, b)) : __fmaf_rn(accf, a, __fmaf_rn(rf, s, b));
 }
-// q_pair for two rule_t values
+// two (four) rule_t values as int8 bytes, packed in the low half (all) of a word
 template <bool SAT>
 __device__ __forceinline__ uint32_t q_pair_t(float t0, float t1, float lo) {
+    if constexpr (SAT) return __float_as_uint(sub_pack<8>(sat_byte(t1), sat_byte(t0)));
+    else return q_pair(t0, t1, lo);
+}
+template <bool SAT>
+__device__ __forceinline__ uint32_t q_quad_t(float t0, float t1, float t2, float t3, float lo) {
     if constexpr (SAT) {
-        int b0 = __float_as_int(__fmaf_rn(fminf(t0, 127.f / 256.f), 256.f, kMagic));
-        int b1 = __float_as_int(__fmaf_rn(fminf(t1, 127.f / 256.f), 256.f, kMagic));
-        return __byte_perm(b0, b1, 0x0040);
+        uint32_t const low3 = __float_as_uint(sub_pack<16>(sat_byte(t2), sub_pack<8>(sat_byte(t1), sat_byte(t0))));
+        return __byte_perm(low3, __float_as_uint(sat_byte(t3)), 0x4210);
     } else {
-        return q_pair(t0, t1, lo);
+        return __byte_perm(q_pair(t0, t1, lo), q_pair(t2, t3, lo), 0x5410);
     }
 }
 
@@ -281,12 +313,12 @@ __device__ __forceinline__ void wgmma_epilogue_chunks(int const (&acc)[NI * 4], 
             for (int h = 0; h < 2; ++h) rv[h] = base[h * 8 * 8];
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
-                float4 rf = r_quad_to_float(rv[h]);
+                float4 rf = r_quad_to_float_h(rv[h]);
                 float v0 = rule_t<SAT>(acc_bits_to_float(acc[4 * n + 2 * h], small), rf.x, a.x, b.x, s.x);
                 float v1 = rule_t<SAT>(acc_bits_to_float(acc[4 * n + 2 * h + 1], small), rf.y, a.y, b.y, s.y);
                 float v2 = rule_t<SAT>(acc_bits_to_float(acc[4 * (n + 1) + 2 * h], small), rf.z, a.z, b.z, s.z);
                 float v3 = rule_t<SAT>(acc_bits_to_float(acc[4 * (n + 1) + 2 * h + 1], small), rf.w, a.w, b.w, s.w);
-                q[h] = __byte_perm(q_pair_t<SAT>(v0, v1, p.lo), q_pair_t<SAT>(v2, v3, p.lo), 0x5410);
+                q[h] = q_quad_t<SAT>(v0, v1, v2, v3, p.lo);
             }
 #pragma unroll
             for (int h = 0; h < 2; ++h) base[h * 8 * 8] = q[h];
