@@ -78,6 +78,9 @@ using Q1 = WgwTileConfig<256, 128, 2, 2>;   // 4 wgmmas per stage
 using Q2 = WgwTileConfig<256, 64, 4, 2, true>;    // SPLIT: 2 producer warps per consumer, each x and residual
 using Q3 = WgwTileConfig<256, 128, 2, 2, true>;
 using Q4 = WgwTileConfig<256, 64, 4, 2, true, true>;   // + PINGPONG: the consumers take turns on the tensor cores
+// 3 residual buffers per consumer (res2-res4; res5's weight slice leaves no room): a TMA-stored tile's buffer is
+// released one tile late (after the next tile's wgmmas); a third buffer keeps the producers a tile further ahead
+using Q5 = WgwTileConfig<256, 128, 2, 3, true>;
 struct ConfigInfo {
     char const* name;
     int bm, bn, threads, smem;
@@ -134,7 +137,7 @@ ConfigInfo const kConfigs[] = {
     info_wgi<I0>("wgi_64x256x64_s4_r2"), info_wgi<I1>("wgi_64x256x64_s3_r3"), info_wgi<I2>("wgi_64x128x64_s4_r3"),
     info_wgw<Q0>("wgw_64x256x64_s4_r2"), info_wgw<Q1>("wgw_64x256x128_s2_r2"),
     info_wgw<Q2>("wgw_64x256x64_s4_r2_p2"), info_wgw<Q3>("wgw_64x256x128_s2_r2_p2"),
-    info_wgw<Q4>("wgw_64x256x64_s4_r2_p2_pp"),
+    info_wgw<Q4>("wgw_64x256x64_s4_r2_p2_pp"), info_wgw<Q5>("wgw_64x256x128_s2_r3_p2"),
 };
 constexpr int kNumConfigs = sizeof(kConfigs) / sizeof(kConfigs[0]);
 

@@ -326,6 +326,15 @@ residual_conv_kernel_wgmma_ws(const __grid_constant__ Params p) {
     int acc[BN / 2];
 #pragma unroll
     for (int i = 0; i < BN / 2; ++i) acc[i] = init;
+    // thread 0: the buffer of its last TMA store, whose r_empty arrival it owes until the engine has read it
+    int owed = -1;
+    auto pay_owed = [&] {
+        if (owed >= 0) {
+            bulk_wait<0, true>();
+            mbar_arrive(r_empty(owed));
+            owed = -1;
+        }
+    };
     for (int t = c, u = 0; t < my_tiles; t += 2, ++u) {
         int prev = -1;
         WGW_TRACE(0);
@@ -369,6 +378,8 @@ residual_conv_kernel_wgmma_ws(const __grid_constant__ Params p) {
         // ---- epilogue: in registers, written in place over the residual tile, then 16-byte stores ----
         int const b = c * RBUF + u % RBUF, m0 = tile_m0(t);
         mbar_wait(r_full(b), (u / RBUF) & 1);
+        // the previous tile's TMA store has had this tile's wgmmas to read its buffer: release it now
+        if (t128 == 0) pay_owed();
         WGW_TRACE(4);
         int8_t* r_tile = sR + b * Cfg::R_TILE;
         wgmma_epilogue<BM, NI, Cfg::PERM>(acc, p, r_tile, warp_in_wg * 16 + g, tig, n0);
@@ -378,10 +389,12 @@ residual_conv_kernel_wgmma_ws(const __grid_constant__ Params p) {
 #pragma unroll
         for (int i = 0; i < BN / 2; ++i) asm volatile("mov.b32 %0, %1;\n" : "=r"(acc[i]) : "r"(init));   // stays here
         // A tile whose valid rows lie in one image leaves shared memory by one TMA store (p.out_map; box: 64 rows
-        // from its first row, rows past HW or M and slabs past Nc not written), issued by thread 0, which then
-        // waits until the engine has read the buffer. A tile that straddles images takes the 16-byte stores
-        // below: a store box must not start at a negative hw (measured: illegal instruction), and one box per
-        // image would need the rows before the boundary. Hence no TMA at res5 (HW 49 < 64), ~70 % of res4 tiles.
+        // from its first row, rows past HW or M and slabs past Nc not written), issued by thread 0, which releases
+        // the buffer after the next tile's wgmmas, when the engine has long read it (waiting right away put the
+        // read, 0.7-1k cycles of the store phase, on the warpgroup's path: the next wgmma needs warp 0). A tile
+        // that straddles images takes the 16-byte stores below: a store box must not start at a negative hw
+        // (measured: illegal instruction), and one box per image would need the rows before the boundary. Hence no
+        // TMA at res5 (HW 49 < 64), ~70 % of res4 tiles.
         {
             int const img = p.hw_div.div(m0), hs = m0 - img * p.HW;
             if (min(BM, p.M - m0) + hs <= p.HW) {
@@ -390,16 +403,16 @@ residual_conv_kernel_wgmma_ws(const __grid_constant__ Params p) {
                 if (t128 == 0) {
                     tma_store_4d(&p.out_map, smem_u32(r_tile), 0, hs, n0 / 32, img);
                     bulk_commit();
-                    bulk_wait<0, true>();
+                    owed = b;
+                } else {
+                    mbar_arrive(r_empty(b));
                 }
-                mbar_arrive(r_empty(b));
                 WGW_TRACE(6);
                 continue;
             }
         }
         // A thread stores row t128 / 2, one of its own warp's 16 wgmma rows, whose bytes only this warp's epilogue
-        // wrote: a warp barrier suffices (the warpgroup barrier here cost ~1k cycles per tile, waiting for the
-        // slowest warp; measured: store phase 1.7-1.9k cycles at res5, where no tile takes the TMA store)
+        // wrote: a warp barrier suffices
         __syncwarp();
         int const m = m0 + my_row;
         if (m < p.M) {
@@ -417,6 +430,7 @@ residual_conv_kernel_wgmma_ws(const __grid_constant__ Params p) {
         WGW_TRACE(6);
     }
     if (t128 == 0) {
+        pay_owed();
         bulk_wait<0, false>();   // the output stores complete before the block ends
         WGW_SPAN(1 + c);
     }
