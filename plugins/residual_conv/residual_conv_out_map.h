@@ -26,7 +26,8 @@ inline PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
 }
 
 // p.out_map for a launch with p.out, p.HW, p.Nc set: out [n][Nc][HW][32] as a uint8 tensor (32, HW, Nc, n), box
-// (32 bytes, 64 rows, bn/32 slabs, 1 image) in the tile's shared-memory layout (the 32-byte swizzle, swz_offset).
+// (32 bytes, 16 rows, bn/32 slabs, 1 image): a consumer warp's block of the output tile in shared memory ([slab][16
+// rows][32 bytes], the 32-byte swizzle of swz_offset).
 // 0, or a cudaError_t.
 inline int encode_out_map(Params& p, int n, int bn) {
     auto encode = tensor_map_encoder();
@@ -34,7 +35,7 @@ inline int encode_out_map(Params& p, int n, int bn) {
     cuuint64_t const dims[4] = {32, static_cast<cuuint64_t>(p.HW), static_cast<cuuint64_t>(p.Nc),
                                 static_cast<cuuint64_t>(n)};
     cuuint64_t const strides[3] = {32, static_cast<cuuint64_t>(p.HW) * 32, static_cast<cuuint64_t>(p.HW) * 32 * p.Nc};
-    cuuint32_t const box[4] = {32, 64, static_cast<cuuint32_t>(bn / 32), 1};
+    cuuint32_t const box[4] = {32, 16, static_cast<cuuint32_t>(bn / 32), 1};
     cuuint32_t const elem_strides[4] = {1, 1, 1, 1};
     CUresult const st = encode(&p.out_map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 4, p.out, dims, strides, box, elem_strides,
                                CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_32B,

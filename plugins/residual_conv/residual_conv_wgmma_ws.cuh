@@ -17,7 +17,8 @@
 //     while the other's wgmmas do.
 // Each consumer has rings of its own: an mbarrier wait by parity is only unambiguous when the waiter is at most
 // one phase ahead of the barrier, which holds for a ring that one consumer walks in order.
-// Output: a tile within one image leaves shared memory by one TMA store (Params::out_map), others by 16-byte stores.
+// Output: each consumer warp stores its own 16 rows (one dense block of the tile in shared memory): rows within one
+// image by one TMA store (Params::out_map), rows that straddle two images by 16-byte stores.
 // Measured on the H100 against TensorRT 8.5 (docs/residual_conv.md, Version 9), batch 2048: res2 1.30 ms, res3
 // 0.72, res4 0.43, res5 0.33 (Version 8: 1.48 / 0.77 / 0.47 / 0.35). Per-tile phases (clock64,
 // benchmarks/residual_conv_wgw_phases.cu): the epilogue, ~4k cycles, is now the largest at every stage.
@@ -165,6 +166,9 @@ struct WgwTileConfig {
     static constexpr int CONSUMER_REGS = (THREADS * LAUNCH_REGS - 128 * PRODUCER_REGS) / 256 / 8 * 8;
     static constexpr int KCH = BK / 32;
     static constexpr int A_STAGE = BM * BK, R_TILE = BM * BN;
+    // a residual/output tile is [4 warp blocks][BN/32 slabs][16 rows][32 bytes]: consumer warp w's wgmma rows
+    // 16w..16w+15 are one dense block, which that warp alone writes and stores (one TMA box, no warpgroup barrier)
+    static constexpr int R_BLOCK = 16 * BN;
     // k chunks of the weight slice with a barrier each: shared memory caps BN * k_tiles * BK below 227 KB
     static constexpr int MAX_K_TILES = 227 * 1024 / (BN * BK) + 1;
     static constexpr int BARRIERS = 4 * (STAGES + RBUF) + MAX_K_TILES + 2;
@@ -235,20 +239,23 @@ residual_conv_kernel_wgmma_ws(const __grid_constant__ Params p) {
         bool const do_x = Cfg::SPLIT || pw < 2, do_r = Cfg::SPLIT || pw >= 2;
         // Lane l copies rows l/2 + 16 (W i + wsub), i < ROWS, 16-byte half l % 2, of every slab of a tile: per slab
         // 16 lanes read 16 consecutive rows x 32 bytes (coalesced). The swizzle depends on the row mod 8 only, so
-        // piece (slab, i) lies at lane_dst + (slab * 64 + 16 W i) * 32; source offsets are computed once per tile.
+        // piece (slab, i) lies at a lane's first piece + slab * SLAB + i * STEP: in an x stage ([slab][64][32]) SLAB
+        // is 64 rows and STEP 16 W rows, in a residual tile (warp blocks) SLAB is 16 rows and STEP W blocks. Source
+        // offsets are computed once per tile.
         int const half = lane & 1, row0 = (lane >> 1) + 16 * wsub;
-        uint32_t const lane_dst = swz_offset(0, BM, row0, half * 16);
-        // copies `slabs` slabs of the tile rows, starting at slab s0 of a tensor with `nslabs`, into a [slab][64][32]
-        // tile at dst; slabs past nslabs and rows past M are zero-filled
-        auto copy_slabs = [&](uint32_t dst, int8_t const* src, int64_t const (&off)[ROWS], int const (&bytes)[ROWS],
-                              int slabs, int s0, int nslabs) {
+        uint32_t const x_dst = swz_offset(0, BM, row0, half * 16);
+        uint32_t const r_dst = wsub * Cfg::R_BLOCK + swz_offset(0, 16, row0 & 15, half * 16);
+        // copies `slabs` slabs of the tile rows, starting at slab s0 of a tensor with `nslabs`, to dst (see above);
+        // slabs past nslabs and rows past M are zero-filled
+        auto copy_slabs = [&](uint32_t dst, int slab_step, int row_step, int8_t const* src, int64_t const (&off)[ROWS],
+                              int const (&bytes)[ROWS], int slabs, int s0, int nslabs) {
 #pragma unroll
             for (int sl = 0; sl < slabs; ++sl) {
                 bool const ok = s0 + sl < nslabs;
                 int8_t const* base = src + (ok ? s0 + sl : 0) * slab_bytes;
 #pragma unroll
                 for (int i = 0; i < ROWS; ++i)
-                    cp_async_16_zfill(dst + (sl * BM + 16 * W * i) * 32, base + off[i], ok ? bytes[i] : 0);
+                    cp_async_16_zfill(dst + sl * slab_step + i * row_step, base + off[i], ok ? bytes[i] : 0);
             }
         };
         int8_t const* wsrc = (Cfg::PERM ? p.w_perm : p.w) + static_cast<int64_t>(n0) * p.Kpad;
@@ -282,7 +289,8 @@ residual_conv_kernel_wgmma_ws(const __grid_constant__ Params p) {
                 int const b = c * RBUF + u % RBUF;
                 row_offsets(m0, p.Nc, off, bytes);
                 mbar_wait(r_empty(b), ((u / RBUF) & 1) ^ 1);
-                copy_slabs(smem_u32(sR + b * Cfg::R_TILE) + lane_dst, p.r, off, bytes, BN / 32, n0 / 32, p.Nc);
+                copy_slabs(smem_u32(sR + b * Cfg::R_TILE) + r_dst, 16 * 32, W * Cfg::R_BLOCK, p.r, off, bytes, BN / 32,
+                           n0 / 32, p.Nc);
                 mbar_arrive_on_cp_async(r_full(b));
             };
             if (!do_x) {
@@ -302,7 +310,8 @@ residual_conv_kernel_wgmma_ws(const __grid_constant__ Params p) {
                 int const q = u * k_tiles + kt, slot = c * STAGES + q % STAGES;
                 mbar_wait(x_empty(slot), ((q / STAGES) & 1) ^ 1);
                 if (c == 0 && u == 0) copy_weights(kt);
-                copy_slabs(smem_u32(sA + slot * Cfg::A_STAGE) + lane_dst, p.x, off, bytes, KCH, kt * KCH, p.Kc);
+                copy_slabs(smem_u32(sA + slot * Cfg::A_STAGE) + x_dst, BM * 32, 16 * W * 32, p.x, off, bytes, KCH,
+                           kt * KCH, p.Kc);
                 mbar_arrive_on_cp_async(x_full(slot));
             }
         }
@@ -317,8 +326,8 @@ residual_conv_kernel_wgmma_ws(const __grid_constant__ Params p) {
     int const init = p.small_acc ? kMagicBits : 0;
     uint64_t const descA0 = smem_desc<true>(smem_u32(sA));
     uint64_t const descB0 = smem_desc<true>(smem_u32(sW));
-    // the output pieces this thread stores: row t128 / 2, 16-byte half t128 % 2, of every slab
-    int const my_row = t128 >> 1, my_half = t128 & 1;
+    // the output pieces this thread stores (16-byte path): row lane / 2 of its warp's block, half lane % 2, every slab
+    int const my_row = lane >> 1, my_half = lane & 1;
 #ifdef TRTFUSE_WGW_TRACE
     long long* const wgw_trace = g_wgw_trace;
 #endif
@@ -326,7 +335,7 @@ residual_conv_kernel_wgmma_ws(const __grid_constant__ Params p) {
     int acc[BN / 2];
 #pragma unroll
     for (int i = 0; i < BN / 2; ++i) acc[i] = init;
-    // thread 0: the buffer of its last TMA store, whose r_empty arrival it owes until the engine has read it
+    // lane 0 of a warp: the buffer of its last TMA store, whose r_empty arrival it owes until the engine has read it
     int owed = -1;
     auto pay_owed = [&] {
         if (owed >= 0) {
@@ -378,62 +387,57 @@ residual_conv_kernel_wgmma_ws(const __grid_constant__ Params p) {
         // ---- epilogue: in registers, written in place over the residual tile, then 16-byte stores ----
         int const b = c * RBUF + u % RBUF, m0 = tile_m0(t);
         mbar_wait(r_full(b), (u / RBUF) & 1);
-        // the previous tile's TMA store has had this tile's wgmmas to read its buffer: release it now
-        if (t128 == 0) pay_owed();
+        // the previous tile's TMA stores have had this tile's wgmmas to read their buffer: release it now
+        if (lane == 0) pay_owed();
         WGW_TRACE(4);
-        int8_t* r_tile = sR + b * Cfg::R_TILE;
-        wgmma_epilogue<BM, NI, Cfg::PERM>(acc, p, r_tile, warp_in_wg * 16 + g, tig, n0);
+        int8_t* const w_tile = sR + b * Cfg::R_TILE + warp_in_wg * Cfg::R_BLOCK;   // this warp's block
+        wgmma_epilogue<16, NI, Cfg::PERM>(acc, p, w_tile, g, tig, n0);
         WGW_TRACE(5);
         // the next tile's accumulators, set here: the moves then overlap the wait below instead of delaying the
         // next tile's first wgmma (measured: ~1k cycles between a tile's start and its first wgmma otherwise)
 #pragma unroll
         for (int i = 0; i < BN / 2; ++i) asm volatile("mov.b32 %0, %1;\n" : "=r"(acc[i]) : "r"(init));   // stays here
-        // A tile whose valid rows lie in one image leaves shared memory by one TMA store (p.out_map; box: 64 rows
-        // from its first row, rows past HW or M and slabs past Nc not written), issued by thread 0, which releases
-        // the buffer after the next tile's wgmmas, when the engine has long read it (waiting right away put the
-        // read, 0.7-1k cycles of the store phase, on the warpgroup's path: the next wgmma needs warp 0). A tile
-        // that straddles images takes the 16-byte stores below: a store box must not start at a negative hw
-        // (measured: illegal instruction), and one box per image would need the rows before the boundary. Hence no
-        // TMA at res5 (HW 49 < 64), ~70 % of res4 tiles.
-        {
-            int const img = p.hw_div.div(m0), hs = m0 - img * p.HW;
-            if (min(BM, p.M - m0) + hs <= p.HW) {
-                fence_proxy_async_smem();   // this thread's output bytes (generic writes) -> the TMA engine's reads
-                named_barrier_sync(1 + c, 128);
-                if (t128 == 0) {
-                    tma_store_4d(&p.out_map, smem_u32(r_tile), 0, hs, n0 / 32, img);
-                    bulk_commit();
-                    owed = b;
-                } else {
-                    mbar_arrive(r_empty(b));
-                }
-                WGW_TRACE(6);
-                continue;
+        // Each warp stores its own 16 rows, which only its epilogue wrote: a warp barrier suffices. Rows within one
+        // image leave by one TMA store (p.out_map, box 16 rows x BN/32 slabs from the block's first row; rows past HW
+        // or M and slabs past Nc not written), issued by lane 0, which releases the buffer after the next tile's
+        // wgmmas, when the engine has long read it (waiting right away put the read, 0.7-1k cycles, on the
+        // warpgroup's path: the next wgmma needs every warp). Rows that straddle two images take 16-byte stores: a
+        // store box must not start at a negative hw (measured: illegal instruction). 16-row blocks straddle only
+        // where an image boundary falls inside one: never at res2/res3, ~1 in 12 at res4, ~1 in 3 at res5.
+        int const wm0 = m0 + warp_in_wg * 16, img0 = p.hw_div.div(min(wm0, p.M - 1)), hs = wm0 - img0 * p.HW;
+        if (wm0 < p.M && min(16, p.M - wm0) + hs <= p.HW) {
+            fence_proxy_async_smem();   // this thread's output bytes (generic writes) -> the TMA engine's reads
+            __syncwarp();
+            if (lane == 0) {
+                tma_store_4d(&p.out_map, smem_u32(w_tile), 0, hs, n0 / 32, img0);
+                bulk_commit();
+                owed = b;
+            } else {
+                mbar_arrive(r_empty(b));
             }
-        }
-        // A thread stores row t128 / 2, one of its own warp's 16 wgmma rows, whose bytes only this warp's epilogue
-        // wrote: a warp barrier suffices
-        __syncwarp();
-        int const m = m0 + my_row;
-        if (m < p.M) {
-            int const img = p.hw_div.div(m), hw = m - img * p.HW;
-            int8_t* obase = p.out + (static_cast<int64_t>(img) * p.Nc * p.HW + hw) * 32 + my_half * 16;
+        } else {
+            __syncwarp();
+            int const m = wm0 + my_row;
+            if (m < p.M) {
+                int const img = p.hw_div.div(m), hw = m - img * p.HW;
+                int8_t* obase = p.out + (static_cast<int64_t>(img) * p.Nc * p.HW + hw) * 32 + my_half * 16;
 #pragma unroll
-            for (int slab = 0; slab < BN / 32; ++slab) {
-                int const gslab = n0 / 32 + slab;
-                if (gslab < p.Nc)
-                    st_global_cs_16(obase + gslab * slab_bytes,
-                                    *reinterpret_cast<int4 const*>(r_tile + swz_offset(slab, BM, my_row, my_half * 16)));
+                for (int slab = 0; slab < BN / 32; ++slab) {
+                    int const gslab = n0 / 32 + slab;
+                    if (gslab < p.Nc)
+                        st_global_cs_16(obase + gslab * slab_bytes,
+                                        *reinterpret_cast<int4 const*>(w_tile + swz_offset(slab, 16, my_row, my_half * 16)));
+                }
             }
+            mbar_arrive(r_empty(b));
         }
-        mbar_arrive(r_empty(b));
         WGW_TRACE(6);
     }
-    if (t128 == 0) {
+    if (lane == 0) {
         pay_owed();
         bulk_wait<0, false>();   // the output stores complete before the block ends
-        WGW_SPAN(1 + c);
     }
+    if (t128 == 0) WGW_SPAN(1 + c);
 #else
     (void)p;   // not an sm_90a pass: never launched (the host checks kHasWgmma first)
 #endif
