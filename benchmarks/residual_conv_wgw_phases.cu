@@ -158,6 +158,8 @@ int main() {
     using Q3 = WgwTileConfig<256, 128, 2, 2, true>;
     using Q4 = WgwTileConfig<256, 64, 4, 2, true, true>;
     using Q5 = WgwTileConfig<256, 128, 2, 3, true>;
+    using Q6 = WgwTileConfig<256, 64, 8, 2, true, true, true, true>;
+    using Q7 = WgwTileConfig<256, 128, 4, 2, true, true, true, true>;
     int const shapes[4][3] = {{512, 2048, 49}, {256, 1024, 196}, {128, 512, 784}, {64, 256, 3136}};
 #ifdef TRTFUSE_WGW_TRACE_GLOBALTIMER
     for (auto const& s : shapes)
@@ -166,6 +168,8 @@ int main() {
             run<Q3>("wgw_64x256x128_s2_r2_p2", s[0], s[1], s[2], batch);
             run<Q4>("wgw_64x256x64_s4_r2_p2_pp", s[0], s[1], s[2], batch);
             if (s[0] < 512) run<Q5>("wgw_64x256x128_s2_r3_p2", s[0], s[1], s[2], batch);
+            run<Q6>("wgw_64x256x64_s8_r2_p2_pp_sh", s[0], s[1], s[2], batch);
+            run<Q7>("wgw_64x256x128_s4_r2_p2_pp_sh", s[0], s[1], s[2], batch);
         }
 #else
     for (auto const& s : shapes) {
@@ -176,6 +180,8 @@ int main() {
         run<Q4>("wgw_64x256x64_s4_r2_p2_pp", s[0], s[1], s[2], 2048);
         if (s[0] < 512)   // res5's weight slice leaves no room for a third residual buffer
             run<Q5>("wgw_64x256x128_s2_r3_p2", s[0], s[1], s[2], 2048);
+        run<Q6>("wgw_64x256x64_s8_r2_p2_pp_sh", s[0], s[1], s[2], 2048);
+        run<Q7>("wgw_64x256x128_s4_r2_p2_pp_sh", s[0], s[1], s[2], 2048);
     }
 #endif
     return 0;

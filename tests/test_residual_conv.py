@@ -269,9 +269,9 @@ def test_small_auto_config(cuda, shape, relu):
     )
 
 
-NUM_CONFIGS = 44  # 13 v5 tile configurations + 10 v6 + 5 v6 PERM + 16 wgmma ones (residual_conv.cu's kConfigs)
-NUM_WGMMA = 16  # 2 streamed ("wg_") + 5 weight-stationary ("wgs_") + 3 independent-warpgroup ("wgi_")
-# + 6 warp-specialized ("wgw_")
+NUM_CONFIGS = 46  # 13 v5 tile configurations + 10 v6 + 5 v6 PERM + 18 wgmma ones (residual_conv.cu's kConfigs)
+NUM_WGMMA = 18  # 2 streamed ("wg_") + 5 weight-stationary ("wgs_") + 3 independent-warpgroup ("wgi_")
+# + 8 warp-specialized ("wgw_")
 WGMMA_PREFIXES = ("wg_", "wgs_", "wgi_", "wgw_")
 
 

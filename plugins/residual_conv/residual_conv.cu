@@ -81,6 +81,10 @@ using Q4 = WgwTileConfig<256, 64, 4, 2, true, true>;   // + PINGPONG: the consum
 // 3 residual buffers per consumer (res2-res4; res5's weight slice leaves no room): a TMA-stored tile's buffer is
 // released one tile late (after the next tile's wgmmas); a third buffer keeps the producers a tile further ahead
 using Q5 = WgwTileConfig<256, 128, 2, 3, true>;
+// PINGPONG with one x ring for both consumers (SHARED): the same 32 KB, but the consumer on the tensor cores may
+// have all of it in flight (per-consumer rings left it 4 stages: at res5 its wgmmas waited for x)
+using Q6 = WgwTileConfig<256, 64, 8, 2, true, true, true, true>;
+using Q7 = WgwTileConfig<256, 128, 4, 2, true, true, true, true>;
 struct ConfigInfo {
     char const* name;
     int bm, bn, threads, smem;
@@ -138,6 +142,7 @@ ConfigInfo const kConfigs[] = {
     info_wgw<Q0>("wgw_64x256x64_s4_r2"), info_wgw<Q1>("wgw_64x256x128_s2_r2"),
     info_wgw<Q2>("wgw_64x256x64_s4_r2_p2"), info_wgw<Q3>("wgw_64x256x128_s2_r2_p2"),
     info_wgw<Q4>("wgw_64x256x64_s4_r2_p2_pp"), info_wgw<Q5>("wgw_64x256x128_s2_r3_p2"),
+    info_wgw<Q6>("wgw_64x256x64_s8_r2_p2_pp_sh"), info_wgw<Q7>("wgw_64x256x128_s4_r2_p2_pp_sh"),
 };
 constexpr int kNumConfigs = sizeof(kConfigs) / sizeof(kConfigs[0]);
 

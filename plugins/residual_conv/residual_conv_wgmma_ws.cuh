@@ -152,12 +152,17 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
 }
 
 // Tile configuration: BN (wgmma N), BK (k bytes per x stage), STAGES x slots and RBUF residual buffers per
-// consumer, PERM (the v6 PERM epilogue). Shared memory: [weights BN x k_tiles*BK][2 x STAGES x 64 x BK]
-// [2 x RBUF x 64 x BN][mbarriers]; the weight slice depends on K (wgw_smem_bytes).
-template <int BN_, int BK_, int STAGES_, int RBUF_, bool SPLIT_ = false, bool PINGPONG_ = false, bool PERM_ = true>
+// consumer, PERM (the v6 PERM epilogue), SHARED (one ring of STAGES x slots that the two consumers walk in turn).
+// Shared memory: [weights BN x k_tiles*BK][X_SLOTS x 64 x BK][2 x RBUF x 64 x BN][mbarriers]; the weight slice
+// depends on K (wgw_smem_bytes).
+template <int BN_, int BK_, int STAGES_, int RBUF_, bool SPLIT_ = false, bool PINGPONG_ = false, bool PERM_ = true,
+          bool SHARED_ = false>
 struct WgwTileConfig {
     static constexpr int BM = 64, BN = BN_, BK = BK_, STAGES = STAGES_, RBUF = RBUF_;
-    static constexpr bool SPLIT = SPLIT_, PINGPONG = PINGPONG_, PERM = PERM_;
+    static constexpr bool SPLIT = SPLIT_, PINGPONG = PINGPONG_, PERM = PERM_, SHARED = SHARED_;
+    // SHARED needs the strict turns of PINGPONG (a ring is walked in order) and two producer warps per role
+    static_assert(!SHARED || (PINGPONG && SPLIT), "a shared x ring is walked in turns");
+    static constexpr int X_SLOTS = SHARED ? STAGES : 2 * STAGES;
     static constexpr int THREADS = 3 * 128;
     // setmaxnreg moves registers from the producers (they need few) to the consumers (128 accumulators at BN
     // 256) within the block's allocation, THREADS x 168 (the consumers' increase blocks until the pool has them)
@@ -171,8 +176,8 @@ struct WgwTileConfig {
     static constexpr int R_BLOCK = 16 * BN;
     // k chunks of the weight slice with a barrier each: shared memory caps BN * k_tiles * BK below 227 KB
     static constexpr int MAX_K_TILES = 227 * 1024 / (BN * BK) + 1;
-    static constexpr int BARRIERS = 4 * (STAGES + RBUF) + MAX_K_TILES + 2;
-    static constexpr int SMEM = 2 * (STAGES * A_STAGE + RBUF * R_TILE) + BARRIERS * 8;   // + the weight slice
+    static constexpr int BARRIERS = 2 * X_SLOTS + 4 * RBUF + MAX_K_TILES + 2;
+    static constexpr int SMEM = X_SLOTS * A_STAGE + 2 * RBUF * R_TILE + BARRIERS * 8;   // + the weight slice
     static_assert(BN == 128 || BN == 256, "n128 or n256 per wgmma");
     static_assert(BK % 32 == 0 && 128 % BK == 0, "packing pads K to 128");
     static_assert(STAGES >= 2 && RBUF >= 1 && SMEM <= 227 * 1024, "rings, shared memory");
@@ -196,16 +201,24 @@ residual_conv_kernel_wgmma_ws(const __grid_constant__ Params p) {
     int const k_tiles = (p.Kc * 32 + BK - 1) / BK;   // <= MAX_K_TILES: the host's shared-memory fit rule
     extern __shared__ __align__(1024) int8_t wg_smem[];
     int8_t* sW = wg_smem;                          // k_tiles*KCH chunks x [BN][32] (swz_offset)
-    int8_t* sA = sW + BN * k_tiles * BK;           // [consumer][slot]: [KCH][64][32] (swz_offset)
-    int8_t* sR = sA + 2 * STAGES * Cfg::A_STAGE;   // [consumer][buffer]: [BN/32][64][32] (swz_offset), residual/output
+    constexpr int XS = Cfg::X_SLOTS;
+    int8_t* sA = sW + BN * k_tiles * BK;           // [slot]: [KCH][64][32] (swz_offset)
+    int8_t* sR = sA + XS * Cfg::A_STAGE;           // [consumer][buffer]: 4 warp blocks [BN/32][16][32], residual/output
     uint32_t const bars = smem_u32(sR + 2 * RBUF * Cfg::R_TILE);
-    // barriers of consumer c's slot s (index c * STAGES + s) / buffer b (c * RBUF + b), and of weight chunk kt
+    // barriers of x slot s, of consumer c's buffer b (index c * RBUF + b), of weight chunk kt
     auto x_full = [&](int s) { return bars + 8 * s; };
-    auto x_empty = [&](int s) { return bars + 8 * (2 * STAGES + s); };
-    auto r_full = [&](int b) { return bars + 8 * (4 * STAGES + b); };
-    auto r_empty = [&](int b) { return bars + 8 * (4 * STAGES + 2 * RBUF + b); };
-    auto w_full = [&](int kt) { return bars + 8 * (4 * STAGES + 4 * RBUF + kt); };
-    auto mma_turn = [&](int c) { return bars + 8 * (4 * STAGES + 4 * RBUF + Cfg::MAX_K_TILES + c); };
+    auto x_empty = [&](int s) { return bars + 8 * (XS + s); };
+    auto r_full = [&](int b) { return bars + 8 * (2 * XS + b); };
+    auto r_empty = [&](int b) { return bars + 8 * (2 * XS + 2 * RBUF + b); };
+    auto w_full = [&](int kt) { return bars + 8 * (2 * XS + 4 * RBUF + kt); };
+    auto mma_turn = [&](int c) { return bars + 8 * (2 * XS + 4 * RBUF + Cfg::MAX_K_TILES + c); };
+    // the x slot of stage kt of tile t (consumer t % 2, its tile u = t / 2) and that slot's fill count: per consumer
+    // rings of STAGES slots, or (SHARED) one ring that the tiles of both consumers take in order
+    auto x_pos = [&](int t, int kt, int& slot, int& fill) {
+        int const q = (Cfg::SHARED ? t : t >> 1) * k_tiles + kt;
+        slot = (Cfg::SHARED ? 0 : (t & 1) * STAGES) + q % STAGES;
+        fill = q / STAGES;
+    };
 
     constexpr int XW = Cfg::SPLIT ? 2 : 1;   // producer warps per ring
     int const tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -221,7 +234,7 @@ residual_conv_kernel_wgmma_ws(const __grid_constant__ Params p) {
 
     if (tid == 0) {
         WGW_SPAN(0);
-        for (int s = 0; s < 2 * STAGES; ++s) { mbar_init(x_full(s), 32 * XW); mbar_init(x_empty(s), 4); }
+        for (int s = 0; s < XS; ++s) { mbar_init(x_full(s), 32 * XW); mbar_init(x_empty(s), 4); }
         for (int b = 0; b < 2 * RBUF; ++b) { mbar_init(r_full(b), 32 * XW); mbar_init(r_empty(b), 128); }
         for (int kt = 0; kt < k_tiles; ++kt) mbar_init(w_full(kt), 32 * XW);
         for (int c = 0; c < 2; ++c) mbar_init(mma_turn(c), 128);
@@ -231,12 +244,15 @@ residual_conv_kernel_wgmma_ws(const __grid_constant__ Params p) {
     if (warp >= 8) {
         // ---------------- producers (warpgroup 2) ----------------
         setmaxnreg_dec<Cfg::PRODUCER_REGS>();
-        int const pw = warp - 8, c = pw & 1;   // the consumer this warp feeds: tiles c, c + 2, ...
         // SPLIT: warps c and c + 2 each copy half of consumer c's rows of x and of the residual; else warp c
-        // copies x and warp c + 2 the residual
+        // copies consumer c's x and warp c + 2 its residual. SHARED: warps 0 and 1 copy half of the rows of x of
+        // every tile (both consumers', in turn order), warps 2 and 3 half of the rows of every residual.
+        int const pw = warp - 8;
+        constexpr bool SH = Cfg::SHARED;
         constexpr int W = Cfg::SPLIT ? 2 : 1, ROWS = 4 / W;
-        int const wsub = Cfg::SPLIT ? pw >> 1 : 0;
-        bool const do_x = Cfg::SPLIT || pw < 2, do_r = Cfg::SPLIT || pw >= 2;
+        int const wsub = SH ? pw & 1 : Cfg::SPLIT ? pw >> 1 : 0;
+        bool const do_x = SH ? pw < 2 : Cfg::SPLIT || pw < 2, do_r = SH ? pw >= 2 : Cfg::SPLIT || pw >= 2;
+        int const t0 = SH ? 0 : pw & 1, t_step = SH ? 1 : 2;   // the tiles this warp serves: t0, t0 + t_step, ...
         // Lane l copies rows l/2 + 16 (W i + wsub), i < ROWS, 16-byte half l % 2, of every slab of a tile: per slab
         // 16 lanes read 16 consecutive rows x 32 bytes (coalesced). The swizzle depends on the row mod 8 only, so
         // piece (slab, i) lies at a lane's first piece + slab * SLAB + i * STEP: in an x stage ([slab][64][32]) SLAB
@@ -281,12 +297,12 @@ residual_conv_kernel_wgmma_ws(const __grid_constant__ Params p) {
                 off[i] = (static_cast<int64_t>(img) * slabs * p.HW + hw) * 32 + half * 16;
             }
         };
-        for (int t = c, u = 0; t < my_tiles; t += 2, ++u) {
-            int const m0 = tile_m0(t);
+        for (int t = t0; t < my_tiles; t += t_step) {
+            int const m0 = tile_m0(t), u = t >> 1;
             auto load_residual = [&] {
                 int64_t off[ROWS];
                 int bytes[ROWS];
-                int const b = c * RBUF + u % RBUF;
+                int const b = (t & 1) * RBUF + u % RBUF;
                 row_offsets(m0, p.Nc, off, bytes);
                 mbar_wait(r_empty(b), ((u / RBUF) & 1) ^ 1);
                 copy_slabs(smem_u32(sR + b * Cfg::R_TILE) + r_dst, 16 * 32, W * Cfg::R_BLOCK, p.r, off, bytes, BN / 32,
@@ -307,9 +323,10 @@ residual_conv_kernel_wgmma_ws(const __grid_constant__ Params p) {
             int bytes[ROWS];
             row_offsets(m0, p.Kc, off, bytes);
             for (int kt = 0; kt < k_tiles; ++kt) {
-                int const q = u * k_tiles + kt, slot = c * STAGES + q % STAGES;
-                mbar_wait(x_empty(slot), ((q / STAGES) & 1) ^ 1);
-                if (c == 0 && u == 0) copy_weights(kt);
+                int slot, fill;
+                x_pos(t, kt, slot, fill);
+                mbar_wait(x_empty(slot), (fill & 1) ^ 1);
+                if (t == 0) copy_weights(kt);
                 copy_slabs(smem_u32(sA + slot * Cfg::A_STAGE) + x_dst, BM * 32, 16 * W * 32, p.x, off, bytes, KCH,
                            kt * KCH, p.Kc);
                 mbar_arrive_on_cp_async(x_full(slot));
@@ -349,17 +366,18 @@ residual_conv_kernel_wgmma_ws(const __grid_constant__ Params p) {
         WGW_TRACE(0);
 #ifdef TRTFUSE_WGW_TRACE
         if (t128 == 0 && u < 64) {   // record whether stage 0 of this tile has already landed
-            int const q0 = u * k_tiles;
-            wgw_trace[((blockIdx.x * 2 + c) * 64 + u) * 8 + 7] =
-                mbar_test(x_full(c * STAGES + q0 % STAGES), (q0 / STAGES) & 1);
+            int slot0, fill0;
+            x_pos(t, 0, slot0, fill0);
+            wgw_trace[((blockIdx.x * 2 + c) * 64 + u) * 8 + 7] = mbar_test(x_full(slot0), fill0 & 1);
         }
 #endif
         // PINGPONG: the consumers take turns on the tensor cores (tile u of consumer 0, tile u of consumer 1,
         // tile u + 1 of consumer 0, ...), so that one's epilogue runs while the other's wgmmas do
         if (Cfg::PINGPONG && (c == 1 || u > 0)) mbar_wait(mma_turn(c), (c == 1 ? u : u - 1) & 1);
         for (int kt = 0; kt < k_tiles; ++kt) {
-            int const q = u * k_tiles + kt, slot = c * STAGES + q % STAGES;
-            mbar_wait(x_full(slot), (q / STAGES) & 1);
+            int slot, fill;
+            x_pos(t, kt, slot, fill);
+            mbar_wait(x_full(slot), fill & 1);
             if (kt == 0) WGW_TRACE(1);
             if (u == 0) mbar_wait(w_full(kt), 0);
             fence_proxy_async_smem();   // the landed cp.async bytes, visible to this thread's wgmmas
