@@ -272,8 +272,8 @@ __device__ __forceinline__ uint32_t q_quad_t(float t0, float t1, float t2, float
 }
 
 template <int BM, int NI, bool PERM, bool SMALL, bool SAT>
-__device__ __forceinline__ void wgmma_epilogue_chunks(int const (&acc)[NI * 4], Params const& p, int8_t* r_tile, int row,
-                                                      int tig, int n0, std::integral_constant<bool, SMALL> small,
+__device__ __forceinline__ void wgmma_epilogue_chunks(int const (&acc)[NI * 4], Params const& p, int8_t* r_tile,
+                                                      int row, int tig, int n0, std::integral_constant<bool, SMALL> small,
                                                       std::integral_constant<bool, SAT>) {
     // this thread's first channel of the per-channel constants: each chunk's loads are then an immediate offset from
     // it (indexing with n0 + col per chunk cost two 64-bit adds per load, ~7 % of the epilogue's instructions)

@@ -14,15 +14,20 @@
 //     (the first version recomputed them per copy: ncu showed the x warp busy all the time, ~17 instructions and a
 //     register reuse stall per cp.async, and the consumers waiting for x).
 //   PINGPONG: the consumers take turns issuing their tiles' wgmmas (mbarrier mma_turn), so one's epilogue runs
-//     while the other's wgmmas do.
-// Each consumer has rings of its own: an mbarrier wait by parity is only unambiguous when the waiter is at most
-// one phase ahead of the barrier, which holds for a ring that one consumer walks in order.
+//     while the other's wgmmas do. SHARED (with PINGPONG and SPLIT): one x ring for both consumers, filled by
+//     warps 0 and 1 (half of the rows each) in turn order, and the residuals by warps 2 and 3: the consumer on
+//     the tensor cores may have the whole ring in flight (res5: its wgmma phase 5.0k -> 2.8k cycles per tile).
+// An mbarrier wait by parity is only unambiguous when the waiter is at most one phase ahead of the barrier. That
+// holds for a ring that one consumer walks in order, and for the SHARED ring, which the turns make the consumers
+// walk in order: a consumer reaches a fill only after the fill one lap earlier was waited for (by itself, or by
+// the other consumer before it passed the turn).
 // Output: each consumer warp stores its own 16 rows (one dense block of the tile in shared memory): rows within one
 // image by one TMA store (Params::out_map), rows that straddle two images by 16-byte stores.
-// Measured on the H100 against TensorRT 8.5 (docs/residual_conv.md, Version 9), batch 2048: res2 1.30 ms, res3
-// 0.72, res4 0.43, res5 0.33 (Version 8: 1.48 / 0.77 / 0.47 / 0.35). Per-tile phases (clock64,
-// benchmarks/residual_conv_wgw_phases.cu): the epilogue, ~4k cycles, is now the largest at every stage.
-// Variants measured and not kept: one x and one residual warp for both consumers (1.3-1.5x slower than wgi);
+// Measured on the H100 against TensorRT 8.5 (docs/residual_conv.md, Version 10), batch 2048: res2 1.29 ms, res3
+// 0.65, res4 0.37, res5 0.27 (Version 9: 1.30 / 0.72 / 0.43 / 0.33). Per-tile phases (clock64,
+// benchmarks/residual_conv_wgw_phases.cu): the epilogue, 3.3-4.1k cycles, is the largest at every stage.
+// Variants measured and not kept: one x and one residual warp for both consumers, without turns (1.3-1.5x slower
+// than wgi);
 // the residual by bulk copies into linear buffers (res5 0.41 ms, res2 1.75 ms); 8 x slots and 1 residual buffer
 // (res5 0.361); the output stores by the residual warp instead of the consumers (res2 1.83 vs 1.55 ms); SPLIT
 // with x stage 0 before the residual (a parity race, see load_residual).
@@ -30,11 +35,13 @@
 // Producer -> consumer: a producer lane issues its cp.asyncs, then cp.async.mbarrier.arrive.noinc on the slot's
 // full barrier (count 32 per producer warp: it fires when every lane's copies have landed). cp.async writes
 // through the generic proxy and wgmma reads through the async proxy: each consumer thread runs
-// fence.proxy.async.shared::cta after its full-barrier wait, before its wgmmas. The residual is read by ordinary loads: no proxy fence.
+// fence.proxy.async.shared::cta after its full-barrier wait, before its wgmmas. The residual is read by ordinary
+// loads: no proxy fence.
 // Consumer -> producer: lane 0 of each consumer warp arrives on a slot's empty barrier (count 4) once the warp's
 // wgmmas that read the slot are done; every consumer thread arrives on a residual buffer's empty barrier (count
 // 128) once it has read its output pieces back (its own accesses then precede its own release: compute-sanitizer's
-// racecheck does not follow a release by lane 0 after __syncwarp).
+// racecheck does not follow a release by lane 0 after __syncwarp), except lane 0 of a warp whose rows left by TMA:
+// it arrives after the next tile's wgmmas, once the engine has read them (bulk wait_group.read).
 // The weight slice: k chunk kt has a barrier of its own (count 32 per x warp of consumer 0), waited for by both
 // consumers in their first tile only. Consumer 1 thus depends on consumer 0's producers, never the other way
 // round, which PINGPONG needs (consumer 1's ring does not advance before consumer 0's first tile is issued).
@@ -444,7 +451,7 @@ residual_conv_kernel_wgmma_ws(const __grid_constant__ Params p) {
                     int const gslab = n0 / 32 + slab;
                     if (gslab < p.Nc)
                         st_global_cs_16(obase + gslab * slab_bytes,
-                                        *reinterpret_cast<int4 const*>(w_tile + swz_offset(slab, 16, my_row, my_half * 16)));
+                            *reinterpret_cast<int4 const*>(w_tile + swz_offset(slab, 16, my_row, my_half * 16)));
                 }
             }
             mbar_arrive(r_empty(b));
