@@ -51,7 +51,7 @@ struct Params {
     FastDivmod hw_div;     // m / HW        (v6 kernels; set for every launch)
     FastDivmod nb_div;     // tile / n_blocks (v6 kernels)
     CUtensorMap out_map;   // out as a 4-d tensor (32 bytes, HW, Nc, N), box (32, 16, BN/32, 1), 32-byte swizzle:
-                           // set only for configs that store with TMA (wgw *_tma); 64-byte aligned
+                           // set only for the configs that store with TMA (wgw_*); 64-byte aligned
 };
 
 // ------------------------------------------------------------------------------------------------
