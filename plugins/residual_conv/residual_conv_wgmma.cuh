@@ -165,6 +165,14 @@ __device__ __forceinline__ void wgmma_m64k32_s8(int (&d)[BN / 2], uint64_t da, u
     else wgmma_m64n128k32_s8(d, da, db);
 }
 
+// The wgmmas of one k stage: KCH k32 steps over A [KCH][BM][32] at da and B [KCH][BN][32] at db (shared-memory
+// descriptors, whose addresses count 16-byte units)
+template <int BM, int BN, int KCH>
+__device__ __forceinline__ void wgmma_stage(int (&acc)[BN / 2], uint64_t da, uint64_t db) {
+#pragma unroll
+    for (int c = 0; c < KCH; ++c) wgmma_m64k32_s8<BN>(acc, da + ((c * BM * 32) >> 4), db + ((c * BN * 32) >> 4));
+}
+
 // Tile configuration of the wgmma kernel:
 //   BM = 64 x (consumer warpgroups), BN = the wgmma N (128 or 256), BK = k bytes per pipeline stage, STAGES,
 //   MIN_BLOCKS (register cap, __launch_bounds__),
@@ -273,7 +281,8 @@ __device__ __forceinline__ uint32_t q_quad_t(float t0, float t1, float t2, float
 
 template <int BM, int NI, bool PERM, bool SMALL, bool SAT>
 __device__ __forceinline__ void wgmma_epilogue_chunks(int const (&acc)[NI * 4], Params const& p, int8_t* r_tile,
-                                                      int row, int tig, int n0, std::integral_constant<bool, SMALL> small,
+                                                      int row, int tig, int n0,
+                                                      std::integral_constant<bool, SMALL> small,
                                                       std::integral_constant<bool, SAT>) {
     // this thread's first channel of the per-channel constants: each chunk's loads are then an immediate offset from
     // it (indexing with n0 + col per chunk cost two 64-bit adds per load, ~7 % of the epilogue's instructions)
@@ -486,9 +495,7 @@ residual_conv_kernel_wgmma(Params p) {
         {
             uint64_t const da = descA0 + ((slot * Cfg::A_STAGE) >> 4);
             uint64_t const db = WSTAT ? descB0 + ((kt * KCH * BN * 32) >> 4) : descB0 + ((slot * Cfg::B_STAGE) >> 4);
-#pragma unroll
-            for (int c = 0; c < KCH; ++c)
-                wgmma_m64k32_s8<BN>(acc, da + ((c * BM * 32) >> 4), db + ((c * BN * 32) >> 4));
+            wgmma_stage<BM, BN, KCH>(acc, da, db);
         }
         wgmma_commit();
         wgmma_wait<0>();
@@ -659,9 +666,7 @@ residual_conv_kernel_wgmma_wgi(Params p) {
         {
             uint64_t const da = descA0 + ((slot * Cfg::A_STAGE) >> 4);
             uint64_t const db = descB0 + ((kt * KCH * BN * 32) >> 4);
-#pragma unroll
-            for (int c = 0; c < KCH; ++c)
-                wgmma_m64k32_s8<BN>(acc, da + ((c * BM * 32) >> 4), db + ((c * BN * 32) >> 4));
+            wgmma_stage<BM, BN, KCH>(acc, da, db);
         }
         wgmma_commit();
         wgmma_wait<0>();

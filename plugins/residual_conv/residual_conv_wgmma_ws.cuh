@@ -389,11 +389,7 @@ residual_conv_kernel_wgmma_ws(const __grid_constant__ Params p) {
             if (u == 0) mbar_wait(w_full(kt), 0);
             fence_proxy_async_smem();   // the landed cp.async bytes, visible to this thread's wgmmas
             wgmma_fence();
-            uint64_t const da = descA0 + ((slot * Cfg::A_STAGE) >> 4);
-            uint64_t const db = descB0 + ((kt * KCH * BN * 32) >> 4);
-#pragma unroll
-            for (int cc = 0; cc < KCH; ++cc)
-                wgmma_m64k32_s8<BN>(acc, da + ((cc * BM * 32) >> 4), db + ((cc * BN * 32) >> 4));
+            wgmma_stage<BM, BN, KCH>(acc, descA0 + ((slot * Cfg::A_STAGE) >> 4), descB0 + ((kt * KCH * BN * 32) >> 4));
             wgmma_commit();
             if (prev >= 0) {   // the previous stage's wgmmas are done: release its slot
                 wgmma_wait<1>();
