@@ -10,8 +10,9 @@
 #include <cstdlib>
 #include <vector>
 
-#include "residual_conv/residual_conv_out_map.h"
+#include "residual_conv/residual_conv_tensor_maps.h"
 #include "residual_conv/residual_conv_wgmma_ws.cuh"
+#include "residual_conv/residual_conv_wgw_tiles.h"
 
 using namespace trtfuse;
 using namespace trtfuse::rconv;
@@ -90,14 +91,20 @@ void run(char const* name, int cin, int cout, int hw, int batch) {
     p.n_blocks = (Nc * 32 + Cfg::BN - 1) / Cfg::BN;
     p.hw_div = FastDivmod(hw);
     p.nb_div = FastDivmod(p.n_blocks);
-    if (int st = encode_out_map(p, batch, Cfg::BN)) {
-        std::printf("encode_out_map: %d\n", st);
+    int st = encode_out_map(p, batch, Cfg::BN);
+    if (!st) st = encode_w_map(&p.w_map, w, Npad, Kpad, Cfg::BN);
+    if (st) {
+        std::printf("tensor maps: %d\n", st);
         std::exit(1);
     }
     int const k_tiles = (Kc * 32 + Cfg::BK - 1) / Cfg::BK, smem = wgw_smem_bytes<Cfg>(k_tiles);
     int sms;
     CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-    int const grid = sms / p.n_blocks * p.n_blocks;   // as the library launches it
+    // as the library launches it (one block per SM)
+    WgwSchedule const sched = wgw_schedule((p.M + 63) / 64, p.n_blocks, sms, Cfg::PINGPONG);
+    int const grid = sched.grid;
+    p.wgw_regular = sched.regular;
+    p.wgw_quota = sched.quota;
     size_t const n_trace = size_t(grid) * 2 * 64 * 8;
     CK(cudaMalloc(&trace, n_trace * 8));
     CK(cudaMemset(trace, 0, n_trace * 8));

@@ -118,6 +118,43 @@ def test_c_abi_validates_arguments_without_gpu():
     assert op.check(144, 24, L2["w"], L2["w_scale"], L2["bias"], 0.02, 0.03, 0.04) == 0
 
 
+@pytest.mark.parametrize(
+    "m_blocks,n_blocks,balance",
+    [
+        (196, 8, True),  # res5 batch 256 (132 SMs: 128 regular blocks + 4 extra)
+        (196, 8, False),
+        (1568, 8, True),  # res5 batch 2048
+        (33, 8, True),  # extra blocks whose N block changes every tile
+        (105, 5, True),  # 2 extra blocks, 3 N blocks each
+        (3136, 2, True),  # res3 batch 256: the N blocks divide the slots, no extra block
+        (5, 8, True),  # fewer tiles than slots
+        (7, 200, True),  # more N blocks than slots
+    ],
+)
+def test_wgw_schedule_covers_every_tile_once(m_blocks, n_blocks, balance):
+    op = _kernels_lib()
+    resident = 132
+    blocks = op.wgw_schedule(m_blocks, n_blocks, resident, balance)
+    seen = [tile for b in blocks for tile in b]
+    assert sorted(seen) == [(m, n) for m in range(m_blocks) for n in range(n_blocks)]
+    assert all(blocks), "a block without a tile"
+    regular = (min(max(resident // n_blocks, 1), m_blocks)) * n_blocks
+    assert len(blocks) >= regular and (len(blocks) == regular or balance)
+    for i, b in enumerate(blocks):
+        ns = [n for _, n in b]
+        if i < regular:  # one weight slice: its N block, M blocks at a fixed stride
+            assert set(ns) == {i % n_blocks}
+        else:  # a run through the leftover tiles: N blocks in order, each a contiguous stretch
+            assert ns == sorted(ns) and all(b2 - b1 <= 1 for b1, b2 in zip(ns, ns[1:]))
+    most = max(len(b) for b in blocks)
+    if balance and m_blocks * n_blocks >= resident >= n_blocks:  # as even as whole tiles allow
+        assert most == -(-m_blocks * n_blocks // resident)
+    if (m_blocks, n_blocks) == (196, 8):
+        assert (len(blocks), most) == ((132, 12) if balance else (128, 13))
+    if (m_blocks, n_blocks) == (33, 8):  # the kernel's reload path with one-tile slices
+        assert any(len(set(n for _, n in b)) == len(b) > 1 for b in blocks)
+
+
 def test_tuning_cache_is_read(tmp_path):
     op = _kernels_lib()
     names = op.config_names()
@@ -336,6 +373,10 @@ def test_config_list_is_covered():
 PERSISTENT = [  # (n, cin, cout, h, w, relu)
     (8, 64, 256, 56, 56, True),  # res2-like: one k stage per tile; 3136 = 49 x 64: 128-row tiles straddle
     (16, 256, 512, 28, 28, False),  # 2-4 k stages per tile, 784 rows per image: 128-row tiles straddle
+    # res5-like, 8 N blocks: on 132 SMs the PINGPONG wgw configs add 4 extra blocks whose tiles change N block
+    # every tile (the weight-slice reload; test_wgw_schedule_covers_every_tile_once has the schedule)
+    (42, 512, 2048, 7, 7, True),
+    (136, 512, 1280, 7, 7, False),  # 5 N blocks: 2 extra blocks, 3 N blocks each
 ]
 _persistent_cache = {}
 

@@ -35,6 +35,7 @@ def library(path: str | None = None) -> ctypes.CDLL:
     lib.trtfuse_residual_conv_load_cache.argtypes = [ctypes.c_char_p]
     lib.trtfuse_residual_conv_error_string.restype = ctypes.c_char_p
     lib.trtfuse_residual_conv_error_string.argtypes = [ctypes.c_int]
+    lib.trtfuse_residual_conv_wgw_schedule.argtypes = [ctypes.c_int] * 6 + [ctypes.POINTER(ctypes.c_int)] * 2
     return lib
 
 
@@ -89,6 +90,22 @@ def config_fits(config: int, cin: int, cout: int) -> bool:
 
 def select_config(cin: int, cout: int, n: int, hw: int) -> int:
     return library().trtfuse_residual_conv_select_config(cin, cout, n, hw)
+
+
+def wgw_schedule(m_blocks: int, n_blocks: int, resident: int, balance: bool) -> list[list[tuple[int, int]]]:
+    """The wgw_* configs' tile schedule, as the kernel walks it: per block, its (M block, N block) tiles in order.
+    No GPU needed (residual_conv_wgw_tiles.h)."""
+    lib = library()
+    grid = lib.trtfuse_residual_conv_wgw_schedule(m_blocks, n_blocks, resident, int(balance), -1, 0, None, None)
+    _raise(min(grid, 0), "wgw_schedule")
+    blocks = []
+    for b in range(grid):
+        cap = m_blocks * n_blocks
+        ms, ns = (ctypes.c_int * cap)(), (ctypes.c_int * cap)()
+        count = lib.trtfuse_residual_conv_wgw_schedule(m_blocks, n_blocks, resident, int(balance), b, cap, ms, ns)
+        _raise(min(count, 0), "wgw_schedule")
+        blocks.append(list(zip(ms[:count], ns[:count])))
+    return blocks
 
 
 def load_cache(path: str | None) -> int:

@@ -2,9 +2,10 @@
 #include "common/cuda_check.h"
 #include "residual_conv/residual_conv.h"
 #include "residual_conv/residual_conv_kernel.cuh"
-#include "residual_conv/residual_conv_out_map.h"
+#include "residual_conv/residual_conv_tensor_maps.h"
 #include "residual_conv/residual_conv_wgmma.cuh"
 #include "residual_conv/residual_conv_wgmma_ws.cuh"
+#include "residual_conv/residual_conv_wgw_tiles.h"
 #include "residual_conv/tuning_cache.h"
 
 #include <algorithm>
@@ -93,7 +94,9 @@ struct ConfigInfo {
     bool wstat = false;   // weight stationary: per-layer shared memory and fit rule (see layer_fits)
     int bk = 0, load_ahead = 0, rbuf = 0;
     int (*smem_bytes)(int k_tiles) = nullptr;
-    bool tma_out = false;   // stores the output with TMA (wgw): the launch encodes Params::out_map
+    bool tma_out = false;   // the wgw kernel: TMA output stores and weight loads (Params::out_map, w_map), the
+                            // wgw tile schedule
+    bool balance = false;   // wgw with PINGPONG: the schedule may add extra blocks (residual_conv_wgw_tiles.h)
 };
 
 template <class C>
@@ -113,7 +116,7 @@ int wgw_smem(int k_tiles) { return wgw_smem_bytes<C>(k_tiles); }
 template <class C>
 constexpr ConfigInfo info_wgw(char const* name) {   // load_ahead 0: residual buffers independent of K
     return {name, C::BM, C::BN, C::THREADS, C::SMEM, residual_conv_kernel_wgmma_ws<C>, true, true, C::BK, 0, C::RBUF,
-            wgw_smem<C>, true};
+            wgw_smem<C>, true, C::PINGPONG};
 }
 template <class C>
 constexpr ConfigInfo info_wgmma(char const* name) {
@@ -153,6 +156,8 @@ struct Layer {
     int8_t* w_perm = nullptr;   // w with rows permuted in 16-channel groups (v6 PERM configs)
     float* abs = nullptr;   // [6][npad]: a, b, s of the rounding rule, then the same times 2^-8
     bool sat = false;       // the wgmma epilogue may use its saturating form (see sat_exact)
+    CUtensorMap w_map[2];   // w_perm for the wgw kernels' weight loads, box BN 128 and 256 (encoded at create)
+    int w_map_status = 0;   // 0, or why they could not be encoded (the wgw configs then fail with it)
 };
 
 int round_up(int v, int m) { return (v + m - 1) / m * m; }
@@ -364,6 +369,8 @@ extern "C" int trtfuse_residual_conv_create(int cin, int cout, int8_t const* wei
         cudaFree(L.abs);
         return static_cast<int>(e);
     }
+    for (int i = 0; i < 2 && !L.w_map_status; ++i)
+        L.w_map_status = encode_w_map(&L.w_map[i], L.w_perm, L.npad, L.kpad, 128 << i);
     *handle = new Layer(L);
     return 0;
 }
@@ -416,8 +423,6 @@ extern "C" int trtfuse_residual_conv_forward(void const* handle, void const* x, 
     p.n_blocks = (L->nc * 32 + C.bn - 1) / C.bn;
     p.hw_div = trtfuse::FastDivmod(hw);
     p.nb_div = trtfuse::FastDivmod(p.n_blocks);
-    if (C.tma_out)
-        if (int st = encode_out_map(p, n, C.bn)) return st;
     int64_t tiles = (M + C.bm - 1) / C.bm * p.n_blocks;
     if (tiles >= (int64_t(1) << 31)) return TRTFUSE_RCONV_ERR_SHAPE;
     int resident = 0;
@@ -427,6 +432,15 @@ extern "C" int trtfuse_residual_conv_forward(void const* handle, void const* x, 
     if (C.wstat) {   // a multiple of n_blocks: each block keeps one N block (at least one block per N block)
         blocks = std::max<int64_t>(1, resident / p.n_blocks) * p.n_blocks;
         blocks = std::min<int64_t>(blocks, tiles);
+    }
+    if (C.tma_out) {   // wgw: its own schedule, and the tensor maps
+        WgwSchedule const s = wgw_schedule(static_cast<int>((M + C.bm - 1) / C.bm), p.n_blocks, resident, C.balance);
+        blocks = s.grid;
+        p.wgw_regular = s.regular;
+        p.wgw_quota = s.quota;
+        if (L->w_map_status) return L->w_map_status;
+        p.w_map = L->w_map[C.bn == 256];
+        if (int st = encode_out_map(p, n, C.bn)) return st;
     }
     C.kernel<<<static_cast<unsigned>(blocks), C.threads, smem, static_cast<cudaStream_t>(stream)>>>(p);
     TRTFUSE_LAUNCH_CHECK();
@@ -467,6 +481,21 @@ extern "C" int trtfuse_residual_conv_load_cache(char const* path) {
     int count = 0;
     for (auto const& e : g_cache) count += e.gpu == prop.name;
     return count;
+}
+
+extern "C" int trtfuse_residual_conv_wgw_schedule(int m_blocks, int n_blocks, int resident, int balance, int block,
+                                                  int cap, int* m_out, int* n_out) {
+    if (m_blocks <= 0 || n_blocks <= 0 || resident <= 0 || cap < 0) return TRTFUSE_RCONV_ERR_SHAPE;
+    WgwSchedule const s = wgw_schedule(m_blocks, n_blocks, resident, balance != 0);
+    if (block == -1) return s.grid;
+    if (block < 0 || block >= s.grid) return TRTFUSE_RCONV_ERR_SHAPE;
+    if (cap > 0 && (!m_out || !n_out)) return TRTFUSE_RCONV_ERR_NULL;
+    WgwTiles const tiles(block, s.grid, m_blocks, n_blocks, s.regular, s.quota);
+    for (int t = 0; t < tiles.count && t < cap; ++t) {
+        m_out[t] = tiles.m_block(t);
+        n_out[t] = tiles.n_block(t);
+    }
+    return tiles.count;
 }
 
 extern "C" char const* trtfuse_residual_conv_error_string(int status) {

@@ -50,6 +50,12 @@ int trtfuse_residual_conv_select_config(int cin, int cout, int n, int hw);
    for this GPU (>= 0) or a negative error. Without a call, the first forward(config=-1) loads it. */
 int trtfuse_residual_conv_load_cache(char const* path);
 char const* trtfuse_residual_conv_error_string(int status);
+/* The wgw_* configs' tile schedule (residual_conv_wgw_tiles.h), for tests (needs no GPU): a layer of m_blocks x
+   n_blocks tiles on `resident` block slots, balance = 1 for the PINGPONG configs. block = -1: returns the grid.
+   Else: returns the number of tiles of that block and writes the first `cap` of them, in order, to m_out/n_out
+   (M block, N block). Negative on bad arguments. */
+int trtfuse_residual_conv_wgw_schedule(int m_blocks, int n_blocks, int resident, int balance, int block, int cap,
+                                       int* m_out, int* n_out);
 
 #ifdef __cplusplus
 }

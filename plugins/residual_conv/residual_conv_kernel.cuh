@@ -16,7 +16,7 @@
 #pragma once
 #include <cstdint>
 #include <type_traits>
-#include <cuda.h>   // CUtensorMap (the wgw kernels' TMA output stores; the map is encoded by the host)
+#include <cuda.h>   // CUtensorMap (the wgw kernels' TMA copies; the maps are encoded by the host)
 #include <cuda_runtime.h>
 
 #include "common/fast_divmod.h"
@@ -50,8 +50,11 @@ struct Params {
     int n_blocks;          // ceil(Nc*32 / BN): blocks along N
     FastDivmod hw_div;     // m / HW        (v6 kernels; set for every launch)
     FastDivmod nb_div;     // tile / n_blocks (v6 kernels)
+    int wgw_regular;       // wgw_*: the schedule's regular blocks and their tile quota (residual_conv_wgw_tiles.h)
+    int wgw_quota;
     CUtensorMap out_map;   // out as a 4-d tensor (32 bytes, HW, Nc, N), box (32, 16, BN/32, 1), 32-byte swizzle:
                            // set only for the configs that store with TMA (wgw_*); 64-byte aligned
+    CUtensorMap w_map;     // wgw_*: the PERM weights as a 2-d tensor (Kpad, Npad), box (32, BN), 32-byte swizzle
 };
 
 // ------------------------------------------------------------------------------------------------

@@ -9,7 +9,6 @@
 //   warpgroup 2 (producers), two warps per consumer. Default: warp c copies consumer c's x stages into its ring
 //     of STAGES slots, warp 2 + c its residual tiles into its ring of RBUF buffers (as far ahead as they allow).
 //     SPLIT: warps c and 2 + c each copy half of the rows of both (the residual first, then the x stages).
-//     Consumer 0's x warps also copy the weight slice with their first tile, one k chunk ahead of each stage.
 //     A producer lane computes its rows' source offsets once per tile; each 16-byte copy is then one 64-bit add
 //     (the first version recomputed them per copy: ncu showed the x warp busy all the time, ~17 instructions and a
 //     register reuse stall per cp.async, and the consumers waiting for x).
@@ -42,9 +41,11 @@
 // 128) once it has read its output pieces back (its own accesses then precede its own release: compute-sanitizer's
 // racecheck does not follow a release by lane 0 after __syncwarp), except lane 0 of a warp whose rows left by TMA:
 // it arrives after the next tile's wgmmas, once the engine has read them (bulk wait_group.read).
-// The weight slice: k chunk kt has a barrier of its own (count 32 per x warp of consumer 0), waited for by both
-// consumers in their first tile only. Consumer 1 thus depends on consumer 0's producers, never the other way
-// round, which PINGPONG needs (consumer 1's ring does not advance before consumer 0's first tile is issued).
+// The weight slice arrives by TMA (Params::w_map, the slice's rows already in the wgmma layout), issued by thread 0
+// at block start ahead of every other load; k chunk kt has a barrier of its own (w_full, expect_tx), waited for by
+// each consumer's first tile with that slice. Before, the x warps copied it by cp.async, one k chunk ahead of each
+// of the first tile's stages (res5 batch 256: first tile stored 14 us after block start, steady period 5.4 us).
+// Extra blocks (residual_conv_wgw_tiles.h) reload it where their run of tiles crosses into the next N block.
 //
 // Compiled only in the sm_90a pass, like the other wgmma kernels (kHasWgmma guards the launch).
 #pragma once
@@ -52,6 +53,7 @@
 #include <cuda_runtime.h>
 
 #include "residual_conv/residual_conv_wgmma.cuh"
+#include "residual_conv/residual_conv_wgw_tiles.h"
 
 namespace trtfuse {
 namespace rconv {
@@ -116,6 +118,27 @@ __device__ __forceinline__ void mbar_arrive_on_cp_async(uint32_t bar) {
 __device__ __forceinline__ void cp_async_16_zfill(uint32_t dst, void const* src, int src_bytes) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
 }
+// Arrives on `bar` and adds `bytes` to the transaction count its phase waits for (the TMA loads' complete_tx)
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+#endif
+}
+// Makes this thread's mbarrier.inits visible to the async proxy (the TMA unit's complete_tx)
+__device__ __forceinline__ void fence_mbarrier_init() {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+#endif
+}
+// TMA (bulk tensor) load of the 2-d box at (c0, c1) of the tensor `map` describes into shared memory at dst; the
+// bytes count against `bar`'s transaction count
+__device__ __forceinline__ void tma_load_2d(uint32_t dst, CUtensorMap const* map, int c0, int c1, uint32_t bar) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], "
+                 "[%4];\n" ::"r"(dst), "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(bar)
+                 : "memory");
+#endif
+}
 // TMA (bulk tensor) store of a shared-memory box to the 4-d tensor `map` describes, at coordinates (c0..c3);
 // out-of-bounds parts of the box are not written. Completion is tracked per thread by bulk async-groups.
 __device__ __forceinline__ void tma_store_4d(CUtensorMap const* map, uint32_t src, int c0, int c1, int c2, int c3) {
@@ -169,6 +192,7 @@ struct WgwTileConfig {
     static constexpr bool SPLIT = SPLIT_, PINGPONG = PINGPONG_, PERM = PERM_, SHARED = SHARED_;
     // SHARED needs the strict turns of PINGPONG (a ring is walked in order) and two producer warps per role
     static_assert(!SHARED || (PINGPONG && SPLIT), "a shared x ring is walked in turns");
+    static_assert(PERM, "Params::w_map holds the PERM rows");
     static constexpr int X_SLOTS = SHARED ? STAGES : 2 * STAGES;
     static constexpr int THREADS = 3 * 128;
     // setmaxnreg moves registers from the producers (they need few) to the consumers (128 accumulators at BN
@@ -183,7 +207,7 @@ struct WgwTileConfig {
     static constexpr int R_BLOCK = 16 * BN;
     // k chunks of the weight slice with a barrier each: shared memory caps BN * k_tiles * BK below 227 KB
     static constexpr int MAX_K_TILES = 227 * 1024 / (BN * BK) + 1;
-    static constexpr int BARRIERS = 2 * X_SLOTS + 4 * RBUF + MAX_K_TILES + 2;
+    static constexpr int BARRIERS = 2 * X_SLOTS + 4 * RBUF + MAX_K_TILES + 4;
     static constexpr int SMEM = X_SLOTS * A_STAGE + 2 * RBUF * R_TILE + BARRIERS * 8;   // + the weight slice
     static_assert(BN == 128 || BN == 256, "n128 or n256 per wgmma");
     static_assert(BK % 32 == 0 && 128 % BK == 0, "packing pads K to 128");
@@ -219,6 +243,7 @@ residual_conv_kernel_wgmma_ws(const __grid_constant__ Params p) {
     auto r_empty = [&](int b) { return bars + 8 * (2 * XS + 2 * RBUF + b); };
     auto w_full = [&](int kt) { return bars + 8 * (2 * XS + 4 * RBUF + kt); };
     auto mma_turn = [&](int c) { return bars + 8 * (2 * XS + 4 * RBUF + Cfg::MAX_K_TILES + c); };
+    auto mma_done = [&](int c) { return bars + 8 * (2 * XS + 4 * RBUF + Cfg::MAX_K_TILES + 2 + c); };
     // the x slot of stage kt of tile t (consumer t % 2, its tile u = t / 2) and that slot's fill count: per consumer
     // rings of STAGES slots, or (SHARED) one ring that the tiles of both consumers take in order
     auto x_pos = [&](int t, int kt, int& slot, int& fill) {
@@ -231,20 +256,31 @@ residual_conv_kernel_wgmma_ws(const __grid_constant__ Params p) {
     int const tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     int64_t const slab_bytes = static_cast<int64_t>(p.HW) * 32;
     int const m_blocks = static_cast<int>((p.M + BM - 1) / BM);
-    // Block b keeps N block b % n_blocks and walks 64-row M tiles mb0, mb0 + mstep, ... (the grid is a multiple
-    // of n_blocks: the blocks sharing an x tile run it at about the same time, L2 hits)
-    int const n0 = (static_cast<int>(blockIdx.x) % p.n_blocks) * BN;
-    int const mb0 = static_cast<int>(blockIdx.x) / p.n_blocks;
-    int const mstep = static_cast<int>(gridDim.x) / p.n_blocks;
-    int const my_tiles = mb0 < m_blocks ? (m_blocks - 1 - mb0) / mstep + 1 : 0;
-    auto tile_m0 = [&](int t) { return (mb0 + t * mstep) * BM; };
+    // This block's tiles (residual_conv_wgw_tiles.h): a regular block keeps one N block; an extra block's run may
+    // cross into the next N blocks, and the consumer of the first tile with a new N block reloads the weight slice
+    // (safe only with the PINGPONG turns; the host schedules extra blocks for no other config).
+    WgwTiles const tiles(blockIdx.x, gridDim.x, m_blocks, p.n_blocks, p.wgw_regular, p.wgw_quota);
+    if (!Cfg::PINGPONG && tiles.extra) __trap();
+    int const my_tiles = tiles.count;
+    auto tile_m0 = [&](int t) { return tiles.m_block(t) * BM; };
+    // the weight slice of N block nb by TMA: k chunk kt (KCH boxes of [BN][32]) on w_full(kt)
+    auto load_weights = [&](int nb) {
+        for (int kt = 0; kt < k_tiles; ++kt) {
+            mbar_arrive_expect_tx(w_full(kt), BN * BK);
+            for (int j = 0; j < KCH; ++j)
+                tma_load_2d(smem_u32(sW + (kt * KCH + j) * BN * 32), &p.w_map, (kt * KCH + j) * 32, nb * BN,
+                            w_full(kt));
+        }
+    };
 
     if (tid == 0) {
         WGW_SPAN(0);
         for (int s = 0; s < XS; ++s) { mbar_init(x_full(s), 32 * XW); mbar_init(x_empty(s), 4); }
         for (int b = 0; b < 2 * RBUF; ++b) { mbar_init(r_full(b), 32 * XW); mbar_init(r_empty(b), 128); }
-        for (int kt = 0; kt < k_tiles; ++kt) mbar_init(w_full(kt), 32 * XW);
-        for (int c = 0; c < 2; ++c) mbar_init(mma_turn(c), 128);
+        for (int kt = 0; kt < k_tiles; ++kt) mbar_init(w_full(kt), 1);
+        for (int c = 0; c < 2; ++c) { mbar_init(mma_turn(c), 128); mbar_init(mma_done(c), 4); }
+        fence_mbarrier_init();
+        if (my_tiles > 0) load_weights(tiles.n_block(0));   // the first slice, ahead of every other load
     }
     __syncthreads();   // the only block-wide barrier
 
@@ -281,17 +317,6 @@ residual_conv_kernel_wgmma_ws(const __grid_constant__ Params p) {
                     cp_async_16_zfill(dst + sl * slab_step + i * row_step, base + off[i], ok ? bytes[i] : 0);
             }
         };
-        int8_t const* wsrc = (Cfg::PERM ? p.w_perm : p.w) + static_cast<int64_t>(n0) * p.Kpad;
-        // the weight slice: consumer 0's x warps, a 1/W share each, one k chunk ahead of each first-tile stage
-        auto copy_weights = [&](int kt) {
-            constexpr int W_ROWS = BN / W, W_PIECES = W_ROWS * BK / 16;
-            for (int piece = lane; piece < W_PIECES; piece += 32) {
-                int row = wsub * W_ROWS + piece / (BK / 16), kb = kt * BK + (piece % (BK / 16)) * 16;
-                cp_async_16(smem_u32(sW + swz_offset(kb >> 5, BN, row, kb & 31)),
-                            wsrc + static_cast<int64_t>(row) * p.Kpad + kb, true);
-            }
-            mbar_arrive_on_cp_async(w_full(kt));
-        };
         // per tile: the byte offsets of this lane's rows (slab 0, its half) in a kCHW32 tensor with `slabs` slabs,
         // and their source sizes (0 for rows past M, clamped to a valid address and zero-filled)
         auto row_offsets = [&](int m0, int slabs, int64_t (&off)[ROWS], int (&bytes)[ROWS]) {
@@ -305,7 +330,7 @@ residual_conv_kernel_wgmma_ws(const __grid_constant__ Params p) {
             }
         };
         for (int t = t0; t < my_tiles; t += t_step) {
-            int const m0 = tile_m0(t), u = t >> 1;
+            int const m0 = tile_m0(t), n0 = tiles.n_block(t) * BN, u = t >> 1;
             auto load_residual = [&] {
                 int64_t off[ROWS];
                 int bytes[ROWS];
@@ -333,7 +358,6 @@ residual_conv_kernel_wgmma_ws(const __grid_constant__ Params p) {
                 int slot, fill;
                 x_pos(t, kt, slot, fill);
                 mbar_wait(x_empty(slot), (fill & 1) ^ 1);
-                if (t == 0) copy_weights(kt);
                 copy_slabs(smem_u32(sA + slot * Cfg::A_STAGE) + x_dst, BM * 32, 16 * W * 32, p.x, off, bytes, KCH,
                            kt * KCH, p.Kc);
                 mbar_arrive_on_cp_async(x_full(slot));
@@ -368,8 +392,16 @@ residual_conv_kernel_wgmma_ws(const __grid_constant__ Params p) {
             owed = -1;
         }
     };
+    // an extra block whose run crosses N blocks: the consumers report each tile's wgmmas done (mma_done), so that the
+    // consumer that reloads the weight slice knows when the old one is no longer read
+    int const nb_first = my_tiles > 0 ? tiles.n_block(0) : 0;
+    bool const reloads = my_tiles > 0 && tiles.n_block(my_tiles - 1) != nb_first;
     for (int t = c, u = 0; t < my_tiles; t += 2, ++u) {
         int prev = -1;
+        int const nb = tiles.n_block(t), n0 = nb * BN;
+        // this consumer's first tile with this weight slice waits for it: w_full completes one phase per slice
+        bool const wait_w = t < 2 || nb != tiles.n_block(t - 2);
+        uint32_t const w_parity = (nb - nb_first) & 1;
         WGW_TRACE(0);
 #ifdef TRTFUSE_WGW_TRACE
         if (t128 == 0 && u < 64) {   // record whether stage 0 of this tile has already landed
@@ -381,12 +413,21 @@ residual_conv_kernel_wgmma_ws(const __grid_constant__ Params p) {
         // PINGPONG: the consumers take turns on the tensor cores (tile u of consumer 0, tile u of consumer 1,
         // tile u + 1 of consumer 0, ...), so that one's epilogue runs while the other's wgmmas do
         if (Cfg::PINGPONG && (c == 1 || u > 0)) mbar_wait(mma_turn(c), (c == 1 ? u : u - 1) & 1);
+        // The first tile with a new N block (extra blocks only, PINGPONG): the old slice is free once tile t - 1
+        // (the other consumer's, issued before this turn) and tile t - 2 (this consumer's) are done; one thread then
+        // loads the new one. Each mma_done wait is at most one phase ahead: the other consumer reported tile t - 3
+        // before it issued t - 1, and no consumer reports a tile past t - 1 before this tile is issued.
+        if (t > 0 && nb != tiles.n_block(t - 1) && t128 == 0) {
+            mbar_wait(mma_done(1 - c), ((t - 1) >> 1) & 1);
+            if (t >= 2) mbar_wait(mma_done(c), ((t - 2) >> 1) & 1);
+            load_weights(nb);
+        }
         for (int kt = 0; kt < k_tiles; ++kt) {
             int slot, fill;
             x_pos(t, kt, slot, fill);
             mbar_wait(x_full(slot), fill & 1);
             if (kt == 0) WGW_TRACE(1);
-            if (u == 0) mbar_wait(w_full(kt), 0);
+            if (wait_w) mbar_wait(w_full(kt), w_parity);
             fence_proxy_async_smem();   // the landed cp.async bytes, visible to this thread's wgmmas
             wgmma_fence();
             wgmma_stage<BM, BN, KCH>(acc, descA0 + ((slot * Cfg::A_STAGE) >> 4), descB0 + ((kt * KCH * BN * 32) >> 4));
@@ -403,7 +444,10 @@ residual_conv_kernel_wgmma_ws(const __grid_constant__ Params p) {
         wgmma_wait<0>();
         WGW_TRACE(3);
         __syncwarp();
-        if (lane == 0) mbar_arrive(x_empty(prev));
+        if (lane == 0) {
+            mbar_arrive(x_empty(prev));
+            if (reloads) mbar_arrive(mma_done(c));
+        }
 
         // ---- epilogue: in registers, written in place over the residual tile, then 16-byte stores ----
         int const b = c * RBUF + u % RBUF, m0 = tile_m0(t);
