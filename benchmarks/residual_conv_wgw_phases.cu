@@ -105,6 +105,7 @@ void run(char const* name, int cin, int cout, int hw, int batch) {
     int const grid = sched.grid;
     p.wgw_regular = sched.regular;
     p.wgw_quota = sched.quota;
+    p.wgw_rest = sched.rest;
     size_t const n_trace = size_t(grid) * 2 * 64 * 8;
     CK(cudaMalloc(&trace, n_trace * 8));
     CK(cudaMemset(trace, 0, n_trace * 8));

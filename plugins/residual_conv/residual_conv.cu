@@ -438,6 +438,7 @@ extern "C" int trtfuse_residual_conv_forward(void const* handle, void const* x, 
         blocks = s.grid;
         p.wgw_regular = s.regular;
         p.wgw_quota = s.quota;
+        p.wgw_rest = s.rest;
         if (L->w_map_status) return L->w_map_status;
         p.w_map = L->w_map[C.bn == 256];
         if (int st = encode_out_map(p, n, C.bn)) return st;
@@ -490,7 +491,7 @@ extern "C" int trtfuse_residual_conv_wgw_schedule(int m_blocks, int n_blocks, in
     if (block == -1) return s.grid;
     if (block < 0 || block >= s.grid) return TRTFUSE_RCONV_ERR_SHAPE;
     if (cap > 0 && (!m_out || !n_out)) return TRTFUSE_RCONV_ERR_NULL;
-    WgwTiles const tiles(block, s.grid, m_blocks, n_blocks, s.regular, s.quota);
+    WgwTiles const tiles(block, s.grid, m_blocks, n_blocks, s.regular, s.quota, s.rest);
     for (int t = 0; t < tiles.count && t < cap; ++t) {
         m_out[t] = tiles.m_block(t);
         n_out[t] = tiles.n_block(t);

@@ -259,14 +259,15 @@ residual_conv_kernel_wgmma_ws(const __grid_constant__ Params p) {
     // This block's tiles (residual_conv_wgw_tiles.h): a regular block keeps one N block; an extra block's run may
     // cross into the next N blocks, and the consumer of the first tile with a new N block reloads the weight slice
     // (safe only with the PINGPONG turns; the host schedules extra blocks for no other config).
-    WgwTiles const tiles(blockIdx.x, gridDim.x, m_blocks, p.n_blocks, p.wgw_regular, p.wgw_quota);
+    WgwTiles const tiles(blockIdx.x, gridDim.x, m_blocks, p.n_blocks, p.wgw_regular, p.wgw_quota, p.wgw_rest);
     if (!Cfg::PINGPONG && tiles.extra) __trap();
     int const my_tiles = tiles.count;
-    auto tile_m0 = [&](int t) { return tiles.m_block(t) * BM; };
     // the weight slice of N block nb by TMA: k chunk kt (KCH boxes of [BN][32]) on w_full(kt)
-    auto load_weights = [&](int nb) {
+    auto load_weights = [&](int nb) {   // (rolled loops: as code in the consumers' loop, unrolled, it cost ~3 %)
+#pragma unroll 1
         for (int kt = 0; kt < k_tiles; ++kt) {
             mbar_arrive_expect_tx(w_full(kt), BN * BK);
+#pragma unroll 1
             for (int j = 0; j < KCH; ++j)
                 tma_load_2d(smem_u32(sW + (kt * KCH + j) * BN * 32), &p.w_map, (kt * KCH + j) * 32, nb * BN,
                             w_full(kt));
@@ -330,7 +331,7 @@ residual_conv_kernel_wgmma_ws(const __grid_constant__ Params p) {
             }
         };
         for (int t = t0; t < my_tiles; t += t_step) {
-            int const m0 = tile_m0(t), n0 = tiles.n_block(t) * BN, u = t >> 1;
+            int const m0 = tiles.m_block(t) * BM, n0 = tiles.n_block(t) * BN, u = t >> 1;
             auto load_residual = [&] {
                 int64_t off[ROWS];
                 int bytes[ROWS];
@@ -396,107 +397,118 @@ residual_conv_kernel_wgmma_ws(const __grid_constant__ Params p) {
     // consumer that reloads the weight slice knows when the old one is no longer read
     int const nb_first = my_tiles > 0 ? tiles.n_block(0) : 0;
     bool const reloads = my_tiles > 0 && tiles.n_block(my_tiles - 1) != nb_first;
-    for (int t = c, u = 0; t < my_tiles; t += 2, ++u) {
-        int prev = -1;
-        int const nb = tiles.n_block(t), n0 = nb * BN;
-        // this consumer's first tile with this weight slice waits for it: w_full completes one phase per slice
-        bool const wait_w = t < 2 || nb != tiles.n_block(t - 2);
-        uint32_t const w_parity = (nb - nb_first) & 1;
-        WGW_TRACE(0);
+    // The tile loop, compiled twice: for an extra block (EXTRA: N block per tile, reloads), and for a regular one,
+    // whose N block is a constant as before the extra blocks (measured: with it per tile, res4 2048 +3-4 %).
+    auto consume = [&](auto extra_tag) {
+        constexpr bool EXTRA = decltype(extra_tag)::value;
+        for (int t = c, u = 0; t < my_tiles; t += 2, ++u) {
+            int prev = -1;
+            int const nb = tiles.template n_block<EXTRA>(t), n0 = nb * BN;
+            // this consumer's first tile with this weight slice waits for it: w_full completes one phase per slice
+            bool const wait_w = t < 2 || (EXTRA && nb != tiles.template n_block<EXTRA>(t - 2));
+            uint32_t const w_parity = (nb - nb_first) & 1;
+            WGW_TRACE(0);
 #ifdef TRTFUSE_WGW_TRACE
-        if (t128 == 0 && u < 64) {   // record whether stage 0 of this tile has already landed
-            int slot0, fill0;
-            x_pos(t, 0, slot0, fill0);
-            wgw_trace[((blockIdx.x * 2 + c) * 64 + u) * 8 + 7] = mbar_test(x_full(slot0), fill0 & 1);
-        }
-#endif
-        // PINGPONG: the consumers take turns on the tensor cores (tile u of consumer 0, tile u of consumer 1,
-        // tile u + 1 of consumer 0, ...), so that one's epilogue runs while the other's wgmmas do
-        if (Cfg::PINGPONG && (c == 1 || u > 0)) mbar_wait(mma_turn(c), (c == 1 ? u : u - 1) & 1);
-        // The first tile with a new N block (extra blocks only, PINGPONG): the old slice is free once tile t - 1
-        // (the other consumer's, issued before this turn) and tile t - 2 (this consumer's) are done; one thread then
-        // loads the new one. Each mma_done wait is at most one phase ahead: the other consumer reported tile t - 3
-        // before it issued t - 1, and no consumer reports a tile past t - 1 before this tile is issued.
-        if (t > 0 && nb != tiles.n_block(t - 1) && t128 == 0) {
-            mbar_wait(mma_done(1 - c), ((t - 1) >> 1) & 1);
-            if (t >= 2) mbar_wait(mma_done(c), ((t - 2) >> 1) & 1);
-            load_weights(nb);
-        }
-        for (int kt = 0; kt < k_tiles; ++kt) {
-            int slot, fill;
-            x_pos(t, kt, slot, fill);
-            mbar_wait(x_full(slot), fill & 1);
-            if (kt == 0) WGW_TRACE(1);
-            if (wait_w) mbar_wait(w_full(kt), w_parity);
-            fence_proxy_async_smem();   // the landed cp.async bytes, visible to this thread's wgmmas
-            wgmma_fence();
-            wgmma_stage<BM, BN, KCH>(acc, descA0 + ((slot * Cfg::A_STAGE) >> 4), descB0 + ((kt * KCH * BN * 32) >> 4));
-            wgmma_commit();
-            if (prev >= 0) {   // the previous stage's wgmmas are done: release its slot
-                wgmma_wait<1>();
-                __syncwarp();
-                if (lane == 0) mbar_arrive(x_empty(prev));
+            if (t128 == 0 && u < 64) {   // record whether stage 0 of this tile has already landed
+                int slot0, fill0;
+                x_pos(t, 0, slot0, fill0);
+                wgw_trace[((blockIdx.x * 2 + c) * 64 + u) * 8 + 7] = mbar_test(x_full(slot0), fill0 & 1);
             }
-            prev = slot;
-        }
-        if (Cfg::PINGPONG) mbar_arrive(mma_turn(1 - c));   // this tile's wgmmas are all issued
-        WGW_TRACE(2);
-        wgmma_wait<0>();
-        WGW_TRACE(3);
-        __syncwarp();
-        if (lane == 0) {
-            mbar_arrive(x_empty(prev));
-            if (reloads) mbar_arrive(mma_done(c));
-        }
-
-        // ---- epilogue: in registers, written in place over the residual tile, then 16-byte stores ----
-        int const b = c * RBUF + u % RBUF, m0 = tile_m0(t);
-        mbar_wait(r_full(b), (u / RBUF) & 1);
-        // the previous tile's TMA stores have had this tile's wgmmas to read their buffer: release it now
-        if (lane == 0) pay_owed();
-        WGW_TRACE(4);
-        int8_t* const w_tile = sR + b * Cfg::R_TILE + warp_in_wg * Cfg::R_BLOCK;   // this warp's block
-        wgmma_epilogue<16, NI, Cfg::PERM>(acc, p, w_tile, g, tig, n0);
-        WGW_TRACE(5);
-        // the next tile's accumulators, set here: the moves then overlap the wait below instead of delaying the
-        // next tile's first wgmma (measured: ~1k cycles between a tile's start and its first wgmma otherwise)
-#pragma unroll
-        for (int i = 0; i < BN / 2; ++i) asm volatile("mov.b32 %0, %1;\n" : "=r"(acc[i]) : "r"(init));   // stays here
-        // Each warp stores its own 16 rows, which only its epilogue wrote: a warp barrier suffices. Rows within one
-        // image leave by one TMA store (p.out_map, box 16 rows x BN/32 slabs from the block's first row; rows past HW
-        // or M and slabs past Nc not written), issued by lane 0, which releases the buffer after the next tile's
-        // wgmmas, when the engine has long read it (waiting right away put the read, 0.7-1k cycles, on the
-        // warpgroup's path: the next wgmma needs every warp). Rows that straddle two images take 16-byte stores: a
-        // store box must not start at a negative hw (measured: illegal instruction). 16-row blocks straddle only
-        // where an image boundary falls inside one: never at res2/res3, ~1 in 12 at res4, ~1 in 3 at res5.
-        int const wm0 = m0 + warp_in_wg * 16, img0 = p.hw_div.div(min(wm0, p.M - 1)), hs = wm0 - img0 * p.HW;
-        if (wm0 < p.M && min(16, p.M - wm0) + hs <= p.HW) {
-            fence_proxy_async_smem();   // this thread's output bytes (generic writes) -> the TMA engine's reads
+#endif
+            // PINGPONG: the consumers take turns on the tensor cores (tile u of consumer 0, tile u of consumer 1,
+            // tile u + 1 of consumer 0, ...), so that one's epilogue runs while the other's wgmmas do
+            if (Cfg::PINGPONG && (c == 1 || u > 0)) mbar_wait(mma_turn(c), (c == 1 ? u : u - 1) & 1);
+            // The first tile with a new N block (extra blocks only, PINGPONG): the old slice is free once tile t - 1
+            // (the other consumer's, issued before this turn) and tile t - 2 (this consumer's) are done; one thread then
+            // loads the new one. Each mma_done wait is at most one phase ahead: the other consumer reported tile t - 3
+            // before it issued t - 1, and no consumer reports a tile past t - 1 before this tile is issued.
+            if (EXTRA && t > 0 && nb != tiles.template n_block<EXTRA>(t - 1) && t128 == 0) {
+                mbar_wait(mma_done(1 - c), ((t - 1) >> 1) & 1);
+                if (t >= 2) mbar_wait(mma_done(c), ((t - 2) >> 1) & 1);
+                load_weights(nb);
+            }
+            for (int kt = 0; kt < k_tiles; ++kt) {
+                int slot, fill;
+                x_pos(t, kt, slot, fill);
+                mbar_wait(x_full(slot), fill & 1);
+                if (kt == 0) WGW_TRACE(1);
+                if (wait_w) mbar_wait(w_full(kt), w_parity);
+                fence_proxy_async_smem();   // the landed cp.async bytes, visible to this thread's wgmmas
+                wgmma_fence();
+                wgmma_stage<BM, BN, KCH>(acc, descA0 + ((slot * Cfg::A_STAGE) >> 4), descB0 + ((kt * KCH * BN * 32) >> 4));
+                wgmma_commit();
+                if (prev >= 0) {   // the previous stage's wgmmas are done: release its slot
+                    wgmma_wait<1>();
+                    __syncwarp();
+                    if (lane == 0) mbar_arrive(x_empty(prev));
+                }
+                prev = slot;
+            }
+            if (Cfg::PINGPONG) mbar_arrive(mma_turn(1 - c));   // this tile's wgmmas are all issued
+            WGW_TRACE(2);
+            wgmma_wait<0>();
+            WGW_TRACE(3);
             __syncwarp();
             if (lane == 0) {
-                tma_store_4d(&p.out_map, smem_u32(w_tile), 0, hs, n0 / 32, img0);
-                bulk_commit();
-                owed = b;
+                mbar_arrive(x_empty(prev));
+                if (EXTRA && reloads) mbar_arrive(mma_done(c));
+            }
+
+            // ---- epilogue: in registers, written in place over the residual tile, then 16-byte stores ----
+            int const b = c * RBUF + u % RBUF, m0 = tiles.template m_block<EXTRA>(t) * BM;
+            mbar_wait(r_full(b), (u / RBUF) & 1);
+            // the previous tile's TMA stores have had this tile's wgmmas to read their buffer: release it now
+            if (lane == 0) pay_owed();
+            WGW_TRACE(4);
+            int8_t* const w_tile = sR + b * Cfg::R_TILE + warp_in_wg * Cfg::R_BLOCK;   // this warp's block
+            wgmma_epilogue<16, NI, Cfg::PERM>(acc, p, w_tile, g, tig, n0);
+            WGW_TRACE(5);
+            // the next tile's accumulators, set here: the moves then overlap the wait below instead of delaying the
+            // next tile's first wgmma (measured: ~1k cycles between a tile's start and its first wgmma otherwise)
+    #pragma unroll
+            for (int i = 0; i < BN / 2; ++i) asm volatile("mov.b32 %0, %1;\n" : "=r"(acc[i]) : "r"(init));   // stays here
+            // Each warp stores its own 16 rows, which only its epilogue wrote: a warp barrier suffices. Rows within one
+            // image leave by one TMA store (p.out_map, box 16 rows x BN/32 slabs from the block's first row; rows past HW
+            // or M and slabs past Nc not written), issued by lane 0, which releases the buffer after the next tile's
+            // wgmmas, when the engine has long read it (waiting right away put the read, 0.7-1k cycles, on the
+            // warpgroup's path: the next wgmma needs every warp). Rows that straddle two images take 16-byte stores: a
+            // store box must not start at a negative hw (measured: illegal instruction). 16-row blocks straddle only
+            // where an image boundary falls inside one: never at res2/res3, ~1 in 12 at res4, ~1 in 3 at res5.
+            int const wm0 = m0 + warp_in_wg * 16, img0 = p.hw_div.div(min(wm0, p.M - 1)), hs = wm0 - img0 * p.HW;
+            if (wm0 < p.M && min(16, p.M - wm0) + hs <= p.HW) {
+                fence_proxy_async_smem();   // this thread's output bytes (generic writes) -> the TMA engine's reads
+                __syncwarp();
+                if (lane == 0) {
+                    tma_store_4d(&p.out_map, smem_u32(w_tile), 0, hs, n0 / 32, img0);
+                    bulk_commit();
+                    owed = b;
+                } else {
+                    mbar_arrive(r_empty(b));
+                }
             } else {
+                __syncwarp();
+                int const m = wm0 + my_row;
+                if (m < p.M) {
+                    int const img = p.hw_div.div(m), hw = m - img * p.HW;
+                    int8_t* obase = p.out + (static_cast<int64_t>(img) * p.Nc * p.HW + hw) * 32 + my_half * 16;
+    #pragma unroll
+                    for (int slab = 0; slab < BN / 32; ++slab) {
+                        int const gslab = n0 / 32 + slab;
+                        if (gslab < p.Nc)
+                            st_global_cs_16(obase + gslab * slab_bytes,
+                                *reinterpret_cast<int4 const*>(w_tile + swz_offset(slab, 16, my_row, my_half * 16)));
+                    }
+                }
                 mbar_arrive(r_empty(b));
             }
-        } else {
-            __syncwarp();
-            int const m = wm0 + my_row;
-            if (m < p.M) {
-                int const img = p.hw_div.div(m), hw = m - img * p.HW;
-                int8_t* obase = p.out + (static_cast<int64_t>(img) * p.Nc * p.HW + hw) * 32 + my_half * 16;
-#pragma unroll
-                for (int slab = 0; slab < BN / 32; ++slab) {
-                    int const gslab = n0 / 32 + slab;
-                    if (gslab < p.Nc)
-                        st_global_cs_16(obase + gslab * slab_bytes,
-                            *reinterpret_cast<int4 const*>(w_tile + swz_offset(slab, 16, my_row, my_half * 16)));
-                }
-            }
-            mbar_arrive(r_empty(b));
+            WGW_TRACE(6);
         }
-        WGW_TRACE(6);
+    };
+    if constexpr (Cfg::PINGPONG) {   // the only configs with extra blocks
+        if (tiles.extra) consume(std::true_type{});
+        else consume(std::false_type{});
+    } else {
+        consume(std::false_type{});
     }
     if (lane == 0) {
         pay_owed();
