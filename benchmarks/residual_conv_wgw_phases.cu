@@ -10,7 +10,7 @@
 #include <cstdlib>
 #include <vector>
 
-#include "residual_conv/residual_conv_tensor_maps.h"
+#include "residual_conv/residual_conv_out_map.h"
 #include "residual_conv/residual_conv_wgmma_ws.cuh"
 #include "residual_conv/residual_conv_wgw_tiles.h"
 
@@ -91,12 +91,11 @@ void run(char const* name, int cin, int cout, int hw, int batch) {
     p.n_blocks = (Nc * 32 + Cfg::BN - 1) / Cfg::BN;
     p.hw_div = FastDivmod(hw);
     p.nb_div = FastDivmod(p.n_blocks);
-    int st = encode_out_map(p, batch, Cfg::BN);
-    if (!st) st = encode_w_map(&p.w_map, w, Npad, Kpad, Cfg::BN);
-    if (st) {
-        std::printf("tensor maps: %d\n", st);
+    if (int st = encode_out_map(p, batch, Cfg::BN)) {
+        std::printf("encode_out_map: %d\n", st);
         std::exit(1);
     }
+    p.w_img = w;   // the image of constant weights is the same constant
     int const k_tiles = (Kc * 32 + Cfg::BK - 1) / Cfg::BK, smem = wgw_smem_bytes<Cfg>(k_tiles);
     int sms;
     CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));

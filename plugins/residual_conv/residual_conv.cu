@@ -2,7 +2,7 @@
 #include "common/cuda_check.h"
 #include "residual_conv/residual_conv.h"
 #include "residual_conv/residual_conv_kernel.cuh"
-#include "residual_conv/residual_conv_tensor_maps.h"
+#include "residual_conv/residual_conv_out_map.h"
 #include "residual_conv/residual_conv_wgmma.cuh"
 #include "residual_conv/residual_conv_wgmma_ws.cuh"
 #include "residual_conv/residual_conv_wgw_tiles.h"
@@ -94,8 +94,8 @@ struct ConfigInfo {
     bool wstat = false;   // weight stationary: per-layer shared memory and fit rule (see layer_fits)
     int bk = 0, load_ahead = 0, rbuf = 0;
     int (*smem_bytes)(int k_tiles) = nullptr;
-    bool tma_out = false;   // the wgw kernel: TMA output stores and weight loads (Params::out_map, w_map), the
-                            // wgw tile schedule
+    bool tma_out = false;   // the wgw kernel: TMA output stores (Params::out_map), the packed weight slices
+                            // (Params::w_img), the wgw tile schedule
     bool balance = false;   // wgw with PINGPONG: the schedule may add extra blocks (residual_conv_wgw_tiles.h)
 };
 
@@ -156,8 +156,7 @@ struct Layer {
     int8_t* w_perm = nullptr;   // w with rows permuted in 16-channel groups (v6 PERM configs)
     float* abs = nullptr;   // [6][npad]: a, b, s of the rounding rule, then the same times 2^-8
     bool sat = false;       // the wgmma epilogue may use its saturating form (see sat_exact)
-    CUtensorMap w_map[2];   // w_perm for the wgw kernels' weight loads, box BN 128 and 256 (encoded at create)
-    int w_map_status = 0;   // 0, or why they could not be encoded (the wgw configs then fail with it)
+    int8_t* w_img = nullptr;   // [2][npad * kpad]: w_perm packed for the wgw kernels with BN 128, 256
 };
 
 int round_up(int v, int m) { return (v + m - 1) / m * m; }
@@ -357,20 +356,24 @@ extern "C" int trtfuse_residual_conv_create(int cin, int cout, int8_t const* wei
         int ch = (row & ~15) + 4 * tig + 2 * t + e;
         std::copy_n(&w[static_cast<size_t>(ch) * L.kpad], L.kpad, &w_perm[static_cast<size_t>(row) * L.kpad]);
     }
+    std::vector<int8_t> w_img(2 * w.size());
+    wgw_pack_weights(w_perm.data(), L.npad, L.kpad, 128, w_img.data());
+    wgw_pack_weights(w_perm.data(), L.npad, L.kpad, 256, w_img.data() + w.size());
     cudaError_t e = cudaMalloc(&L.w, w.size());
     if (e == cudaSuccess) e = cudaMalloc(&L.w_perm, w_perm.size());
+    if (e == cudaSuccess) e = cudaMalloc(&L.w_img, w_img.size());
     if (e == cudaSuccess) e = cudaMalloc(&L.abs, abs.size() * sizeof(float));
     if (e == cudaSuccess) e = cudaMemcpy(L.w, w.data(), w.size(), cudaMemcpyHostToDevice);
     if (e == cudaSuccess) e = cudaMemcpy(L.w_perm, w_perm.data(), w_perm.size(), cudaMemcpyHostToDevice);
+    if (e == cudaSuccess) e = cudaMemcpy(L.w_img, w_img.data(), w_img.size(), cudaMemcpyHostToDevice);
     if (e == cudaSuccess) e = cudaMemcpy(L.abs, abs.data(), abs.size() * sizeof(float), cudaMemcpyHostToDevice);
     if (e != cudaSuccess) {
         cudaFree(L.w);
         cudaFree(L.w_perm);
+        cudaFree(L.w_img);
         cudaFree(L.abs);
         return static_cast<int>(e);
     }
-    for (int i = 0; i < 2 && !L.w_map_status; ++i)
-        L.w_map_status = encode_w_map(&L.w_map[i], L.w_perm, L.npad, L.kpad, 128 << i);
     *handle = new Layer(L);
     return 0;
 }
@@ -378,9 +381,9 @@ extern "C" int trtfuse_residual_conv_create(int cin, int cout, int8_t const* wei
 extern "C" int trtfuse_residual_conv_destroy(void* handle) {
     if (!handle) return 0;
     Layer* L = static_cast<Layer*>(handle);
-    cudaError_t e1 = cudaFree(L->w), e2 = cudaFree(L->abs), e3 = cudaFree(L->w_perm);
+    cudaError_t e1 = cudaFree(L->w), e2 = cudaFree(L->abs), e3 = cudaFree(L->w_perm), e4 = cudaFree(L->w_img);
     delete L;
-    return e1 ? e1 : e2 ? e2 : e3;
+    return e1 ? e1 : e2 ? e2 : e3 ? e3 : e4;
 }
 
 extern "C" int trtfuse_residual_conv_forward(void const* handle, void const* x, void const* r, void* out, int n,
@@ -439,8 +442,7 @@ extern "C" int trtfuse_residual_conv_forward(void const* handle, void const* x, 
         p.wgw_regular = s.regular;
         p.wgw_quota = s.quota;
         p.wgw_rest = s.rest;
-        if (L->w_map_status) return L->w_map_status;
-        p.w_map = L->w_map[C.bn == 256];
+        p.w_img = L->w_img + (C.bn == 256 ? static_cast<size_t>(L->npad) * L->kpad : 0);
         if (int st = encode_out_map(p, n, C.bn)) return st;
     }
     C.kernel<<<static_cast<unsigned>(blocks), C.threads, smem, static_cast<cudaStream_t>(stream)>>>(p);

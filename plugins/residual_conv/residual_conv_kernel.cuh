@@ -16,7 +16,7 @@
 #pragma once
 #include <cstdint>
 #include <type_traits>
-#include <cuda.h>   // CUtensorMap (the wgw kernels' TMA copies; the maps are encoded by the host)
+#include <cuda.h>   // CUtensorMap (the wgw kernels' TMA output stores; the map is encoded by the host)
 #include <cuda_runtime.h>
 
 #include "common/fast_divmod.h"
@@ -33,6 +33,7 @@ struct Params {
     int8_t* out;           // [N][Nc][HW][32]
     int8_t const* w;       // packed [Npad][Kpad] row-major, zero padded (Npad % 256 == 0, Kpad % 128 == 0)
     int8_t const* w_perm;  // the same rows permuted within each 16-channel group (PERM configs, see v6 below)
+    int8_t const* w_img;   // wgw_*: w_perm in the kernel's shared-memory layout, per N block (wgw_pack_weights)
     float const* a;        // [Npad] (x_scale * w_scale[n]) * inv_out, 0 in the padding
     float const* b;        // [Npad] bias[n] * inv_out, 0 in the padding
     float const* s;        // [Npad] r_scale * inv_out, 0 in the padding (padded channels come out 0)
@@ -55,7 +56,6 @@ struct Params {
     FastDivmod wgw_rest;   // by the schedule's rest_m
     CUtensorMap out_map;   // out as a 4-d tensor (32 bytes, HW, Nc, N), box (32, 16, BN/32, 1), 32-byte swizzle:
                            // set only for the configs that store with TMA (wgw_*); 64-byte aligned
-    CUtensorMap w_map;     // wgw_*: the PERM weights as a 2-d tensor (Kpad, Npad), box (32, BN), 32-byte swizzle
 };
 
 // ------------------------------------------------------------------------------------------------
@@ -99,7 +99,7 @@ __device__ __forceinline__ void st_global_cs_16(void* p, int4 v) {
 // 32-byte row pitch would put rows i and i+4 on the same banks; the swap makes each 8-row read
 // conflict-free (and the epilogue's 2-byte accesses, 8 rows x 4 lanes, too).
 // ------------------------------------------------------------------------------------------------
-__device__ __forceinline__ int swz_offset(int slab, int rows, int row, int byte_in_slab) {
+__host__ __device__ __forceinline__ int swz_offset(int slab, int rows, int row, int byte_in_slab) {
     int half = (byte_in_slab >> 4) ^ ((row >> 2) & 1);
     return ((slab * rows + row) << 5) + (half << 4) + (byte_in_slab & 15);
 }

@@ -41,10 +41,11 @@
 // 128) once it has read its output pieces back (its own accesses then precede its own release: compute-sanitizer's
 // racecheck does not follow a release by lane 0 after __syncwarp), except lane 0 of a warp whose rows left by TMA:
 // it arrives after the next tile's wgmmas, once the engine has read them (bulk wait_group.read).
-// The weight slice arrives by TMA (Params::w_map, the slice's rows already in the wgmma layout), issued by thread 0
-// at block start ahead of every other load; k chunk kt has a barrier of its own (w_full, expect_tx), waited for by
-// each consumer's first tile with that slice. Before, the x warps copied it by cp.async, one k chunk ahead of each
-// of the first tile's stages (res5 batch 256: first tile stored 14 us after block start, steady period 5.4 us).
+// The weight slice arrives by bulk copies (TMA) of Params::w_img, the weights packed on the host in this kernel's
+// shared-memory layout (wgw_pack_weights), issued by thread 0 at block start ahead of every other load; k chunk kt
+// has a barrier of its own (w_full, expect_tx), waited for by each consumer's first tile with that slice. Before,
+// the x warps copied it by cp.async, one k chunk ahead of each of the first tile's stages (res5 batch 256: first
+// tile stored 14 us after block start, steady period 5.4 us).
 // Extra blocks (residual_conv_wgw_tiles.h) reload it where their run of tiles crosses into the next N block.
 //
 // Compiled only in the sm_90a pass, like the other wgmma kernels (kHasWgmma guards the launch).
@@ -130,13 +131,12 @@ __device__ __forceinline__ void fence_mbarrier_init() {
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
 #endif
 }
-// TMA (bulk tensor) load of the 2-d box at (c0, c1) of the tensor `map` describes into shared memory at dst; the
-// bytes count against `bar`'s transaction count
-__device__ __forceinline__ void tma_load_2d(uint32_t dst, CUtensorMap const* map, int c0, int c1, uint32_t bar) {
+// Bulk copy (TMA, one contiguous run of `bytes`, a multiple of 16) from global src to shared dst; the bytes count
+// against `bar`'s transaction count
+__device__ __forceinline__ void bulk_load(uint32_t dst, void const* src, uint32_t bytes, uint32_t bar) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], "
-                 "[%4];\n" ::"r"(dst), "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(bar)
-                 : "memory");
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n"
+                 ::"r"(dst), "l"(src), "r"(bytes), "r"(bar) : "memory");
 #endif
 }
 // TMA (bulk tensor) store of a shared-memory box to the 4-d tensor `map` describes, at coordinates (c0..c3);
@@ -192,7 +192,7 @@ struct WgwTileConfig {
     static constexpr bool SPLIT = SPLIT_, PINGPONG = PINGPONG_, PERM = PERM_, SHARED = SHARED_;
     // SHARED needs the strict turns of PINGPONG (a ring is walked in order) and two producer warps per role
     static_assert(!SHARED || (PINGPONG && SPLIT), "a shared x ring is walked in turns");
-    static_assert(PERM, "Params::w_map holds the PERM rows");
+    static_assert(PERM, "Params::w_img holds the PERM rows");
     static constexpr int X_SLOTS = SHARED ? STAGES : 2 * STAGES;
     static constexpr int THREADS = 3 * 128;
     // setmaxnreg moves registers from the producers (they need few) to the consumers (128 accumulators at BN
@@ -220,6 +220,20 @@ struct WgwTileConfig {
 template <class Cfg>
 constexpr int wgw_smem_bytes(int k_tiles) {
     return Cfg::BN * k_tiles * Cfg::BK + Cfg::SMEM;
+}
+
+// Params::w_img for a BN: w_perm [npad][kpad] (row pitch kpad) as the kernel's weight slices in shared memory, one
+// after the other: N block nb at nb * bn * kpad, [kpad / 32 chunks][bn rows][32 bytes] (swz_offset). A slice's k
+// chunk then is one contiguous run, which one bulk copy moves (host side).
+inline void wgw_pack_weights(int8_t const* w_perm, int npad, int kpad, int bn, int8_t* img) {
+    for (int nb = 0; nb < npad / bn; ++nb) {
+        int8_t* slice = img + static_cast<int64_t>(nb) * bn * kpad;
+        for (int row = 0; row < bn; ++row)
+            for (int k = 0; k < kpad; k += 16)
+                for (int i = 0; i < 16; ++i)
+                    slice[swz_offset(k >> 5, bn, row, (k & 31) + i)] =
+                        w_perm[static_cast<int64_t>(nb * bn + row) * kpad + k + i];
+    }
 }
 
 template <class Cfg>
@@ -262,15 +276,14 @@ residual_conv_kernel_wgmma_ws(const __grid_constant__ Params p) {
     WgwTiles const tiles(blockIdx.x, gridDim.x, m_blocks, p.n_blocks, p.wgw_regular, p.wgw_quota, p.wgw_rest);
     if (!Cfg::PINGPONG && tiles.extra) __trap();
     int const my_tiles = tiles.count;
-    // the weight slice of N block nb by TMA: k chunk kt (KCH boxes of [BN][32]) on w_full(kt)
-    auto load_weights = [&](int nb) {   // (rolled loops: as code in the consumers' loop, unrolled, it cost ~3 %)
+    // the weight slice of N block nb: k chunk kt, BN x BK contiguous bytes of the packed image, by one bulk copy on
+    // w_full(kt)
+    auto load_weights = [&](int nb) {
+        int8_t const* src = p.w_img + static_cast<int64_t>(nb) * BN * p.Kpad;
 #pragma unroll 1
         for (int kt = 0; kt < k_tiles; ++kt) {
             mbar_arrive_expect_tx(w_full(kt), BN * BK);
-#pragma unroll 1
-            for (int j = 0; j < KCH; ++j)
-                tma_load_2d(smem_u32(sW + (kt * KCH + j) * BN * 32), &p.w_map, (kt * KCH + j) * 32, nb * BN,
-                            w_full(kt));
+            bulk_load(smem_u32(sW + kt * BK * BN), src + kt * BK * BN, BN * BK, w_full(kt));
         }
     };
 

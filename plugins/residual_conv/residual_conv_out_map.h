@@ -1,6 +1,5 @@
-// Host side of the wgw kernels' TMA copies: Params::out_map (the output stores) and Params::w_map (the weight
-// slice loads). Shared by the library (residual_conv.cu) and the measuring program
-// benchmarks/residual_conv_wgw_phases.cu.
+// Host side of the wgw kernels' TMA output stores: Params::out_map, the output as a 4-d tensor map.
+// Shared by the library (residual_conv.cu) and the measuring program benchmarks/residual_conv_wgw_phases.cu.
 #pragma once
 #include <cuda.h>
 #include <cudaTypedefs.h>   // PFN_cuTensorMapEncodeTiled
@@ -41,23 +40,6 @@ inline int encode_out_map(Params& p, int n, int bn) {
     CUresult const st = encode(&p.out_map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 4, p.out, dims, strides, box, elem_strides,
                                CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_32B,
                                CU_TENSOR_MAP_L2_PROMOTION_NONE, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-    return st == CUDA_SUCCESS ? 0 : cudaErrorInvalidValue;
-}
-
-// p.w_map: the packed weights w [npad][kpad] (row pitch kpad) as a uint8 tensor (kpad, npad), box (32 bytes, bn
-// rows): one 32-byte k chunk of a weight slice, in the layout the wgmma B descriptors read ([bn rows][32 bytes], the
-// 32-byte swizzle of swz_offset). 0, or a cudaError_t.
-inline int encode_w_map(CUtensorMap* map, int8_t const* w, int npad, int kpad, int bn) {
-    auto encode = tensor_map_encoder();
-    if (!encode) return cudaErrorNotSupported;
-    cuuint64_t const dims[2] = {static_cast<cuuint64_t>(kpad), static_cast<cuuint64_t>(npad)};
-    cuuint64_t const strides[1] = {static_cast<cuuint64_t>(kpad)};
-    cuuint32_t const box[2] = {32, static_cast<cuuint32_t>(bn)};
-    cuuint32_t const elem_strides[2] = {1, 1};
-    // every block reads its slice (L2 promotion: whole 256-byte lines)
-    CUresult const st = encode(map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<int8_t*>(w), dims, strides, box,
-                               elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_32B,
-                               CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
     return st == CUDA_SUCCESS ? 0 : cudaErrorInvalidValue;
 }
 
