@@ -45,7 +45,8 @@
 // shared-memory layout (wgw_pack_weights), issued by thread 0 at block start ahead of every other load; k chunk kt
 // has a barrier of its own (w_full, expect_tx), waited for by each consumer's first tile with that slice. Before,
 // the x warps copied it by cp.async, one k chunk ahead of each of the first tile's stages (res5 batch 256: first
-// tile stored 14 us after block start, steady period 5.4 us).
+// tile stored 14 us after block start, steady period 5.4 us); TMA boxes of 32 bytes x BN rows from a 2-d tensor
+// map of w_perm were tried too (first tile stored 12.3 us after block start; 10.3 with the bulk copies).
 // Extra blocks (residual_conv_wgw_tiles.h) reload it where their run of tiles crosses into the next N block.
 //
 // Compiled only in the sm_90a pass, like the other wgmma kernels (kHasWgmma guards the launch).
@@ -431,10 +432,11 @@ residual_conv_kernel_wgmma_ws(const __grid_constant__ Params p) {
             // PINGPONG: the consumers take turns on the tensor cores (tile u of consumer 0, tile u of consumer 1,
             // tile u + 1 of consumer 0, ...), so that one's epilogue runs while the other's wgmmas do
             if (Cfg::PINGPONG && (c == 1 || u > 0)) mbar_wait(mma_turn(c), (c == 1 ? u : u - 1) & 1);
-            // The first tile with a new N block (extra blocks only, PINGPONG): the old slice is free once tile t - 1
-            // (the other consumer's, issued before this turn) and tile t - 2 (this consumer's) are done; one thread then
-            // loads the new one. Each mma_done wait is at most one phase ahead: the other consumer reported tile t - 3
-            // before it issued t - 1, and no consumer reports a tile past t - 1 before this tile is issued.
+            // The first tile with a new N block (extra blocks only, PINGPONG): the old slice is free once tile
+            // t - 1 (the other consumer's, issued before this turn) and tile t - 2 (this consumer's) are done; one
+            // thread then loads the new one. Each mma_done wait is at most one phase ahead: the other consumer
+            // reported tile t - 3 before it issued t - 1, and no consumer reports a tile past t - 1 before this tile
+            // is issued.
             if (EXTRA && t > 0 && nb != tiles.template n_block<EXTRA>(t - 1) && t128 == 0) {
                 mbar_wait(mma_done(1 - c), ((t - 1) >> 1) & 1);
                 if (t >= 2) mbar_wait(mma_done(c), ((t - 2) >> 1) & 1);
@@ -448,7 +450,8 @@ residual_conv_kernel_wgmma_ws(const __grid_constant__ Params p) {
                 if (wait_w) mbar_wait(w_full(kt), w_parity);
                 fence_proxy_async_smem();   // the landed cp.async bytes, visible to this thread's wgmmas
                 wgmma_fence();
-                wgmma_stage<BM, BN, KCH>(acc, descA0 + ((slot * Cfg::A_STAGE) >> 4), descB0 + ((kt * KCH * BN * 32) >> 4));
+                wgmma_stage<BM, BN, KCH>(acc, descA0 + ((slot * Cfg::A_STAGE) >> 4),
+                                         descB0 + ((kt * KCH * BN * 32) >> 4));
                 wgmma_commit();
                 if (prev >= 0) {   // the previous stage's wgmmas are done: release its slot
                     wgmma_wait<1>();
@@ -478,15 +481,16 @@ residual_conv_kernel_wgmma_ws(const __grid_constant__ Params p) {
             WGW_TRACE(5);
             // the next tile's accumulators, set here: the moves then overlap the wait below instead of delaying the
             // next tile's first wgmma (measured: ~1k cycles between a tile's start and its first wgmma otherwise)
-    #pragma unroll
-            for (int i = 0; i < BN / 2; ++i) asm volatile("mov.b32 %0, %1;\n" : "=r"(acc[i]) : "r"(init));   // stays here
-            // Each warp stores its own 16 rows, which only its epilogue wrote: a warp barrier suffices. Rows within one
-            // image leave by one TMA store (p.out_map, box 16 rows x BN/32 slabs from the block's first row; rows past HW
-            // or M and slabs past Nc not written), issued by lane 0, which releases the buffer after the next tile's
-            // wgmmas, when the engine has long read it (waiting right away put the read, 0.7-1k cycles, on the
-            // warpgroup's path: the next wgmma needs every warp). Rows that straddle two images take 16-byte stores: a
-            // store box must not start at a negative hw (measured: illegal instruction). 16-row blocks straddle only
-            // where an image boundary falls inside one: never at res2/res3, ~1 in 12 at res4, ~1 in 3 at res5.
+#pragma unroll
+            for (int i = 0; i < BN / 2; ++i)   // stays here
+                asm volatile("mov.b32 %0, %1;\n" : "=r"(acc[i]) : "r"(init));
+            // Each warp stores its own 16 rows, which only its epilogue wrote: a warp barrier suffices. Rows within
+            // one image leave by one TMA store (p.out_map, box 16 rows x BN/32 slabs from the block's first row; rows
+            // past HW or M and slabs past Nc not written), issued by lane 0, which releases the buffer after the next
+            // tile's wgmmas, when the engine has long read it (waiting right away put the read, 0.7-1k cycles, on the
+            // warpgroup's path: the next wgmma needs every warp). Rows that straddle two images take 16-byte stores:
+            // a store box must not start at a negative hw (measured: illegal instruction). 16-row blocks straddle
+            // only where an image boundary falls inside one: never at res2/res3, ~1 in 12 at res4, ~1 in 3 at res5.
             int const wm0 = m0 + warp_in_wg * 16, img0 = p.hw_div.div(min(wm0, p.M - 1)), hs = wm0 - img0 * p.HW;
             if (wm0 < p.M && min(16, p.M - wm0) + hs <= p.HW) {
                 fence_proxy_async_smem();   // this thread's output bytes (generic writes) -> the TMA engine's reads
@@ -504,7 +508,7 @@ residual_conv_kernel_wgmma_ws(const __grid_constant__ Params p) {
                 if (m < p.M) {
                     int const img = p.hw_div.div(m), hw = m - img * p.HW;
                     int8_t* obase = p.out + (static_cast<int64_t>(img) * p.Nc * p.HW + hw) * 32 + my_half * 16;
-    #pragma unroll
+#pragma unroll
                     for (int slab = 0; slab < BN / 32; ++slab) {
                         int const gslab = n0 / 32 + slab;
                         if (gslab < p.Nc)
