@@ -436,7 +436,7 @@ extern "C" int trtfuse_residual_conv_forward(void const* handle, void const* x, 
         blocks = std::max<int64_t>(1, resident / p.n_blocks) * p.n_blocks;
         blocks = std::min<int64_t>(blocks, tiles);
     }
-    if (C.tma_out) {   // wgw: its own schedule, and the tensor maps
+    if (C.tma_out) {   // wgw: its own schedule, the packed weight slices, the output tensor map
         WgwSchedule const s = wgw_schedule(static_cast<int>((M + C.bm - 1) / C.bm), p.n_blocks, resident, C.balance);
         blocks = s.grid;
         p.wgw_regular = s.regular;
