@@ -22,8 +22,8 @@
 // the other consumer before it passed the turn).
 // Output: each consumer warp stores its own 16 rows (one dense block of the tile in shared memory): rows within one
 // image by one TMA store (Params::out_map), rows that straddle two images by 16-byte stores.
-// Measured on the H100 against TensorRT 8.5 (docs/residual_conv.md, Version 10), batch 2048: res2 1.29 ms, res3
-// 0.65, res4 0.37, res5 0.27 (Version 9: 1.30 / 0.72 / 0.43 / 0.33). Per-tile phases (clock64,
+// Measured on the H100 against TensorRT 8.5 (docs/residual_conv.md, Version 11), batch 2048: res2 1.26 ms, res3
+// 0.64, res4 0.37, res5 0.26 (Version 9: 1.30 / 0.72 / 0.43 / 0.33); res5 batch 256 0.042. Per-tile phases (clock64,
 // benchmarks/residual_conv_wgw_phases.cu): the epilogue, 3.3-4.1k cycles, is the largest at every stage.
 // Variants measured and not kept: one x and one residual warp for both consumers, without turns (1.3-1.5x slower
 // than wgi);

@@ -51,8 +51,7 @@ inline WgwSchedule wgw_schedule(int m_blocks, int n_blocks, int resident, bool b
 }
 
 // The tiles of one block, in the order it computes them: tile t is (m_block(t), n_block(t)). `rest` is the
-// schedule's (made on the host: the kernel asks for a tile's blocks at every tile, a division would cost ~3 % at
-// res3/res4).
+// schedule's, made on the host (an extra block asks for its tile's blocks at every tile: a multiply, not a division).
 struct WgwTiles {
     int count;    // tiles of this block
     bool extra;
