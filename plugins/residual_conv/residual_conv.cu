@@ -94,7 +94,7 @@ struct ConfigInfo {
     bool wstat = false;   // weight stationary: per-layer shared memory and fit rule (see layer_fits)
     int bk = 0, load_ahead = 0, rbuf = 0;
     int (*smem_bytes)(int k_tiles) = nullptr;
-    bool tma_out = false;   // the wgw kernel: TMA output stores (Params::out_map), the packed weight slices
+    bool wgw = false;       // the wgw kernel: TMA output stores (Params::out_map), the packed weight slices
                             // (Params::w_img), the wgw tile schedule
     bool balance = false;   // wgw with PINGPONG: the schedule may add extra blocks (residual_conv_wgw_tiles.h)
 };
@@ -115,6 +115,7 @@ template <class C>
 int wgw_smem(int k_tiles) { return wgw_smem_bytes<C>(k_tiles); }
 template <class C>
 constexpr ConfigInfo info_wgw(char const* name) {   // load_ahead 0: residual buffers independent of K
+    static_assert(C::BN == 256, "a layer packs its wgw weight image (Layer::w_img) for BN 256 only");
     return {name, C::BM, C::BN, C::THREADS, C::SMEM, residual_conv_kernel_wgmma_ws<C>, true, true, C::BK, 0, C::RBUF,
             wgw_smem<C>, true, C::PINGPONG};
 }
@@ -156,7 +157,7 @@ struct Layer {
     int8_t* w_perm = nullptr;   // w with rows permuted in 16-channel groups (v6 PERM configs)
     float* abs = nullptr;   // [6][npad]: a, b, s of the rounding rule, then the same times 2^-8
     bool sat = false;       // the wgmma epilogue may use its saturating form (see sat_exact)
-    int8_t* w_img = nullptr;   // [2][npad * kpad]: w_perm packed for the wgw kernels with BN 128, 256
+    int8_t* w_img = nullptr;   // [npad * kpad]: w_perm packed for the wgw kernels (BN 256)
 };
 
 int round_up(int v, int m) { return (v + m - 1) / m * m; }
@@ -356,9 +357,8 @@ extern "C" int trtfuse_residual_conv_create(int cin, int cout, int8_t const* wei
         int ch = (row & ~15) + 4 * tig + 2 * t + e;
         std::copy_n(&w[static_cast<size_t>(ch) * L.kpad], L.kpad, &w_perm[static_cast<size_t>(row) * L.kpad]);
     }
-    std::vector<int8_t> w_img(2 * w.size());
-    wgw_pack_weights(w_perm.data(), L.npad, L.kpad, 128, w_img.data());
-    wgw_pack_weights(w_perm.data(), L.npad, L.kpad, 256, w_img.data() + w.size());
+    std::vector<int8_t> w_img(w.size());
+    wgw_pack_weights(w_perm.data(), L.npad, L.kpad, 256, w_img.data());
     cudaError_t e = cudaMalloc(&L.w, w.size());
     if (e == cudaSuccess) e = cudaMalloc(&L.w_perm, w_perm.size());
     if (e == cudaSuccess) e = cudaMalloc(&L.w_img, w_img.size());
@@ -432,18 +432,17 @@ extern "C" int trtfuse_residual_conv_forward(void const* handle, void const* x, 
     if (int st = resident_blocks(config, smem, &resident)) return st;
     // Persistent grid: every resident block slot gets a block, each walks tiles with a grid stride.
     int64_t blocks = std::min<int64_t>(tiles, resident);
-    if (C.wstat) {   // a multiple of n_blocks: each block keeps one N block (at least one block per N block)
-        blocks = std::max<int64_t>(1, resident / p.n_blocks) * p.n_blocks;
-        blocks = std::min<int64_t>(blocks, tiles);
-    }
-    if (C.tma_out) {   // wgw: its own schedule, the packed weight slices, the output tensor map
+    if (C.wgw) {   // its own schedule (residual_conv_wgw_tiles.h), the packed weight slices, the output tensor map
         WgwSchedule const s = wgw_schedule(static_cast<int>((M + C.bm - 1) / C.bm), p.n_blocks, resident, C.balance);
         blocks = s.grid;
         p.wgw_regular = s.regular;
         p.wgw_quota = s.quota;
         p.wgw_rest = s.rest;
-        p.w_img = L->w_img + (C.bn == 256 ? static_cast<size_t>(L->npad) * L->kpad : 0);
+        p.w_img = L->w_img;
         if (int st = encode_out_map(p, n, C.bn)) return st;
+    } else if (C.wstat) {   // a multiple of n_blocks: each block keeps one N block (at least one block per N block)
+        blocks = std::max<int64_t>(1, resident / p.n_blocks) * p.n_blocks;
+        blocks = std::min<int64_t>(blocks, tiles);
     }
     C.kernel<<<static_cast<unsigned>(blocks), C.threads, smem, static_cast<cudaStream_t>(stream)>>>(p);
     TRTFUSE_LAUNCH_CHECK();

@@ -53,7 +53,7 @@ struct Params {
     FastDivmod nb_div;     // tile / n_blocks (v6 kernels)
     int wgw_regular;       // wgw_*: the schedule's regular blocks and their tile quota (residual_conv_wgw_tiles.h)
     int wgw_quota;
-    FastDivmod wgw_rest;   // by the schedule's rest_m
+    FastDivmod wgw_rest;   // by the M tiles per N block left to the extra blocks (WgwSchedule::rest)
     CUtensorMap out_map;   // out as a 4-d tensor (32 bytes, HW, Nc, N), box (32, 16, BN/32, 1), 32-byte swizzle:
                            // set only for the configs that store with TMA (wgw_*); 64-byte aligned
 };
