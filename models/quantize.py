@@ -189,31 +189,55 @@ def amax_from_stats(stats: TensorStats, method: str, percentile: float = 99.99) 
 def _entropy_bins(hist: np.ndarray, levels: int = 128, start: int = 128) -> int:
     """Number of histogram bins to keep that minimises KL(P || Q), as TensorRT's entropy calibrator:
     P = the histogram cut at i bins with the tail folded into the last bin, Q = P squeezed into
-    ``levels`` int8 levels and expanded back over P's non-empty bins."""
-    hist = hist.astype(np.float64)
-    if hist.sum() == 0:
-        return len(hist)
-    best_i, best_kl = len(hist), np.inf
-    for i in range(start, len(hist) + 1):
-        p = hist[:i].copy()
-        p[-1] += hist[i:].sum()
-        nonzero = hist[:i] > 0
-        edges = np.linspace(0, i, levels + 1).astype(np.int64)
-        sums = np.add.reduceat(hist[:i], edges[:-1])
-        counts = np.add.reduceat(nonzero.astype(np.float64), edges[:-1])
-        per_bin = np.divide(sums, counts, out=np.zeros_like(sums), where=counts > 0)
-        q = np.repeat(per_bin, np.diff(edges)) * nonzero
-        p_sum, q_sum = p.sum(), q.sum()
-        if q_sum == 0:
-            continue
-        p, q = p / p_sum, q / q_sum
-        mask = p > 0
-        if (q[mask] == 0).any():
-            continue  # P has mass where Q has none (the folded tail): KL is infinite
-        kl = float(np.sum(p[mask] * np.log(p[mask] / q[mask])))
-        if kl < best_kl:
-            best_i, best_kl = i, kl
-    return best_i
+    ``levels`` int8 levels and expanded back over P's non-empty bins. Ties go to the most bins
+    (the least clipping), as TensorRT's last argmin."""
+    kl = _entropy_divergences(hist, levels, start)
+    if not np.isfinite(kl).any():
+        return len(hist)  # nothing to choose from (no counts): keep the whole range
+    return start + len(kl) - 1 - int(np.argmin(kl[::-1]))
+
+
+def _entropy_divergences(hist: np.ndarray, levels: int = 128, start: int = 128) -> np.ndarray:
+    """KL(P || Q) for every candidate i = start..len(hist) bins (inf where undefined), at once.
+
+    Within a level, Q gives each non-empty bin the level's mean (sum S over n non-empty bins), so
+    sum_j h_j log(h_j / q_j) = sum_j h_j log h_j - sum_levels S log(S / n): prefix sums instead of
+    a 2048-step loop over P and Q (that took 0.3 s per tensor, half a minute per model)."""
+    h = hist.astype(np.float64)  # a copy: the caller's statistics stay as collected
+    # Bin 0 holds the exact zeros (after a ReLU/ReLU6 often most of the tensor). They quantize
+    # exactly at any scale, but left in, that one spike decides KL: Q spreads it evenly over the
+    # bins sharing bin 0's level, which costs least with the fewest bins per level, so every
+    # ReLU output got a threshold near ``start`` bins (EfficientNet-Lite0: top-1 0.16 %).
+    # TensorRT's calibrator (and pytorch-quantization's copy of it) replace bin 0 by bin 1.
+    if len(h) > 1:
+        h[0] = h[1]
+    total = h.sum()
+    i = np.arange(start, len(h) + 1)
+    if total == 0:
+        return np.full(len(i), np.inf)
+    csum = np.concatenate([[0.0], np.cumsum(h)])
+    nonempty = np.concatenate([[0], np.cumsum(h > 0)])
+    hlogh = np.concatenate([[0.0], np.cumsum(_xlogx(h))])
+    edges = np.arange(levels + 1) * i[:, None] // levels  # [candidates, levels + 1], integer edges
+    level_sum = np.diff(csum[edges], axis=1)
+    level_mean = level_sum / np.maximum(np.diff(nonempty[edges], axis=1), 1)
+    kept, last, tail = csum[i], h[i - 1], total - csum[i]
+    q_last = level_mean[:, -1]  # Q's count in the last kept bin (if that bin is non-empty)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        # sum of p log(p / q) over the kept bins (p, q in counts) without the tail ...
+        log_mean = np.log(np.where(level_sum > 0, level_mean, 1))
+        plogpq = hlogh[i] - np.sum(level_sum * log_mean, axis=1)
+        # ... then the last bin's term redone with the tail folded into p
+        plogpq += _xlogx(last + tail) - _xlogx(last) - tail * np.log(np.where(last > 0, q_last, 1))
+        # normalised: P sums to total, Q to the kept counts
+        kl = plogpq / total + np.log(kept / total)
+    # P has mass where Q has none (the folded tail past an empty bin), or Q is empty: KL is infinite
+    kl[(kept == 0) | ((last == 0) & (tail > 0))] = np.inf
+    return kl
+
+
+def _xlogx(x):
+    return np.where(x > 0, x * np.log(np.where(x > 0, x, 1)), 0.0)
 
 
 # ----------------------------------------------------------------------------- QDQ insertion

@@ -10,6 +10,7 @@ from trtfuse.models.quantize import (
     amax_from_stats,
     calibrate,
     calibration_split,
+    collect_stats,
     quantize,
     quantize_weights,
     top1_onnxruntime,
@@ -65,6 +66,103 @@ def test_amax_methods_clip_outliers_but_not_plain_data():
     uniform = _stats_of(rng.uniform(-1, 1, 200_000))
     assert amax_from_stats(uniform, "entropy") > 0.9  # nothing to clip in a uniform distribution
     assert amax_from_stats(uniform, "percentile", 99.99) > 0.99
+
+
+def _int8_mse(values, amax):
+    scale = amax / 127
+    return float(np.mean((np.clip(np.round(values / scale), -127, 127) * scale - values) ** 2))
+
+
+# Activation-like distributions. The ReLU ones put most of the tensor in histogram bin 0 (exact
+# zeros), which collapsed the entropy threshold to a fraction of the range (issue 13 item 5).
+_N = 100_000
+_DISTRIBUTIONS = {
+    "gaussian": lambda rng: rng.normal(size=_N),
+    "laplacian": lambda rng: rng.laplace(size=_N),
+    "laplacian_outliers": lambda rng: np.concatenate([rng.laplace(size=_N), [30.0, -45.0]]),
+    "relu_halfnormal": lambda rng: np.maximum(rng.normal(size=_N), 0),
+    "relu_laplacian": lambda rng: np.maximum(rng.laplace(size=_N), 0),
+    "relu6": lambda rng: np.clip(rng.normal(-0.5, 1.5, _N), 0, 6),
+    "mostly_zeros": lambda rng: np.where(rng.random(_N) < 0.97, 0, rng.normal(size=_N)),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(_DISTRIBUTIONS))
+def test_entropy_threshold_keeps_the_bulk_of_the_distribution(kind):
+    values = _DISTRIBUTIONS[kind](np.random.default_rng(0))
+    s = _stats_of(values)
+    hist = s.hist.copy()
+    amax = amax_from_stats(s, "entropy")
+    # Never past max, never inside the bulk: 99.9 % of the non-zero |x| stay unclipped.
+    nonzero = np.abs(values[values != 0])
+    assert np.percentile(nonzero, 99.9) < amax <= s.amax * (1 + 1e-9)
+    np.testing.assert_array_equal(s.hist, hist)  # the statistics are not edited in place
+    if kind == "laplacian_outliers":
+        assert amax < s.amax / 3  # the two outliers are clipped
+
+
+@pytest.mark.parametrize("kind", ["laplacian", "relu_laplacian"])
+def test_entropy_beats_max_on_heavy_tails(kind):
+    values = _DISTRIBUTIONS[kind](np.random.default_rng(0))
+    s = _stats_of(values)
+    assert _int8_mse(values, amax_from_stats(s, "entropy")) < _int8_mse(values, s.amax)
+
+
+def test_entropy_divergences_match_explicit_p_and_q():
+    from trtfuse.models.quantize import _entropy_divergences
+
+    def kl_explicit(hist, i, levels=128):
+        # TensorRT's description, step by step: P = bins [0, i) with the tail added to the last,
+        # Q = those bins merged into 128 levels, each level spread evenly over its non-empty bins.
+        p = hist[:i].astype(np.float64)
+        p[-1] += hist[i:].sum()
+        q = np.zeros(i)
+        for lo, hi in zip(np.arange(levels) * i // levels, np.arange(1, levels + 1) * i // levels):
+            full = hist[lo:hi] > 0
+            q[lo:hi][full] = hist[lo:hi].sum() / max(full.sum(), 1)
+        p, q = p / p.sum(), q / q.sum()
+        return float(np.sum(p[p > 0] * np.log(p[p > 0] / q[p > 0])))
+
+    rng = np.random.default_rng(3)
+    hist = _stats_of(np.maximum(rng.laplace(size=20_000), 0)).hist
+    assert hist[0] > 50 * hist[1]  # the ReLU's zeros
+    kl = _entropy_divergences(hist)
+    no_zero_spike = np.concatenate([hist[1:2], hist[1:]])  # bin 0 counts as bin 1 (TensorRT)
+    finite = [i for i in range(128, 2049) if np.isfinite(kl[i - 128])]
+    assert len(finite) > 500
+    for i in [128, 129, *finite[::97], 2048]:
+        assert kl[i - 128] == pytest.approx(kl_explicit(no_zero_spike, i), rel=1e-9, abs=1e-12)
+    infinite = next(i for i in range(128, 2049) if not np.isfinite(kl[i - 128]))
+    assert hist[infinite - 1] == 0 and hist[infinite:].sum() > 0  # tail folded into an empty bin
+
+
+def test_entropy_degenerate_histograms():
+    def stats(values):
+        return _stats_of(np.asarray(values, np.float64))
+
+    assert amax_from_stats(stats([2.5] * 100), "entropy") == pytest.approx(2.5)  # constant
+    assert amax_from_stats(stats([0.0] * 900 + [3.0] * 100), "entropy") == pytest.approx(3.0)
+    sparse = stats([0.0] * 990 + [0.5] * 5 + [1.0] * 5)
+    assert amax_from_stats(sparse, "entropy") == pytest.approx(1.0)
+    assert amax_from_stats(TensorStats(0.0, np.zeros(HIST_BINS, np.int64)), "entropy") == 0.0
+    # a histogram with no counts at all (no calibration data reached it): fall back to max
+    assert amax_from_stats(TensorStats(4.0, np.zeros(HIST_BINS, np.int64)), "entropy") == 4.0
+
+
+def test_histograms_merged_over_batches_with_different_ranges():
+    g = GraphBuilder()
+    relu = g.op("Relu", g.conv("input", 8, 8))
+    model = g.model(g.conv(relu, 8, 8))
+    rng = np.random.default_rng(1)
+    batches = [rng.laplace(size=(2, 8, 8, 8)).astype(np.float32) * k for k in (0.1, 1.0, 8.0)]
+    stats = collect_stats(model, batches, ["input", relu], progress=False)
+    whole = _stats_of(np.concatenate([b.ravel() for b in batches]))  # one histogram of all data
+    assert stats["input"].amax == pytest.approx(whole.amax)
+    np.testing.assert_array_equal(stats["input"].hist, whole.hist)
+    for method in ("percentile", "entropy"):
+        merged = amax_from_stats(stats["input"], method)
+        assert merged == pytest.approx(amax_from_stats(whole, method))
+    assert stats[relu].hist.sum() == sum(b.size for b in batches)  # no value fell outside
 
 
 def test_placement(toy_qdq):
