@@ -24,6 +24,10 @@ from pathlib import Path
 from trtfuse.errors import UserError
 
 QDQ_FILE = "model.int8.onnx"
+# The engine's response output: the top-k class indices (int32, best first), ranked on the GPU so
+# that k int32 per sample leave the device instead of the scores. The scores stay an output too
+# (for `infer`, agreement checks); the serving path copies back only this one.
+TOP_CLASSES = "top_classes"
 PLUGIN_FILE = "model.int8.plugins.onnx"
 QUANT_META = "quantize.json"
 
@@ -39,6 +43,7 @@ class BuildConfig:
     tactic_sources_off: bool = True  # TensorRT 8.5 on the lent machine has no cuBLAS/cuDNN
     weight_dtype: str = "int32"      # how the plugin's int8 weights travel in the ONNX attribute
     profiles: int = 2                # one optimization profile per concurrent context (stream)
+    top_k: int = 5                   # a TopK output (TOP_CLASSES) of this many classes; 0: scores only
 
     def key(self) -> dict:
         return dataclasses.asdict(self)
@@ -205,6 +210,8 @@ def build_engine(model_dir: str | Path, cfg: BuildConfig, plugin_lib: str | None
         errors = "; ".join(str(parser.get_error(i)) for i in range(parser.num_errors))
         raise UserError(f"TensorRT's ONNX parser rejected the model: {errors}",
                         "check the plugin library is built for this TensorRT (trtfuse plugins build)")
+    if cfg.top_k:
+        add_top_classes(trt, network, prepared.output_name, cfg.top_k)
     config = builder.create_builder_config()
     config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, int(cfg.workspace_gb * (1 << 30)))
     if cfg.precision in ("int8", "fp16"):
@@ -253,6 +260,21 @@ def build_engine(model_dir: str | Path, cfg: BuildConfig, plugin_lib: str | None
     return path
 
 
+def add_top_classes(trt, network, scores_name: str, k: int) -> None:
+    """Append TopK(k) over the class axis of the scores output and mark its indices TOP_CLASSES
+    (int32, as MLPerf submitters' engines do; a Cast where a TensorRT gives other index types)."""
+    outputs = {network.get_output(i).name: network.get_output(i) for i in range(network.num_outputs)}
+    scores = outputs.get(scores_name) or network.get_output(0)
+    if len(scores.shape) < 2 or (scores.shape[1] > 0 and k > scores.shape[1]):
+        raise UserError(f"cannot rank the top {k} classes of output {scores.name!r} with shape {tuple(scores.shape)}",
+                        "build with top_k=0 for a model whose output is not [batch, classes]")
+    indices = network.add_topk(scores, trt.TopKOperation.MAX, k, 1 << 1).get_output(1)
+    if indices.dtype != trt.int32:
+        indices = network.add_cast(indices, trt.int32).get_output(0)
+    indices.name = TOP_CLASSES
+    network.mark_output(indices)
+
+
 def input_scale(model_dir: Path) -> float:
     """The scale of the QuantizeLinear that reads the network input (int8 input = its output)."""
     import onnx
@@ -287,6 +309,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="calibrate on the images whose sorted index %% N == 0 (never evaluate on them)")
     p.add_argument("--quantize-only", action="store_true", help="write model.int8.onnx and stop")
     p.add_argument("--streams", type=int, default=2, help="optimization profiles (concurrent contexts)")
+    p.add_argument("--top-k", type=int, default=5,
+                   help="rank the top K classes in the engine (the harness's responses); 0: scores only")
     p.add_argument("--plugin-lib", help="libtrtfuse_plugins.so (default: the built one)")
     p.add_argument("--rebuild", action="store_true", help="ignore the engine cache")
     return p
@@ -300,6 +324,8 @@ def cli_main(argv: list[str]) -> int:
                         "run `trtfuse prepare MODEL` first and pass its folder")
     if args.batch < 1:
         raise UserError(f"--batch {args.batch} must be at least 1", "pass a positive batch size")
+    if args.top_k < 0:
+        raise UserError(f"--top-k {args.top_k} is negative", "pass 5 (MLPerf's responses) or 0 (scores only)")
     if args.precision == "int8" and args.calibration:
         quantize_model_dir(model_dir, args.calibration, args.calib_method, args.percentile, args.calib_every)
     if args.quantize_only:
@@ -309,6 +335,6 @@ def cli_main(argv: list[str]) -> int:
     cfg = BuildConfig(precision=args.precision, plugins=args.plugins == "on", batch=args.batch,
                       workspace_gb=args.workspace, input_format=args.input_format,
                       tactic_sources_off=args.tactic_sources == "none", weight_dtype=args.weight_dtype,
-                      profiles=args.streams)
+                      profiles=args.streams, top_k=args.top_k)
     print(build_engine(model_dir, cfg, args.plugin_lib, args.rebuild))
     return 0

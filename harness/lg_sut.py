@@ -5,6 +5,11 @@ exception in a LoadGen callback aborts the whole process). Batches run on worker
 completing its own samples with ``QuerySamplesComplete`` right after inference. Every issued sample
 is completed exactly once: by its worker, or by the watchdog (``abandon``) when the backend hangs,
 since LoadGen's StartTest otherwise waits forever for it.
+
+Responses: MLPerf requires the same work and the same answer in performance and accuracy mode (its
+TEST01 compares them), so every sample is completed with its response in both: the top-5 ImageNet
+class indices as int32, best first (``Backend.classify_rows``). LoadGen logs it only where the mode
+(or an audit.config's sampling) asks. Only a failed run completes samples without one.
 """
 
 from __future__ import annotations
@@ -16,8 +21,6 @@ import time
 
 import mlperf_loadgen as lg
 import numpy as np
-
-TOP_K = 5  # accuracy responses carry the top-5 ImageNet classes as int32, best first
 
 
 class Ledger:
@@ -73,7 +76,8 @@ class Ledger:
 
 
 def complete(ids, top_classes: np.ndarray | None = None) -> None:
-    """Tell LoadGen these samples are done; with ``top_classes`` [n, TOP_K] int32, as response data."""
+    """Tell LoadGen these samples are done; with ``top_classes`` [n, k] int32, as response data
+    (None only for samples of a failed run)."""
     if top_classes is None:
         responses = [lg.QuerySampleResponse(i, 0, 0) for i in np.asarray(ids).tolist()]
     else:
@@ -89,13 +93,11 @@ def complete(ids, top_classes: np.ndarray | None = None) -> None:
 class BatchSUT:
     """Worker threads that infer batches of (response ids, sample indices) and complete them."""
 
-    def __init__(self, backend, qsl, batch_size: int, threads: int = 1,
-                 accuracy: bool = False, label_offset: int = 0):
+    def __init__(self, backend, qsl, batch_size: int, threads: int = 1, label_offset: int = 0):
         self.backend = backend
         self.qsl = qsl
         self.batch_size = batch_size
-        self.accuracy = accuracy
-        self.label_offset = label_offset
+        self.label_offset = label_offset  # model class index - ImageNet class index (1001-class models: 1)
         self.ledger = Ledger()
         self.errors: list[BaseException] = []
         self._work: queue.SimpleQueue = queue.SimpleQueue()
@@ -137,9 +139,9 @@ class BatchSUT:
             try:
                 if not self.errors:  # after a failure, finish the run quickly without inferring
                     # Rows of the QSL's store, not a gathered batch: the backend reads them in place.
-                    out = self.backend.infer_rows(self.qsl.store, self.qsl.rows(indices))
-                    if self.accuracy:
-                        top = top_k_classes(out, self.label_offset)
+                    top = self.backend.classify_rows(self.qsl.store, self.qsl.rows(indices))
+                    if self.label_offset:
+                        top = top - self.label_offset  # a new array: never the backend's buffer
             except BaseException as e:  # noqa: BLE001 - reported after StartTest returns
                 self.errors.append(e)
                 top = None
@@ -254,11 +256,3 @@ class ServerSUT(BatchSUT):
             abandoned += len(ids)
         self.ledger.note_completed(abandoned)
         return abandoned + super().abandon()
-
-
-def top_k_classes(logits: np.ndarray, label_offset: int = 0, k: int = TOP_K) -> np.ndarray:
-    """[n, classes] scores -> [n, k] int32 ImageNet class indices, best first."""
-    k = min(k, logits.shape[1])
-    part = np.argpartition(-logits, k - 1, axis=1)[:, :k]
-    order = np.take_along_axis(-logits, part, axis=1).argsort(axis=1, kind="stable")
-    return (np.take_along_axis(part, order, axis=1) - label_offset).astype(np.int32)

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from trtfuse import accuracy
 from trtfuse.errors import UserError
-from trtfuse.lg_sut import top_k_classes
+from trtfuse.backends import top_k_classes
 
 
 def write_run(run_dir, labels, predictions):
@@ -55,10 +55,11 @@ def test_cli_accuracy_with_reference(tmp_path, capsys):
     assert json.loads((half / "accuracy.json").read_text())["reference"]["ratio"] == 0.5
 
 
-def test_top_k_orders_best_first_and_applies_the_label_offset():
+def test_top_k_orders_best_first():
     logits = np.array([[0.1, 0.9, 0.3, 0.8, 0.2, 0.0, 0.7]], dtype=np.float32)
     assert top_k_classes(logits).tolist() == [[1, 3, 6, 2, 4]]
-    assert top_k_classes(logits, label_offset=1).tolist() == [[0, 2, 5, 1, 3]]
+    assert top_k_classes(logits).dtype == np.int32
+    assert top_k_classes(logits, k=2).tolist() == [[1, 3]]
 
 
 def test_missing_or_empty_logs_are_user_errors(tmp_path):

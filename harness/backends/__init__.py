@@ -20,6 +20,17 @@ if TYPE_CHECKING:
     from trtfuse.models import PreparedModel
 
 
+TOP_K = 5  # a response: the top-5 class indices as int32, best first (MLPerf ResNet-50 reads the first)
+
+
+def top_k_classes(scores: np.ndarray, k: int = TOP_K) -> np.ndarray:
+    """[n, classes] scores -> [n, k] int32 class indices, best first."""
+    k = min(k, scores.shape[1])
+    part = np.argpartition(-scores, k - 1, axis=1)[:, :k]
+    order = np.take_along_axis(-scores, part, axis=1).argsort(axis=1, kind="stable")
+    return np.take_along_axis(part, order, axis=1).astype(np.int32)
+
+
 class Backend(abc.ABC):
     """One model on one device. ``infer`` may be called from several threads at once."""
 
@@ -51,6 +62,12 @@ class Backend(abc.ABC):
         them into the calling thread's reused buffer; a device backend copies each row straight to
         the device instead, so a batch is never assembled on the host."""
         return self.infer(gather_rows(store, rows, _thread_scratch(store, len(rows))))
+
+    def classify_rows(self, store: np.ndarray, rows: np.ndarray, k: int = TOP_K) -> np.ndarray:
+        """The response of every sample, in both LoadGen modes: the model's ``k`` best class indices
+        as int32 [n, k], best first. This default ranks ``infer_rows``' scores on the host; a device
+        backend ranks them on the device, so that k int32 per sample come back instead of the scores."""
+        return top_k_classes(self.infer_rows(store, rows), k)
 
     def close(self) -> None:
         """Release the model and its device memory."""

@@ -10,6 +10,8 @@ already in the engine's input type (``to_input``), and each batch's rows are cop
 the device in one batched copy: no per-query conversion, no batch assembled on the host.
 Input in int8: when the engine was built with int8 input, the host sends ``round(x / s)``, exactly
 what the network's first QuantizeLinear would compute, in a quarter of the bytes.
+Responses (``classify_rows``): an engine built with a TopK output (``engine.TOP_CLASSES``) ranks the
+classes on the GPU and only its k int32 per sample are copied back; the scores stay on the device.
 """
 
 from __future__ import annotations
@@ -21,9 +23,10 @@ import time
 from pathlib import Path
 
 import numpy as np
-from trtfuse.backends import Backend
+from trtfuse.backends import TOP_K, Backend
 from trtfuse.engine import (
     QDQ_FILE,
+    TOP_CLASSES,
     BuildConfig,
     build_engine,
     import_tensorrt,
@@ -37,7 +40,7 @@ _NP = {"FLOAT": np.float32, "HALF": np.float16, "INT8": np.int8, "INT32": np.int
 
 class _Slot:
     def __init__(self, cr, engine, index, max_batch, in_name, out_name, in_shape, out_shape,
-                 in_dtype, out_dtype):
+                 in_dtype, out_dtype, top_shape=None):
         self.cr, self.index = cr, index
         self.stream = cr.Stream()
         self.context = engine.create_execution_context()
@@ -51,6 +54,11 @@ class _Slot:
         self.dev_out = cr.DeviceBuffer(self.host_out.nbytes)
         self.context.set_tensor_address(in_name, self.dev_in.ptr)
         self.context.set_tensor_address(out_name, self.dev_out.ptr)
+        self.host_top = self.dev_top = None  # the TopK output, where the engine has one
+        if top_shape is not None:
+            self.host_top = cr.PinnedBuffer((max_batch, *top_shape), np.int32)
+            self.dev_top = cr.DeviceBuffer(self.host_top.nbytes)
+            self.context.set_tensor_address(TOP_CLASSES, self.dev_top.ptr)
         self.graphs: dict[int, object] = {}
         self.shape_n = None
         self.computed = cr.Event()  # recorded after each engine run (serial_compute orders runs by it)
@@ -83,8 +91,9 @@ class _Slot:
         for g in self.graphs.values():
             if g is not None:
                 g.destroy()
-        for b in (self.host_in, self.host_out, self.dev_in, self.dev_out):
-            b.free()
+        for b in (self.host_in, self.host_out, self.dev_in, self.dev_out, self.host_top, self.dev_top):
+            if b is not None:
+                b.free()
         self.computed.destroy()
         self.stream.destroy()
 
@@ -124,6 +133,7 @@ class TensorRTBackend(Backend):
         self._int8_input = False
         self._in_dtype = None
         self._buckets: list[int] = []        # batch sizes the engine runs at (see _bucket)
+        self.top_k = 0                       # classes the engine's TopK output ranks (0: none)
         self._host_arrays: list = []         # pinned stores handed out by host_array, freed by close
 
     def load(self, model, batch_size: int) -> None:
@@ -165,6 +175,10 @@ class TensorRTBackend(Backend):
         out_shape = tuple(int(d) for d in self.engine.get_tensor_shape(out_name)[1:])
         in_dtype = _NP[self.engine.get_tensor_dtype(in_name).name]
         out_dtype = _NP[self.engine.get_tensor_dtype(out_name).name]
+        top_shape = None
+        if TOP_CLASSES in outputs:
+            top_shape = tuple(int(d) for d in self.engine.get_tensor_shape(TOP_CLASSES)[1:])
+            self.top_k = int(np.prod(top_shape))
         self._int8_input = in_dtype == np.int8
         self._in_dtype = np.dtype(in_dtype)
         if self._int8_input or (Path(model.dir) / QDQ_FILE).is_file():
@@ -175,7 +189,7 @@ class TensorRTBackend(Backend):
                   file=sys.stderr)
         for i in range(n_slots):
             slot = _Slot(self.cr, self.engine, i, self.max_batch, in_name, out_name,
-                         in_shape, out_shape, in_dtype, out_dtype)
+                         in_shape, out_shape, in_dtype, out_dtype, top_shape)
             self.slots.append(slot)
             self._free.put(slot)
         self.concurrency = len(self.slots)
@@ -236,22 +250,33 @@ class TensorRTBackend(Backend):
     def infer_rows(self, store: np.ndarray, rows: np.ndarray) -> np.ndarray:
         """Rows of a store from ``host_array`` go host -> device directly, one batched copy per
         batch (the batch is assembled on the device); any other store takes the gathering path."""
+        if not self._is_pinned_store(store):
+            return super().infer_rows(store, rows)
+        return self._run_rows(store, rows, top=False)
+
+    def classify_rows(self, store: np.ndarray, rows: np.ndarray, k: int = TOP_K) -> np.ndarray:
+        """The top-k classes, ranked by the engine's TopK where it has one (k int32 per sample come
+        back), else on the host from the scores."""
+        if k > self.top_k or not self._is_pinned_store(store):
+            return super().classify_rows(store, rows, k)
+        return self._run_rows(store, rows, top=True)[:, :k]
+
+    def _run_rows(self, store: np.ndarray, rows: np.ndarray, top: bool) -> np.ndarray:
         n = len(rows)
         if n > self.max_batch:
             raise ValueError(f"batch {n} exceeds max_batch {self.max_batch}")
-        if not self._is_pinned_store(store):
-            return super().infer_rows(store, rows)
         row_bytes = store.strides[0]
         slot = self._free.get()
         try:
             srcs = store.ctypes.data + np.asarray(rows, dtype=np.int64) * row_bytes
             self.cr.copy_rows_htod_async(slot.dev_in, srcs, row_bytes, slot.stream)
-            return self._run(slot, n)
+            return self._run(slot, n, top)
         finally:
             self._free.put(slot)
 
-    def _run(self, slot: _Slot, n: int) -> np.ndarray:
-        """Run the engine on the n samples in the slot's device input; their outputs, on the host."""
+    def _run(self, slot: _Slot, n: int, top: bool = False) -> np.ndarray:
+        """Run the engine on the n samples in the slot's device input; their scores (or, ``top``,
+        their TopK class indices) on the host."""
         if self.serial_compute:
             with self._order:
                 if self._last_run is not None and self._last_run is not slot.computed:
@@ -261,9 +286,11 @@ class TensorRTBackend(Backend):
                 self._last_run = slot.computed
         else:
             slot.enqueue(self._bucket(n), self.cuda_graphs)
-        self.cr.copy_dtoh_async(slot.host_out, slot.dev_out, slot.host_out.array[:n].nbytes, slot.stream)
+        host, dev = (slot.host_top, slot.dev_top) if top else (slot.host_out, slot.dev_out)
+        self.cr.copy_dtoh_async(host, dev, host.array[:n].nbytes, slot.stream)
         slot.stream.synchronize()
-        return slot.host_out.array[:n].reshape(n, -1).astype(np.float32, copy=True)
+        out = host.array[:n].reshape(n, -1)
+        return out.copy() if top else out.astype(np.float32, copy=True)
 
     def engine_throughput(self, batch: int, seconds: float = 5.0, warmup: int = 10) -> float:
         """Samples/s of the engine alone, input resident on the device (no copies), all slots busy."""
