@@ -4,6 +4,8 @@
   trtfuse prepare MODEL        export/import a model to ONNX (resnet50, efficientnet-lite0, --onnx FILE)
   trtfuse run                  one MLPerf LoadGen test (Offline or Server; performance or accuracy)
   trtfuse accuracy RUN_DIR     top-1/top-5 of an accuracy run, optionally against a reference run
+  trtfuse compliance TEST      an MLPerf compliance test (TEST01, TEST04) and MLCommons' verification
+  trtfuse submission DIR ...   an MLPerf submission tree from run and compliance folders
   trtfuse build ...            build a TensorRT engine (needs TensorRT)
   trtfuse plugins ...          build/check the CUDA kernels and TensorRT plugins
 """
@@ -50,6 +52,10 @@ def _add_run_arguments(p: argparse.ArgumentParser) -> None:
                    help="Server p99 latency bound")
     p.add_argument("--min-duration-s", type=float, help="LoadGen's minimum test duration")
     p.add_argument("--min-query-count", type=int)
+    p.add_argument("--official", dest="run.official", action="store_const", const=True,
+                   help="keep every mlperf.conf value (600 s, 24576 Offline queries, 15 ms); set only the QPS")
+    p.add_argument("--audit-config", dest="run.audit_config", metavar="FILE",
+                   help="run with an MLPerf compliance test's audit.config (TEST01, TEST04)")
     p.add_argument("--output-dir", dest="run.output_dir", help="where run folders go (default runs/)")
     p.add_argument("--engine", dest="tensorrt.engine", metavar="FILE", help="TensorRT: a built engine")
     p.add_argument("--precision", dest="tensorrt.precision", help="TensorRT: int8, fp16, ...")
@@ -72,20 +78,45 @@ def _parser() -> argparse.ArgumentParser:
 
     run = sub.add_parser("run", help="one MLPerf LoadGen test")
     _add_run_arguments(run)
+    run.add_argument("--run-dir", metavar="DIR", help="write the run into exactly this new folder")
 
     acc = sub.add_parser("accuracy", help="top-1/top-5 of an accuracy run")
     acc.add_argument("run_dir", help="a run folder of `trtfuse run --mode accuracy`")
     acc.add_argument("--reference", metavar="RUN_DIR", help="a reference (e.g. fp32) accuracy run")
+
+    comp = sub.add_parser("compliance", help="an MLPerf compliance test and MLCommons' verification")
+    comp.add_argument("test", choices=["TEST01", "TEST04"], help="the compliance test")
+    comp.add_argument("--out", metavar="DIR", help="the test's folder (default: runs/compliance-TEST-SCENARIO-time)")
+    comp.add_argument("--performance-run", metavar="RUN_DIR",
+                      help="reuse this performance run as the reference (default: run one first)")
+    comp.add_argument("--accuracy-run", metavar="RUN_DIR",
+                      help="TEST01: reuse this accuracy run as the reference (default: run one first)")
+    comp.add_argument("--mlperf-dir", dest="mlperf.inference_dir", metavar="DIR",
+                      help="a checkout of mlcommons/inference (default $MLPERF_INFERENCE_DIR)")
+    _add_run_arguments(comp)
+
+    from trtfuse import submission
+
+    submission.add_parser(sub)
     # Listed for --help only: main() hands these to their own parsers before this one runs.
     sub.add_parser("build", help="quantize and build a TensorRT engine (see `trtfuse build -h`)")
     sub.add_parser("plugins", help="build/check the CUDA kernels and TensorRT plugins (`trtfuse plugins -h`)")
     return p
 
 
+OFFICIAL_CONFLICTS = {"min_duration_s": "--min-duration-s", "min_query_count": "--min-query-count",
+                      "server.target_latency_ms": "--latency-bound-ms"}
+
+
 def load_settings(args: argparse.Namespace) -> dict:
     from trtfuse import config
 
     plain = {k: v for k, v in vars(args).items() if "." in k}
+    if plain.get("run.official"):
+        given = [flag for key, flag in OFFICIAL_CONFLICTS.items() if getattr(args, key, None) is not None]
+        if given:
+            raise UserError(f"--official keeps mlperf.conf's values, but {', '.join(given)} would override them",
+                            f"drop {', '.join(given)}, or drop --official for a quick run")
     if plain.get("tensorrt.plugins") is not None:
         plain["tensorrt.plugins"] = plain["tensorrt.plugins"] == "on"
     # The scenario flags apply to the scenario being run: the config's, unless --scenario.
@@ -130,21 +161,15 @@ def _new_run_dir(output_dir: str, model: str, scenario: str, mode: str) -> Path:
     return run_dir
 
 
-def run(settings: dict, progress: bool = True, weights: str | None = None,
-        model=None, dataset=None, backend=None) -> dict:
-    """One LoadGen test end to end; returns the report (also written to the run folder).
-
-    ``model``, ``dataset`` and ``backend`` may be given ready-made (tests, benchmarks); otherwise they
-    come from the settings.
-    """
-    from trtfuse import accuracy, report
+def open_inputs(settings: dict, weights: str | None = None, progress: bool = True,
+                model=None, dataset=None, backend=None):
+    """(model, dataset, backend) for the settings; what is given ready-made is kept. A backend made
+    here is loaded with the model (the caller closes it)."""
     from trtfuse.backends import create_backend
-    from trtfuse.lg_run import run_loadgen
 
     r = settings["run"]
     model = model or resolve_model(r["model"], weights)
-    own_backend = backend is None
-    if own_backend:  # before the dataset: a model the backend rejects should not wait for JPEGs
+    if backend is None:  # before the dataset: a model the backend rejects should not wait for JPEGs
         trt = {k: v for k, v in settings["tensorrt"].items() if v != ""}
         backend = create_backend(r["backend"], threads=r["backend_threads"], **trt)
         backend.load(model, r["batch_size"])
@@ -155,7 +180,25 @@ def run(settings: dict, progress: bool = True, weights: str | None = None,
                                progress=progress)
     elif r["sample_count"]:
         dataset = _first(dataset, r["sample_count"])
-    run_dir = _new_run_dir(r["output_dir"], model.name, r["scenario"], r["mode"])
+    return model, dataset, backend
+
+
+def run(settings: dict, progress: bool = True, weights: str | None = None,
+        model=None, dataset=None, backend=None, run_dir: Path | None = None,
+        command: list[str] | None = None) -> dict:
+    """One LoadGen test end to end; returns the report (also written to the run folder).
+
+    ``model``, ``dataset`` and ``backend`` may be given ready-made (tests, benchmarks); otherwise they
+    come from the settings. ``command``: the command line that asked for the run, kept in the report
+    (a submission's README says how each run was made).
+    """
+    from trtfuse import accuracy, report, sysinfo
+    from trtfuse.lg_run import run_loadgen
+
+    r = settings["run"]
+    own_backend = backend is None
+    model, dataset, backend = open_inputs(settings, weights, progress, model, dataset, backend)
+    run_dir = Path(run_dir) if run_dir else _new_run_dir(r["output_dir"], model.name, r["scenario"], r["mode"])
     run_dir.mkdir(parents=True)
     accuracy.write_qsl_labels(run_dir, dataset.names, dataset.labels)
     if progress:
@@ -166,12 +209,17 @@ def run(settings: dict, progress: bool = True, weights: str | None = None,
     finally:
         if own_backend:
             backend.close()
+    results = report.read_loadgen_results(run_dir)
+    mode = results["mode"] or r["mode"]  # LoadGen's effective mode: an audit.config may switch it
     result = {
         "model": model.name, "random_weights": bool(model.random_weights),
-        "backend": backend.name, "scenario": r["scenario"], "mode": r["mode"],
+        "backend": backend.name, "scenario": r["scenario"], "mode": mode,
+        "official": r["official"], "audit_config": r["audit_config"] or None,
+        "command": command,
+        "sysinfo": sysinfo.probe(),  # the measured machine, for a submission's systems/<system>.json
         "batch_size": r["batch_size"], "dataset": str(r["dataset"]), "dataset_size": len(dataset),
         "run_dir": str(run_dir), "settings": settings,
-        "loadgen": report.read_loadgen_results(run_dir),
+        "loadgen": results,
         "harness": {"warmup_samples_per_s": lg_run.warmup_samples_per_s, "issued": lg_run.issued,
                     "completed": lg_run.completed, "qsl_load_calls": lg_run.qsl_load_calls,
                     "qsl_loaded_samples": lg_run.qsl_loaded_samples, "wall_s": lg_run.wall_s,
@@ -180,7 +228,7 @@ def run(settings: dict, progress: bool = True, weights: str | None = None,
     }
     if model.random_weights:
         result["note"] = report.RANDOM_WEIGHTS_NOTE
-    if r["mode"] == "accuracy":
+    if mode == "accuracy":
         result["accuracy"] = accuracy.evaluate(run_dir)
     report.write_report(run_dir, result)
     return result
@@ -207,7 +255,10 @@ def _cmd_run(args) -> int:
     from trtfuse.report import format_table
 
     settings = load_settings(args)
-    result = run(settings, progress=not args.quiet, weights=args.weights)
+    if args.run_dir and Path(args.run_dir).exists():
+        raise UserError(f"--run-dir {args.run_dir} already exists", "give a new folder, or leave --run-dir out")
+    result = run(settings, progress=not args.quiet, weights=args.weights, run_dir=args.run_dir,
+                 command=["trtfuse", *args.argv])
     print(format_table(result))
     return 0
 
@@ -262,6 +313,21 @@ def _cmd_accuracy(args) -> int:
     return 0 if not args.reference or result["reference"]["passed"] else 1
 
 
+def _cmd_compliance(args) -> int:
+    from trtfuse.compliance import run_compliance
+
+    settings = load_settings(args)
+    verdict = run_compliance(args.test, settings, out=args.out, performance_run=args.performance_run,
+                             accuracy_run=args.accuracy_run, progress=not args.quiet, weights=args.weights)
+    return 0 if verdict["passed"] else 1
+
+
+def _cmd_submission(args) -> int:
+    from trtfuse.submission import main as submission_main
+
+    return submission_main(args)
+
+
 def _delegate(command: str, argv: list[str]) -> int:
     if command == "plugins":
         from trtfuse.plugin_build import main as plugins_main
@@ -282,9 +348,12 @@ def main(argv: list[str] | None = None) -> int:
         if argv and argv[0] in ("build", "plugins"):
             return _delegate(argv[0], argv[1:])
         args = _parser().parse_args(argv)
+        args.argv = argv
         if args.command is None:
             return _cmd_demo()
-        return {"prepare": _cmd_prepare, "run": _cmd_run, "accuracy": _cmd_accuracy}[args.command](args)
+        commands = {"prepare": _cmd_prepare, "run": _cmd_run, "accuracy": _cmd_accuracy,
+                    "compliance": _cmd_compliance, "submission": _cmd_submission}
+        return commands[args.command](args)
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

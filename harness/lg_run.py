@@ -5,7 +5,8 @@ LoadGen traps this module exists to avoid:
   call in a process; later calls silently drop it. Here the built-in file alone is loaded
   (conf_type 0, which loads it every time) and our own settings are assigned field by field.
 - StartTest reads ``audit.config`` from the working directory when present; we pass a path inside
-  the run folder, which never holds one.
+  the run folder, which holds one only when the user gave it on purpose (``run.audit_config``, for
+  MLPerf's compliance tests); a stray one in the working directory is ignored, and said so.
 - A missing log folder aborts the process: the run folder is made before LoadGen sees it.
 - LoadGen has no warm-up: the backend runs ``warmup_batches`` batches before StartTest.
 """
@@ -13,6 +14,8 @@ LoadGen traps this module exists to avoid:
 from __future__ import annotations
 
 import resource
+import shutil
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,6 +29,8 @@ from trtfuse.lg_sut import OfflineSUT, ServerSUT
 
 LOADGEN_SCENARIO = {"offline": lg.TestScenario.Offline, "server": lg.TestScenario.Server}
 LOADGEN_MODE = {"performance": lg.TestMode.PerformanceOnly, "accuracy": lg.TestMode.AccuracyOnly}
+AUDIT_CONFIG = "audit.config"  # the name LoadGen looks for
+USER_CONF = "user.conf"
 
 
 @dataclass
@@ -43,6 +48,9 @@ class LoadGenRun:
 
 
 def loadgen_settings(settings: dict, total_count: int, measured_qps: float | None) -> lg.TestSettings:
+    """LoadGen's settings: its built-in mlperf.conf for ``run.mlperf_model``, then ours on top
+    (``user_conf_lines`` lists exactly those). ``run.official`` keeps every mlperf.conf value and sets
+    only what a user.conf must say (the target QPS)."""
     run = settings["run"]
     scenario = run["scenario"]
     ts = lg.TestSettings()
@@ -53,19 +61,69 @@ def loadgen_settings(settings: dict, total_count: int, measured_qps: float | Non
     ts.scenario = LOADGEN_SCENARIO[scenario]
     ts.mode = LOADGEN_MODE[run["mode"]]
     section = settings[scenario]
-    ts.min_duration_ms = section["min_duration_ms"]
-    ts.min_query_count = section["min_query_count"]
-    psc = run["performance_sample_count"] or ts.performance_sample_count_override or total_count
-    ts.performance_sample_count_override = min(psc, total_count)
+    official = run["official"]
+    if not official:
+        ts.min_duration_ms = section["min_duration_ms"]
+        ts.min_query_count = section["min_query_count"]
+    psc = (not official and run["performance_sample_count"]) or ts.performance_sample_count_override or total_count
+    if psc > total_count:
+        if official:
+            print(f"note: mlperf.conf's performance_sample_count is {psc} but the dataset has "
+                  f"{total_count} samples; using {total_count} (not a submittable run)", file=sys.stderr)
+        psc = total_count
+    ts.performance_sample_count_override = psc
     if scenario == "offline":
         # LoadGen issues expected_qps x min_duration samples; finishing them sooner makes the run
         # INVALID, so a warm-up estimate is padded to err on the long side.
         ts.offline_expected_qps = section["target_qps"] or (measured_qps or 1.0) * 1.5
     else:
         ts.server_target_qps = section["target_qps"]
-        ts.server_target_latency_ns = int(section["target_latency_ms"] * 1e6)
+        if not official:
+            ts.server_target_latency_ns = int(section["target_latency_ms"] * 1e6)
         ts.server_coalesce_queries = section["coalesce_queries"]
     return ts
+
+
+def user_conf_lines(settings: dict, ts: lg.TestSettings) -> list[str]:
+    """What this run set on top of mlperf.conf, as LoadGen's user.conf says it (times in ms)."""
+    run = settings["run"]
+    prefix = f"{run['mlperf_model']}.{run['scenario'].capitalize()}."
+    values: dict[str, object] = {}
+    if run["scenario"] == "offline":
+        values["target_qps"] = ts.offline_expected_qps
+    else:
+        values["target_qps"] = ts.server_target_qps
+    if not run["official"]:
+        values["min_duration"] = ts.min_duration_ms
+        values["min_query_count"] = ts.min_query_count
+        if run["scenario"] == "server":
+            values["target_latency"] = ts.server_target_latency_ns / 1e6
+    defaults = lg.TestSettings()
+    defaults.FromConfig("", run["mlperf_model"], run["scenario"].capitalize(), 0)
+    if ts.performance_sample_count_override != defaults.performance_sample_count_override:
+        values["performance_sample_count_override"] = ts.performance_sample_count_override
+    return [f"{prefix}{key} = {_conf_value(v)}" for key, v in values.items()]
+
+
+def _conf_value(v) -> str:
+    return str(int(v)) if float(v).is_integer() else repr(float(v))
+
+
+def audit_config_path(run_dir: Path, given: str) -> Path:
+    """The audit.config LoadGen gets: a copy of ``given`` in the run folder (a compliance test), or a
+    path in the run folder that holds none. A stray ./audit.config is never read, but named."""
+    path = run_dir / AUDIT_CONFIG
+    if given:
+        source = Path(given).expanduser()
+        if not source.is_file():
+            raise UserError(f"audit config {source} does not exist",
+                            "pass the audit.config of an MLPerf compliance test, e.g. "
+                            "compliance/TEST01/resnet50/audit.config of mlcommons/inference")
+        shutil.copyfile(source, path)
+    elif Path(AUDIT_CONFIG).is_file():
+        print(f"note: ignoring {Path(AUDIT_CONFIG).resolve()} (LoadGen would read it); "
+              "pass --audit-config FILE to run a compliance test on purpose", file=sys.stderr)
+    return path
 
 
 def warm_up(backend, dataset, batch_size: int, batches: int) -> float | None:
@@ -97,13 +155,16 @@ def run_loadgen(backend, model, dataset, settings: dict, run_dir: Path, progress
     if total == 0:
         raise UserError("the dataset has no images", "point --dataset at a folder with labelled images")
 
+    audit_config = audit_config_path(run_dir, run["audit_config"])
     measured = warm_up(backend, dataset, run["batch_size"], run["warmup_batches"])
     ts = loadgen_settings(settings, total, measured)
+    (run_dir / USER_CONF).write_text(
+        "# What this run set on top of LoadGen's built-in mlperf.conf (written by trtfuse).\n"
+        + "\n".join(user_conf_lines(settings, ts)) + "\n")
 
     qsl = SampleLibrary(dataset, ts.performance_sample_count_override, backend)
     threads = run["threads"] or backend.concurrency
-    common = {"batch_size": run["batch_size"], "threads": threads, "accuracy": accuracy,
-              "label_offset": model.label_offset}
+    common = {"batch_size": run["batch_size"], "threads": threads, "label_offset": model.label_offset}
     if scenario == "offline":
         sut = OfflineSUT(backend, qsl, **common)
     else:
@@ -135,7 +196,7 @@ def run_loadgen(backend, model, dataset, settings: dict, run_dir: Path, progress
     monitor = RunMonitor(sut, stall_s=run["watchdog_s"], expected_s=expected_s, progress=progress)
     try:
         with monitor:
-            lg.StartTestWithLogSettings(lg_sut, lg_qsl, ts, log_settings, str(run_dir / "audit.config"))
+            lg.StartTestWithLogSettings(lg_sut, lg_qsl, ts, log_settings, str(audit_config))
     finally:
         wall, cpu = time.perf_counter() - start, _cpu_seconds() - cpu_start
         # A worker stuck in a hung backend never returns: don't wait for it (it is a daemon thread).

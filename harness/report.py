@@ -8,6 +8,14 @@ from pathlib import Path
 
 RANDOM_WEIGHTS_NOTE = "random weights: performance only"
 PERCENTILES = ("50.00", "90.00", "95.00", "97.00", "99.00", "99.90")
+LOADGEN_MODES = {"PerformanceOnly": "performance", "AccuracyOnly": "accuracy"}
+
+
+def mlperf_round(loadgen_version: str) -> str:
+    """The MLPerf Inference round a LoadGen release belongs to: its version's major.minor
+    (LoadGen "6.0.17 @ d6147c7" carries round v6.0's mlperf.conf and rng seeds)."""
+    parts = str(loadgen_version).split()[0].split(".") if loadgen_version else []
+    return f"v{parts[0]}.{parts[1]}" if len(parts) >= 2 else "unknown"
 
 
 def read_loadgen_results(run_dir: Path) -> dict:
@@ -23,6 +31,7 @@ def read_loadgen_results(run_dir: Path) -> dict:
     percentiles = {p: int(ns) for p, ns in
                    re.findall(r"^(\d+\.\d+) percentile latency \(ns\)\s*:\s*(\d+)", summary, re.MULTILINE)}
     scenario = str(logged.get("effective_scenario", "")).lower()
+    version = str(logged.get("loadgen_version", ""))
     valid = logged.get("result_validity") == "VALID"
     reasons = []
     checks = {"result_min_duration_met": "min duration not met",
@@ -36,7 +45,9 @@ def read_loadgen_results(run_dir: Path) -> dict:
         reasons.append(str(logged["result_invalid_reason"]).strip())
     results = {
         "scenario": scenario,
-        "mode": str(logged.get("effective_test_mode", "")),
+        # After mlperf.conf, user.conf and audit.config: an audit.config may switch the mode.
+        "mode": LOADGEN_MODES.get(str(logged.get("effective_test_mode", "")),
+                                  str(logged.get("effective_test_mode", ""))),
         "valid": valid,
         "invalid_reasons": [] if valid else reasons,
         "latency_ns": {p: percentiles[p] for p in PERCENTILES if p in percentiles},
@@ -44,6 +55,14 @@ def read_loadgen_results(run_dir: Path) -> dict:
         "mean_latency_ns": logged.get("result_mean_latency_ns"),
         "max_latency_ns": logged.get("result_max_latency_ns"),
         "errors": logged.get("num_errors", 0),
+        "loadgen_version": version,
+        "mlperf_round": mlperf_round(version),
+        # LoadGen's own settings as it ran them, after mlperf.conf, user.conf and audit.config.
+        "effective_settings": {k[len("effective_"):]: v for k, v in logged.items()
+                               if k.startswith("effective_")},
+        # What was asked of it (Offline turns min_query_count into one query of min_sample_count).
+        "requested_settings": {k[len("requested_"):]: v for k, v in logged.items()
+                               if k.startswith("requested_")},
     }
     if scenario == "server":
         results["scheduled_qps"] = logged.get("result_scheduled_samples_per_sec")
@@ -77,7 +96,9 @@ def format_table(report: dict) -> str:
     lg = report.get("loadgen")
     if lg and report["mode"] == "performance":
         if lg["scenario"] == "server":
-            rows.append(("scheduled QPS", f"{lg['scheduled_qps']:,.1f} (target {lg['target_qps']:,.0f})"))
+            # MLPerf's Server metric since v5.0 is completed samples/s; the scheduled rate beside it.
+            rows.append(("completed samples/s", f"{lg['completed_samples_per_s']:,.1f}  (scheduled "
+                         f"{lg['scheduled_qps']:,.1f} QPS, target {lg['target_qps']:,.0f})"))
             rows.append(("latency bound", f"p99 <= {_ms(lg['target_latency_ns'])}"))
         else:
             rows.append(("samples/s", f"{lg['samples_per_s']:,.1f}"))
@@ -86,6 +107,14 @@ def format_table(report: dict) -> str:
                 rows.append((f"latency p{p.rstrip('0').rstrip('.')}", _ms(lg["latency_ns"][p])))
         verdict = "VALID" if lg["valid"] else "INVALID: " + "; ".join(lg["invalid_reasons"] or ["see log"])
         rows.append(("result", verdict))
+        eff, req = lg.get("effective_settings", {}), lg.get("requested_settings", {})
+        if "min_duration_ms" in eff:
+            rows.append(("LoadGen settings", f"min duration {eff['min_duration_ms'] / 1000:,.0f} s, min query count "
+                         f"{req.get('min_query_count', eff.get('min_query_count', 0)):,}"
+                         + ("  (official: mlperf.conf's)" if report.get("official") else "")))
+    if lg and lg.get("loadgen_version"):
+        rows.append(("LoadGen", f"{lg['loadgen_version'].split()[0]} (MLPerf {lg['mlperf_round']} rules and seeds)"
+                     + ("; audit.config applied" if report.get("audit_config") else "")))
     acc = report.get("accuracy")
     if acc:
         rows.append(("top-1", f"{acc['top1'] * 100:.2f} %  ({acc['n']} images)"))

@@ -8,15 +8,29 @@ W shifts every class up by one and a column 0 of -1 plays MLPerf's "background" 
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from pathlib import Path
 
 import numpy as np
 import onnx
+import pytest
 from onnx import TensorProto, helper, numpy_helper
 from trtfuse.backends import Backend
 from trtfuse.models import PreparedModel, PreprocessSpec
+
+def _mlperf_dir() -> Path | None:
+    """MLCommons' inference scripts: $MLPERF_INFERENCE_DIR, else ../shared/third_party/mlperf."""
+    given = os.environ.get("MLPERF_INFERENCE_DIR")
+    path = Path(given) if given else Path(__file__).resolve().parents[2] / "shared" / "third_party" / "mlperf"
+    return path if (path / "tools" / "accuracy-imagenet.py").is_file() else None
+
+
+MLPERF_DIR = _mlperf_dir()
+needs_mlperf = pytest.mark.skipif(
+    MLPERF_DIR is None, reason="MLCommons' inference scripts not found: set MLPERF_INFERENCE_DIR or put "
+                               "them at ../shared/third_party/mlperf")
 
 NUM_CLASSES = 10
 SHAPE = (NUM_CLASSES, 2, 2)
