@@ -9,7 +9,10 @@
 # own int8 conv+add+relu vs the plugin, benchmark), minilm (rewritten MiniLM engine vs PyTorch),
 # probe (benchmarks/serving_probe.py: row copies and the backend loop without LoadGen),
 # e2e-stash (keep a carried e2e bundle part), e2e:STAGES (resnet50_e2e.py run --stages STAGES; extra
-# arguments from $E2E_ARGS, e.g. E2E_ARGS="--server-tries 3").
+# arguments from $E2E_ARGS, e.g. E2E_ARGS="--server-tries 3"), conf:STAGES (mlperf_conformance.py run
+# --stages STAGES, extra arguments from $CONF_ARGS), conf-bg:STAGES (the same, detached with setsid, for
+# runs longer than one call: logs/conf-bg.log), conf-wait (wait up to $WAIT_S s for conf-bg to end).
+# conf* need the MLCommons scripts carried in .devcache/mlperf (a copy of ../shared/third_party/mlperf).
 # A failing step does not stop the next. Logs and results accumulate in /tmp/trtfuse-results (outside
 # the work tree, which each call replaces); $OUT gets the JSON results and logs.tgz (at most 8 files come back).
 # Exit status: the number of failed steps.
@@ -64,6 +67,19 @@ for step in "$@"; do
         e2e-stash) run_step e2e-stash python3.10 benchmarks/resnet50_e2e.py stash ;;
         e2e:*) run_step "e2e-${step#e2e:}" python3.10 benchmarks/resnet50_e2e.py run \
                    --out "$RESULTS/resnet50_e2e_h100.json" --stages "${step#e2e:}" ${E2E_ARGS:-} ;;
+        conf:*) run_step "conf-${step#conf:}" python3.10 benchmarks/mlperf_conformance.py run \
+                    --out "$RESULTS/mlperf_conformance_h100.json" --stages "${step#conf:}" ${CONF_ARGS:-} ;;
+        conf-bg:*)  # from a copy of the tree: the next call replaces this one under the running process
+            rm -rf /tmp/trtfuse-bg-tree && cp -r "$PWD" /tmp/trtfuse-bg-tree
+            (cd /tmp/trtfuse-bg-tree && source tools/dev_env.sh && \
+             setsid nohup python3.10 benchmarks/mlperf_conformance.py run --out "$RESULTS/mlperf_conformance_h100.json" \
+                 --stages "${step#conf-bg:}" ${CONF_ARGS:-} > "$RESULTS/logs/conf-bg.log" 2>&1 < /dev/null &
+             echo $! > "$RESULTS/conf-bg.pid")
+            echo "=== conf-bg started (pid $(cat "$RESULTS/conf-bg.pid"))" ;;
+        conf-wait) pid=$(cat "$RESULTS/conf-bg.pid" 2>/dev/null); t0=$SECONDS
+                   while [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null && [ $((SECONDS - t0)) -lt "${WAIT_S:-500}" ]; do sleep 5; done
+                   if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; then echo "=== conf-bg still running"; else echo "=== conf-bg ended"; fi
+                   tail -n "${TAIL:-12}" "$RESULTS/logs/conf-bg.log" ;;
         *) echo "unknown step $step"; failed=$((failed + 1)) ;;
     esac
 done
