@@ -7,6 +7,9 @@
   trtfuse compliance TEST      an MLPerf compliance test (TEST01, TEST04) and MLCommons' verification
   trtfuse submission DIR ...   an MLPerf submission tree from run and compliance folders
   trtfuse build ...            build a TensorRT engine (needs TensorRT)
+  trtfuse profile ENGINE       per-layer times of an engine, which layers are trtfuse's (needs TensorRT)
+  trtfuse compare A B ...      two engines on the same inputs: top-1 agreement, logit difference
+  trtfuse report RUN ...       runs side by side: a table, NAME.json and NAME.png
   trtfuse plugins ...          build/check the CUDA kernels and TensorRT plugins
 """
 
@@ -59,8 +62,10 @@ def _add_run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--output-dir", dest="run.output_dir", help="where run folders go (default runs/)")
     p.add_argument("--engine", dest="tensorrt.engine", metavar="FILE", help="TensorRT: a built engine")
     p.add_argument("--precision", dest="tensorrt.precision", help="TensorRT: int8, fp16, ...")
-    p.add_argument("--plugins", dest="tensorrt.plugins", choices=["on", "off"],
-                   help="TensorRT: use trtfuse's fused plugins")
+    p.add_argument("--input-format", dest="tensorrt.input_format", choices=["float", "int8"],
+                   help="TensorRT: the engine's input (int8: quantized on the host once, a quarter of the bytes)")
+    p.add_argument("--plugins", dest="tensorrt.plugins", choices=["off", "tails", "all", "on"],
+                   help="TensorRT: off, or tails: the bottleneck tails on trtfuse's fused kernels (on: the same)")
     p.add_argument("--quiet", action="store_true", help="no progress output")
 
 
@@ -95,9 +100,11 @@ def _parser() -> argparse.ArgumentParser:
                       help="a checkout of mlcommons/inference (default $MLPERF_INFERENCE_DIR)")
     _add_run_arguments(comp)
 
-    from trtfuse import submission
+    from trtfuse import compare_runs, engine_inspect, submission
 
     submission.add_parser(sub)
+    engine_inspect.add_parsers(sub)
+    compare_runs.add_parser(sub)
     # Listed for --help only: main() hands these to their own parsers before this one runs.
     sub.add_parser("build", help="quantize and build a TensorRT engine (see `trtfuse build -h`)")
     sub.add_parser("plugins", help="build/check the CUDA kernels and TensorRT plugins (`trtfuse plugins -h`)")
@@ -117,8 +124,11 @@ def load_settings(args: argparse.Namespace) -> dict:
         if given:
             raise UserError(f"--official keeps mlperf.conf's values, but {', '.join(given)} would override them",
                             f"drop {', '.join(given)}, or drop --official for a quick run")
+    if plain.get("tensorrt.plugins") == "all":
+        raise UserError("--plugins all needs kernels for every ResNet-50 conv, which trtfuse does not have yet",
+                        "use --plugins tails or --plugins off")
     if plain.get("tensorrt.plugins") is not None:
-        plain["tensorrt.plugins"] = plain["tensorrt.plugins"] == "on"
+        plain["tensorrt.plugins"] = plain["tensorrt.plugins"] in ("tails", "on")
     # The scenario flags apply to the scenario being run: the config's, unless --scenario.
     scenario = config.load(args.config, plain)["run"]["scenario"]
     min_duration_ms = None if args.min_duration_s is None else int(args.min_duration_s * 1000)
@@ -224,13 +234,18 @@ def run(settings: dict, progress: bool = True, weights: str | None = None,
                     "completed": lg_run.completed, "qsl_load_calls": lg_run.qsl_load_calls,
                     "qsl_loaded_samples": lg_run.qsl_loaded_samples, "wall_s": lg_run.wall_s,
                     "cpu_s": lg_run.cpu_s, "mean_batch": lg_run.mean_batch,
-                    "effective": lg_run.effective},
+                    "effective": lg_run.effective,
+                    "timeline": {"t_s": [t for t, _ in lg_run.timeline],
+                                 "completed": [n for _, n in lg_run.timeline]}},
     }
     if model.random_weights:
         result["note"] = report.RANDOM_WEIGHTS_NOTE
     if mode == "accuracy":
         result["accuracy"] = accuracy.evaluate(run_dir)
     report.write_report(run_dir, result)
+    from trtfuse.plots import write_run_plots
+
+    write_run_plots(run_dir, result)  # latency_cdf.png, completed_over_time.png ([] without matplotlib)
     return result
 
 
@@ -322,6 +337,18 @@ def _cmd_compliance(args) -> int:
     return 0 if verdict["passed"] else 1
 
 
+def _cmd_engine_inspect(args) -> int:
+    from trtfuse import engine_inspect
+
+    return {"profile": engine_inspect.cmd_profile, "compare": engine_inspect.cmd_compare}[args.command](args)
+
+
+def _cmd_report(args) -> int:
+    from trtfuse.compare_runs import main as report_main
+
+    return report_main(args)
+
+
 def _cmd_submission(args) -> int:
     from trtfuse.submission import main as submission_main
 
@@ -352,7 +379,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.command is None:
             return _cmd_demo()
         commands = {"prepare": _cmd_prepare, "run": _cmd_run, "accuracy": _cmd_accuracy,
-                    "compliance": _cmd_compliance, "submission": _cmd_submission}
+                    "compliance": _cmd_compliance, "submission": _cmd_submission,
+                    "profile": _cmd_engine_inspect, "compare": _cmd_engine_inspect, "report": _cmd_report}
         return commands[args.command](args)
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)

@@ -97,6 +97,9 @@ def _check(s: Settings) -> None:
     if server["target_latency_ms"] <= 0:
         raise UserError("server latency bound and batch timeout must be positive",
                         "e.g. --latency-bound-ms 15")
+    if s["tensorrt"]["tactic_sources"] not in ("", "default", "none"):
+        raise UserError(f"tensorrt.tactic_sources must be \"default\" or \"none\", not {s['tensorrt']['tactic_sources']!r}",
+                        'use "default" (TensorRT\'s own), or "none" where cuBLAS/cuDNN are not installed')
     for scenario in SCENARIOS:
         for key in ("min_duration_ms", "min_query_count"):
             if s[scenario][key] < 0:

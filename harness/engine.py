@@ -1,13 +1,15 @@
 """``trtfuse build``: quantize (CPU, ONNX Runtime), rewrite for the fused plugin, build a TensorRT engine.
 
-    trtfuse build MODEL_DIR --precision int8 --calibration IMAGES [--calib-method max] --plugins on --batch 256
+    trtfuse build MODEL_DIR --precision int8 --calibration IMAGES [--calibration-method auto] --plugins tails --batch 256
     trtfuse build MODEL_DIR --precision int8 --calibration IMAGES --quantize-only   # no TensorRT needed
 
 int8 needs an explicitly quantized graph: ``MODEL_DIR/model.int8.onnx`` (written by the quantize step
-from ``--calibration``, reused afterwards). ``--plugins on`` rewrites its residual tails into
+from ``--calibration``, reused afterwards). ``--plugins tails`` rewrites its residual tails into
 TrtfuseResidualConv nodes (``model.int8.plugins.onnx``) and loads the plugin library before parsing.
 Engines are cached under ``$TRTFUSE_HOME/engines/`` keyed by the hash of the ONNX bytes handed to
-the parser + the build config + the TensorRT version + the GPU name; a timing cache lives beside them.
+the parser + the build config + the TensorRT version (its major also in the file name) + the GPU name;
+a timing cache lives beside them. TensorRT 8.5 to 11 (``trt_compat``): where weak typing is gone (11),
+the explicitly quantized graph builds strongly typed, its Q/DQ nodes stating every type.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import ctypes
 import dataclasses
 import hashlib
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -40,7 +43,9 @@ class BuildConfig:
     min_batch: int = 1
     workspace_gb: float = 8.0
     input_format: str = "float"      # float | int8 (CHW4 int8 input: the host sends quantized pixels)
-    tactic_sources_off: bool = True  # TensorRT 8.5 on the lent machine has no cuBLAS/cuDNN
+    # TensorRT's own ("default"), or "none": no cuBLAS/cuDNN tactics, for a TensorRT install without
+    # those libraries; a property of the install, so its default comes from $TRTFUSE_TACTIC_SOURCES.
+    tactic_sources: str = dataclasses.field(default_factory=lambda: default_tactic_sources())
     weight_dtype: str = "int32"      # how the plugin's int8 weights travel in the ONNX attribute
     profiles: int = 2                # one optimization profile per concurrent context (stream)
     top_k: int = 5                   # a TopK output (TOP_CLASSES) of this many classes; 0: scores only
@@ -49,41 +54,74 @@ class BuildConfig:
         return dataclasses.asdict(self)
 
 
+TACTIC_SOURCES = ("default", "none")
+
+
+def default_tactic_sources() -> str:
+    value = os.environ.get("TRTFUSE_TACTIC_SOURCES", "default")
+    if value not in TACTIC_SOURCES:
+        raise UserError(f"TRTFUSE_TACTIC_SOURCES={value!r} is not one of {', '.join(TACTIC_SOURCES)}",
+                        "unset it (TensorRT's own tactics) or set it to none (no cuBLAS/cuDNN installed)")
+    return value
+
+
 # ----------------------------------------------------------------------------- quantize step
-def quantize_model_dir(model_dir: Path, calibration: str, method: str = "max", percentile: float = 99.99,
+CALIBRATION_METHODS = ("auto", "max", "percentile", "entropy")
+
+
+def quantize_model_dir(model_dir: Path, calibration: str, method: str = "auto", percentile: float = 99.99,
                        every: int = 7, batch: int = 16, force: bool = False) -> Path:
     """Write ``model_dir/model.int8.onnx`` (Q/DQ, per-channel int8 weights) from the fp32 model,
-    calibrated on the images of ``calibration`` whose sorted index i has ``i % every == 0``."""
+    calibrated on the images of ``calibration`` whose sorted index i has ``i % every == 0``.
+    ``auto``: the method (max, percentile 99.99/99.999, entropy) whose int8 model scores the best
+    top-1 in ONNX Runtime on the other images of ``calibration``; a model with random weights has no
+    accuracy to measure and gets max."""
     import onnx
     from trtfuse.data import open_dataset
     from trtfuse.models import load_prepared
     from trtfuse.models.bn_fold import fold_pad_into_conv
-    from trtfuse.models.quantize import calibrate, calibration_split, quantize
+    from trtfuse.models.quantize import calibrate, calibration_split, choose_method, method_label, quantize
 
+    if method not in CALIBRATION_METHODS:
+        raise UserError(f"unknown calibration method {method!r}", f"use one of: {', '.join(CALIBRATION_METHODS)}")
     out = model_dir / QDQ_FILE
     meta_path = model_dir / QUANT_META
     wanted = {"calibration": str(Path(calibration).resolve()) if calibration != "demo" else "demo",
-              "method": method, "percentile": percentile, "every": every}
+              "method_asked": method, "percentile_asked": percentile, "every": every}
     if out.is_file() and meta_path.is_file() and not force:
         meta = json.loads(meta_path.read_text())
         if {k: meta.get(k) for k in wanted} == wanted:
             return out
     prepared = load_prepared(model_dir)
     dataset = open_dataset(calibration, prepared.preprocess)
-    calib, _ = calibration_split(dataset.names, every)
+    calib, held_apart = calibration_split(dataset.names, every)
     print(f"trtfuse: calibrating {prepared.name} on {len(calib)} of {len(dataset)} images "
           f"(sorted index % {every} == 0), method {method}", file=sys.stderr)
     model, pads = fold_pad_into_conv(onnx.load(prepared.onnx_path))
     images = dataset.images(calib)
     batches = [images[i:i + batch] for i in range(0, len(images), batch)]
     stats = calibrate(model, batches)
-    result = quantize(model, stats, method, percentile)
+    scores = None
+    if method == "auto" and prepared.random_weights:
+        print("trtfuse: random weights: no accuracy to choose a method by; using max", file=sys.stderr)
+        result = quantize(model, stats, "max")
+    elif method == "auto":
+        if not held_apart:
+            raise UserError(f"{calibration} has too few images to hold some apart for choosing a method",
+                            "give more labelled images, or name the method: --calibration-method max")
+        result, scores = choose_method(model, stats, dataset.images(held_apart), dataset.labels[held_apart],
+                                       prepared.label_offset)
+    else:
+        result = quantize(model, stats, method, percentile)
     onnx.save(result.model, out)
-    meta = {**wanted, "calibration_images": [dataset.names[i] for i in calib], "folded_pad": pads,
+    meta = {**wanted, "method": result.method, "percentile": result.percentile,
+            "chosen": method_label(result.method, result.percentile), "top1_by_method": scores,
+            "evaluation_images": len(held_apart) if scores else 0,
+            "calibration_images": [dataset.names[i] for i in calib], "folded_pad": pads,
             "folded_bn": result.folded_bn, "activation_qdq": result.activation_qdq,
             "weight_qdq": result.weight_qdq, "identity_adds": result.identity_adds}
     meta_path.write_text(json.dumps(meta, indent=1) + "\n")
-    print(f"trtfuse: wrote {out} ({result.activation_qdq} activation Q/DQ, {result.weight_qdq} "
+    print(f"trtfuse: wrote {out} ({meta['chosen']}; {result.activation_qdq} activation Q/DQ, {result.weight_qdq} "
           f"per-channel weights, {result.folded_bn} BN folded)", file=sys.stderr)
     return out
 
@@ -184,7 +222,7 @@ def build_engine(model_dir: str | Path, cfg: BuildConfig, plugin_lib: str | None
     """Build (or find in the cache) the engine for ``model_dir`` and ``cfg``; returns its path."""
     model_dir = Path(model_dir)
     trt = import_tensorrt()
-    from trtfuse import cuda_runtime
+    from trtfuse import cuda_runtime, trt_compat
     from trtfuse.models import load_prepared
 
     cuda_runtime.require_gpu()
@@ -194,7 +232,8 @@ def build_engine(model_dir: str | Path, cfg: BuildConfig, plugin_lib: str | None
     key = engine_key(onnx_bytes, cfg, trt.__version__, gpu)
     cache = engine_cache_dir()
     cache.mkdir(parents=True, exist_ok=True)
-    path = cache / f"{prepared.name}-{cfg.precision}-{'plugins' if cfg.plugins else 'stock'}-b{cfg.batch}-{key}.engine"
+    kind = "plugins" if cfg.plugins else "stock"
+    path = cache / f"{prepared.name}-{cfg.precision}-{kind}-b{cfg.batch}-trt{trt_compat.major_version(trt)}-{key}.engine"
     if path.is_file() and not rebuild:
         print(f"trtfuse: engine cached: {path}", file=sys.stderr)
         return path
@@ -204,7 +243,7 @@ def build_engine(model_dir: str | Path, cfg: BuildConfig, plugin_lib: str | None
     if cfg.plugins:
         print(f"trtfuse: plugin library {load_plugin_library(plugin_lib)}", file=sys.stderr)
     builder = trt.Builder(logger)
-    network = builder.create_network(1 << int(trt.NetworkDefinitionCreationFlag.EXPLICIT_BATCH))
+    network = builder.create_network(trt_compat.network_flags(trt))
     parser = trt.OnnxParser(network, logger)
     if not parser.parse(onnx_bytes):
         errors = "; ".join(str(parser.get_error(i)) for i in range(parser.num_errors))
@@ -214,11 +253,9 @@ def build_engine(model_dir: str | Path, cfg: BuildConfig, plugin_lib: str | None
         add_top_classes(trt, network, prepared.output_name, cfg.top_k)
     config = builder.create_builder_config()
     config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, int(cfg.workspace_gb * (1 << 30)))
-    if cfg.precision in ("int8", "fp16"):
-        config.set_flag(trt.BuilderFlag.FP16)  # layers left in float may use fp16
-    if cfg.precision == "int8":
-        config.set_flag(trt.BuilderFlag.INT8)
-    if cfg.tactic_sources_off:
+    for flag in trt_compat.precision_flags(trt, cfg.precision):
+        config.set_flag(flag)
+    if cfg.tactic_sources == "none":
         config.set_tactic_sources(0)
 
     inp = network.get_input(0)
@@ -292,18 +329,23 @@ def input_scale(model_dir: Path) -> float:
 # ----------------------------------------------------------------------------- CLI
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="trtfuse build", description=__doc__.splitlines()[0])
-    p.add_argument("model_dir", help="a prepared model folder (trtfuse prepare)")
+    p.add_argument("model_dir", metavar="MODEL", help="a model `trtfuse prepare` made: its name or its folder")
     p.add_argument("--precision", choices=("int8", "fp16", "fp32"), default="int8")
-    p.add_argument("--plugins", choices=("on", "off"), default="off")
+    p.add_argument("--plugins", choices=("off", "tails", "all", "on"), default="off",
+                   help="off: TensorRT's own kernels; tails: each bottleneck's conv + BN + residual + ReLU on "
+                        "trtfuse's fused int8 kernel (on: the same); all: every conv (not available yet)")
     p.add_argument("--batch", type=int, default=256)
     p.add_argument("--workspace", type=float, default=8.0, metavar="GB")
     p.add_argument("--input-format", choices=("float", "int8"), default="float")
-    p.add_argument("--tactic-sources", choices=("none", "default"), default="none",
-                   help="none: no cuBLAS/cuDNN tactics (TensorRT 8.5 on the lent GPU machine)")
+    p.add_argument("--tactic-sources", choices=TACTIC_SOURCES,
+                   help="default: TensorRT's own; none: no cuBLAS/cuDNN tactics (a TensorRT install without "
+                        "those libraries); when not given, $TRTFUSE_TACTIC_SOURCES, else default")
     p.add_argument("--weight-dtype", choices=("int8", "int32", "float"), default="int32",
                    help="type of the plugin's weights attribute")
     p.add_argument("--calibration", help="labelled images to calibrate int8 on (quantize step)")
-    p.add_argument("--calib-method", choices=("max", "percentile", "entropy"), default="max")
+    p.add_argument("--calibration-method", "--calib-method", dest="calib_method", choices=CALIBRATION_METHODS,
+                   default="auto", help="auto: the method with the best top-1 on the images held apart from "
+                                        "calibration (ONNX Runtime); max, percentile, entropy: that one")
     p.add_argument("--percentile", type=float, default=99.99)
     p.add_argument("--calib-every", type=int, default=7,
                    help="calibrate on the images whose sorted index %% N == 0 (never evaluate on them)")
@@ -319,6 +361,10 @@ def _parser() -> argparse.ArgumentParser:
 def cli_main(argv: list[str]) -> int:
     args = _parser().parse_args(argv)
     model_dir = Path(args.model_dir).expanduser()
+    if not model_dir.is_dir() and "/" not in args.model_dir:
+        from trtfuse.models import default_model_dir
+
+        model_dir = default_model_dir(args.model_dir)  # a name: where `trtfuse prepare NAME` put it
     if not (model_dir / "model.json").is_file():
         raise UserError(f"{model_dir} is not a prepared model folder (no model.json)",
                         "run `trtfuse prepare MODEL` first and pass its folder")
@@ -332,9 +378,13 @@ def cli_main(argv: list[str]) -> int:
         if not args.calibration:
             raise UserError("--quantize-only needs --calibration IMAGES", "pass the calibration images")
         return 0
-    cfg = BuildConfig(precision=args.precision, plugins=args.plugins == "on", batch=args.batch,
+    if args.plugins == "all":
+        raise UserError("--plugins all needs kernels for every ResNet-50 conv, which trtfuse does not have yet",
+                        "use --plugins tails (the fused bottleneck tails) or --plugins off")
+    cfg = BuildConfig(precision=args.precision, plugins=args.plugins in ("tails", "on"), batch=args.batch,
                       workspace_gb=args.workspace, input_format=args.input_format,
-                      tactic_sources_off=args.tactic_sources == "none", weight_dtype=args.weight_dtype,
+                      tactic_sources=args.tactic_sources or default_tactic_sources(),
+                      weight_dtype=args.weight_dtype,
                       profiles=args.streams, top_k=args.top_k)
     print(build_engine(model_dir, cfg, args.plugin_lib, args.rebuild))
     return 0

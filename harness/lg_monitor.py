@@ -1,4 +1,5 @@
-"""A thread beside LoadGen's StartTest: progress on stderr, and a watchdog for hung backends.
+"""A thread beside LoadGen's StartTest: progress on stderr, a timeline of completed samples (the run's
+"completed samples over time" picture), and a watchdog for hung backends.
 
 LoadGen waits forever for a sample that is never completed. When samples are outstanding and none
 has completed for ``stall_s`` seconds, the watchdog completes them with empty responses so that
@@ -22,6 +23,7 @@ class RunMonitor:
         self.progress = progress
         self.interval_s = interval_s
         self.stalled: str | None = None
+        self.timeline: list[tuple[float, int]] = []  # (seconds since start, samples completed), every interval
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="trtfuse-monitor", daemon=True)
         self._tty = sys.stderr.isatty()
@@ -44,6 +46,7 @@ class RunMonitor:
         while not self._stop.wait(self.interval_s):
             ledger = self.sut.ledger
             now = time.monotonic()
+            self.timeline.append((round(now - self._start, 3), ledger.completed))
             if ledger.outstanding > 0 and now - ledger.last_progress > self.stall_s:
                 self._unstick(ledger.outstanding)
             # On a terminal: a line redrawn in place; in logs (CI): one line every 10 s.

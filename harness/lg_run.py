@@ -45,6 +45,7 @@ class LoadGenRun:
     cpu_s: float  # CPU time of the whole process during StartTest: backend plus harness plus LoadGen
     effective: dict = field(default_factory=dict)
     mean_batch: float | None = None  # samples per backend call (Server: set by the load)
+    timeline: list = field(default_factory=list)  # (s since StartTest, samples completed), every 0.5 s
 
 
 def loadgen_settings(settings: dict, total_count: int, measured_qps: float | None) -> lg.TestSettings:
@@ -127,17 +128,23 @@ def audit_config_path(run_dir: Path, given: str) -> Path:
 
 
 def warm_up(backend, dataset, batch_size: int, batches: int) -> float | None:
-    """Run ``batches`` batches; samples/s of all but the first (which pays one-time setup)."""
+    """Run ``batches`` batches through the serving path (``classify_rows`` over rows of a store the
+    backend allocated, in its input type: what the QSL and the SUT will do); samples/s of all but the
+    first (which pays one-time setup). Timing plain ``infer`` instead would count a host conversion no
+    query pays, and an Offline run sized by it ends before its min duration."""
     if batches == 0:
         return None
-    batch = dataset.images(np.arange(min(batch_size, len(dataset))))
-    backend.infer(batch)
+    images = backend.to_input(dataset.images(np.arange(min(batch_size, len(dataset)))))
+    store = backend.host_array(images.shape, images.dtype)
+    store[:] = images
+    rows = np.arange(len(images))
+    backend.classify_rows(store, rows)
     if batches == 1:
         return None
     start = time.perf_counter()
     for _ in range(batches - 1):
-        backend.infer(batch)
-    return len(batch) * (batches - 1) / (time.perf_counter() - start)
+        backend.classify_rows(store, rows)
+    return len(rows) * (batches - 1) / (time.perf_counter() - start)
 
 
 def _cpu_seconds() -> float:
@@ -217,6 +224,7 @@ def run_loadgen(backend, model, dataset, settings: dict, run_dir: Path, progress
         run_dir=run_dir, warmup_samples_per_s=measured, issued=sut.ledger.issued,
         completed=sut.ledger.completed, qsl_load_calls=len(qsl.load_calls), mean_batch=sut.mean_batch(),
         qsl_loaded_samples=sum(len(c) for c in qsl.load_calls), wall_s=wall, cpu_s=cpu,
+        timeline=monitor.timeline + [(round(wall, 3), sut.ledger.completed)],
         effective={"offline_expected_qps": ts.offline_expected_qps,
                    "performance_sample_count": ts.performance_sample_count_override,
                    "min_duration_ms": ts.min_duration_ms, "min_query_count": ts.min_query_count,

@@ -111,3 +111,32 @@ def test_int8_input_graph_matches_quantizing_on_the_host():
     q = np.clip(np.rint(x / scale), -128, 127).astype(np.int8)
     got = ort.InferenceSession(int8_model.SerializeToString()).run(None, {"input": q})[0]
     np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("random_weights", [True, False])
+def test_auto_calibration_picks_the_method_by_held_apart_top1(model_dir, tmp_path, monkeypatch, random_weights):
+    from test_cli import jpeg_folder
+    from trtfuse.engine import QUANT_META, quantize_model_dir
+
+    monkeypatch.setenv("TRTFUSE_HOME", str(tmp_path / "home"))
+    meta = json.loads((model_dir / "model.json").read_text())
+    (model_dir / "model.json").write_text(json.dumps({**meta, "random_weights": random_weights}))
+    (model_dir / QDQ_FILE).unlink()
+    images = jpeg_folder(tmp_path / "calib", n=9)  # sorted index % 7 == 0 calibrates: 2 of 9, 7 held apart
+    quantize_model_dir(model_dir, str(images), "auto", every=7)
+    q = json.loads((model_dir / QUANT_META).read_text())
+    assert (model_dir / QDQ_FILE).is_file() and q["method_asked"] == "auto"
+    assert len(q["calibration_images"]) == 2
+    if random_weights:  # nothing to measure: max, and no scores pretending otherwise
+        assert q["chosen"] == "max" and q["top1_by_method"] is None
+    else:
+        scores = q["top1_by_method"]
+        assert list(scores) == ["max", "percentile-99.99", "percentile-99.999", "entropy"]
+        best = max(scores.values())
+        assert q["chosen"] == next(label for label, v in scores.items() if v == best)  # ties: the earlier
+        assert q["evaluation_images"] == 7
+
+
+def test_cli_plugins_all_is_refused_until_its_kernels_exist(model_dir):
+    with pytest.raises(UserError, match="--plugins all"):
+        cli_main([str(model_dir), "--plugins", "all"])

@@ -2,6 +2,7 @@
 
 import json
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -9,9 +10,10 @@ from conftest_harness import SHAPE, ScriptedBackend, SyntheticDataset, tiny_mode
 from test_loadgen_runs import settings
 from trtfuse import config
 from trtfuse.backends import Backend, create_backend
+from trtfuse.backends.null_backend import NullBackend
 from trtfuse.errors import UserError
 from trtfuse.lg_qsl import SampleLibrary
-from trtfuse.lg_run import loadgen_settings, run_loadgen
+from trtfuse.lg_run import loadgen_settings, run_loadgen, warm_up
 
 
 def detail(run_dir) -> dict:
@@ -212,3 +214,22 @@ def test_server_workers_split_coalesced_queries_into_batches():
         assert (idx == ids.astype(np.int64) * 10).all()
     sut._running = False
     assert sut._next_work() is None
+
+
+def test_warm_up_times_the_serving_path_not_plain_infer(tmp_path):
+    # A backend like TensorRT's: serving from a store it allocated is fast, plain infer of a host batch
+    # pays a conversion. Sizing an Offline run by plain infer made LoadGen expect too few samples/s,
+    # and the run ended before its min duration (INVALID).
+    class StoreFast(NullBackend):
+        def infer(self, batch):
+            time.sleep(0.02)
+            return super().infer(batch)
+
+        def infer_rows(self, store, rows):
+            return self._answer[: len(rows)]
+
+    model = tiny_model(tmp_path)
+    backend = StoreFast()
+    backend.load(model, 8)
+    rate = warm_up(backend, SyntheticDataset(16), 8, 4)
+    assert rate > 8 / 0.02 * 5  # at least 5x what plain infer could reach

@@ -13,7 +13,8 @@ def _run(model_dir, plugins, streams=2, cuda_graphs=True, input_format="float"):
     from trtfuse.models import load_prepared
 
     backend = TensorRTBackend(precision="int8", plugins=plugins, streams=streams,
-                              cuda_graphs=cuda_graphs, input_format=input_format)
+                              cuda_graphs=cuda_graphs, input_format=input_format,
+                              tactic_sources="none")  # any TensorRT, the lent machine's 8.5 too
     backend.load(load_prepared(model_dir), 8)
     try:
         x = calib_batches(seed=11, n=1)[0]
@@ -69,7 +70,8 @@ def test_rows_of_a_pinned_store_give_what_infer_gives(model_dir, input_format, s
     monkeypatch.setattr(cuda_runtime, "copy_rows_htod_async",
                         lambda *a: (row_copies.append(len(a[1])), original(*a))[1])
     backend = TensorRTBackend(precision="int8", plugins=False, streams=2, cuda_graphs=True,
-                              input_format=input_format, serial_compute=serial_compute)
+                              input_format=input_format, serial_compute=serial_compute,
+                              tactic_sources="none")
     backend.load(load_prepared(model_dir), 8)
     try:
         x = np.concatenate(calib_batches(seed=12, n=2))

@@ -103,7 +103,10 @@ class TensorRTBackend(Backend):
     plugins (False), streams (2), cuda_graphs (True), input_format ("float" | "int8"), plugin_lib,
     graph_buckets (16: batch sizes with a CUDA graph, max_batch / 16 apart; a batch runs at the next one up),
     serial_compute (True: the streams' engine runs go one after another, in launch order, while the
-    copies overlap them; False: they may overlap each other). Measured on the H100 with ResNet-50,
+    copies overlap them; False: they may overlap each other), tactic_sources ("default": TensorRT's;
+    "none": no cuBLAS/cuDNN tactics, for an install without those libraries; None: $TRTFUSE_TACTIC_SOURCES,
+    else "default").
+    Measured on the H100 with ResNet-50,
     serial is better both ways: two engine runs sharing the GPU are slower together than one after the
     other (2 threads: 66.6k vs 57.7k samples/s at batch 2048), and a batch that has the GPU to itself
     finishes sooner (Server, 8 graph buckets: 56.0k vs 36.8k QPS within p99 15 ms)."""
@@ -113,7 +116,7 @@ class TensorRTBackend(Backend):
     def __init__(self, engine: str | None = None, precision: str = "int8", plugins: bool = False,
                  streams: int = 2, cuda_graphs: bool = True, input_format: str = "float",
                  plugin_lib: str | None = None, serial_compute: bool = True, graph_buckets: int = 16,
-                 **_ignored):
+                 tactic_sources: str | None = None, **_ignored):
         self.trt = import_tensorrt()
         from trtfuse import cuda_runtime
 
@@ -125,6 +128,7 @@ class TensorRTBackend(Backend):
         self.plugin_lib = plugin_lib
         self.serial_compute = bool(serial_compute)
         self.graph_buckets = max(1, int(graph_buckets))
+        self.tactic_sources = tactic_sources
         self._order = threading.Lock()  # serial_compute: launch order = run order
         self._last_run = None           # the Event recorded after the last launched run
         self.slots: list[_Slot] = []
@@ -141,6 +145,8 @@ class TensorRTBackend(Backend):
         if self.engine_path is None:
             cfg = BuildConfig(precision=self.precision, plugins=self.plugins, batch=batch_size,
                               input_format=self.input_format, profiles=self.n_streams)
+            if self.tactic_sources:
+                cfg.tactic_sources = self.tactic_sources
             self.engine_path = str(build_engine(model.dir, cfg, self.plugin_lib))
         path = Path(self.engine_path)
         if not path.is_file():

@@ -1,0 +1,322 @@
+"""Pictures of one run, written beside its report.json.
+
+  latency_cdf.png            performance runs: the latency CDF through LoadGen's logged percentiles
+                             (min, p50 ... p99.9, max; not every sample), p99 marked, the Server bound
+  completed_over_time.png    completed samples over time and the rate (samples/s), from the harness's
+                             timeline (sampled every 0.5 s during StartTest); LoadGen's min duration
+
+matplotlib draws them (Agg canvas, no display, no pyplot state); without it ``write_run_plots`` notes
+``pip install matplotlib`` once on stderr and draws nothing. A report missing fields gets the pictures
+it can make. The data each picture shows comes from ``latency_cdf_data`` and ``timeline_data``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+
+from trtfuse.errors import UserError
+
+LATENCY_CDF = "latency_cdf.png"
+COMPLETED_OVER_TIME = "completed_over_time.png"
+RATE_WINDOW_S = 2.0
+DPI = 110
+# LoadGen's logged percentiles (report.PERCENTILES) as fractions of the samples.
+PERCENTILE_FRACTIONS = (("50.00", 0.5), ("90.00", 0.9), ("95.00", 0.95), ("97.00", 0.97),
+                        ("99.00", 0.99), ("99.90", 0.999))
+
+_noted_missing = False
+
+
+def as_number(value) -> float | None:
+    """A finite float, or None (absent, null, a string default=str wrote, NaN)."""
+    if isinstance(value, bool) or value is None:
+        return None
+    try:
+        x = float(value)
+    except (TypeError, ValueError):
+        return None
+    return x if math.isfinite(x) else None
+
+
+def _dict(value) -> dict:
+    return value if isinstance(value, dict) else {}
+
+
+def run_title(report: dict) -> str:
+    """`model, scenario mode, VALID|INVALID` (the verdict only for performance runs)."""
+    lg = _dict(report.get("loadgen"))
+    scenario = str(report.get("scenario") or lg.get("scenario") or "?")
+    mode = str(report.get("mode") or lg.get("mode") or "?")
+    parts = [str(report.get("model") or "?"), f"{scenario.capitalize()} {mode}"]
+    if mode == "performance" and "valid" in lg:
+        parts.append("VALID" if lg["valid"] else "INVALID")
+    if report.get("backend"):
+        parts.append(str(report["backend"]))
+    return ", ".join(parts)
+
+
+def latency_cdf_data(report: dict) -> dict | None:
+    """What latency_cdf.png shows, or None when the report has no latencies (accuracy runs).
+
+    ``points``: (label, latency ms, fraction of samples at or below it), in order: min (0), p50, p90,
+    p95, p97, p99, p99.9, max (1); those LoadGen logged. ``p99_ms``, ``mean_ms``, ``bound_ms`` (the
+    Server latency bound, else None), ``valid``, ``title``.
+    """
+    lg = _dict(report.get("loadgen"))
+    if (report.get("mode") or lg.get("mode")) == "accuracy":
+        return None
+    logged = _dict(lg.get("latency_ns"))
+    points: list[tuple[str, float, float]] = []
+    lo = as_number(lg.get("min_latency_ns"))
+    if lo is not None:
+        points.append(("min", lo / 1e6, 0.0))
+    for key, fraction in PERCENTILE_FRACTIONS:
+        ns = as_number(logged.get(key))
+        if ns is not None:
+            points.append((f"p{key.rstrip('0').rstrip('.')}", ns / 1e6, fraction))
+    hi = as_number(lg.get("max_latency_ns"))
+    if hi is not None:
+        points.append(("max", hi / 1e6, 1.0))
+    if len(points) < 2:
+        return None
+    scenario = str(lg.get("scenario") or report.get("scenario") or "").lower()
+    bound = as_number(lg.get("target_latency_ns")) if scenario == "server" else None
+    p99 = as_number(logged.get("99.00"))
+    mean = as_number(lg.get("mean_latency_ns"))
+    return {
+        "points": points,
+        "p99_ms": None if p99 is None else p99 / 1e6,
+        "mean_ms": None if mean is None else mean / 1e6,
+        "bound_ms": bound / 1e6 if bound else None,
+        "valid": lg.get("valid"),
+        "scenario": scenario,
+        "title": run_title(report),
+    }
+
+
+def timeline_data(report: dict, window_s: float = RATE_WINDOW_S) -> dict | None:
+    """What completed_over_time.png shows, or None without a usable timeline.
+
+    ``t_s``, ``completed``: the harness's samples (from 0 s, 0 samples at StartTest), time-ordered.
+    ``rate``: samples/s at each point after the first, the average over the last ``window_s`` seconds
+    (from the start, where less has passed). ``min_duration_s`` (LoadGen's, when logged),
+    ``target_qps`` and ``target_label`` (Server: LoadGen's target QPS; Offline: the expected QPS);
+    neither for accuracy runs.
+    """
+    raw = _dict(_dict(report.get("harness")).get("timeline"))
+    ts, ns = raw.get("t_s"), raw.get("completed")
+    if not isinstance(ts, list) or not isinstance(ns, list):
+        return None
+    pairs = sorted((t, n) for t, n in ((as_number(t), as_number(n)) for t, n in zip(ts, ns))
+                   if t is not None and n is not None and t >= 0)
+    if not pairs:
+        return None
+    if pairs[0][0] > 0:
+        pairs.insert(0, (0.0, 0.0))  # StartTest: nothing completed yet
+    t = [p[0] for p in pairs]
+    completed = [p[1] for p in pairs]
+    rate: list[float] = []
+    j = 0
+    for i in range(1, len(t)):
+        while j + 1 < i and t[i] - t[j + 1] >= window_s:
+            j += 1  # t[j]: the latest sample at least window_s before t[i] (or the first)
+        dt = t[i] - t[j]
+        rate.append((completed[i] - completed[j]) / dt if dt > 0 else (rate[-1] if rate else 0.0))
+    lg = _dict(report.get("loadgen"))
+    eff = _dict(lg.get("effective_settings"))
+    mode = str(report.get("mode") or lg.get("mode") or "")
+    scenario = str(lg.get("scenario") or report.get("scenario") or "").lower()
+    # Accuracy mode runs every sample once: no min duration, no rate to meet.
+    min_ms = as_number(eff.get("min_duration_ms")) if mode != "accuracy" else None
+    target = as_number(lg.get("target_qps") if scenario == "server" else eff.get("target_qps"))
+    target = target if mode != "accuracy" else None
+    return {
+        "t_s": t, "completed": completed, "rate_t_s": t[1:], "rate": rate, "window_s": window_s,
+        "min_duration_s": min_ms / 1e3 if min_ms else None,
+        "target_qps": target if target else None,
+        "target_label": ("LoadGen's target QPS" if scenario == "server"
+                         else "expected QPS (offline.target_qps)"),
+        "mode": mode,
+        "title": run_title(report),
+    }
+
+
+# -- drawing ----------------------------------------------------------------------------------------
+
+
+def load_matplotlib():
+    """(Figure, FigureCanvasAgg), or None with a note (once) when matplotlib is not installed."""
+    global _noted_missing
+    try:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+    except ImportError:
+        if not _noted_missing:
+            print("trtfuse: pictures (PNG) skipped: matplotlib is not installed; "
+                  "pip install matplotlib", file=sys.stderr)
+            _noted_missing = True
+        return None
+    return Figure, FigureCanvasAgg
+
+
+def new_figure(mpl, width: float, height: float, nrows: int = 1, ncols: int = 1,
+                margins: dict | None = None, **kw):
+    """A figure on the Agg canvas (a PNG file, never a window) and its axes. Fixed margins: the
+    constrained layout engine would cost about half the drawing time."""
+    Figure, FigureCanvasAgg = mpl
+    fig = Figure(figsize=(width, height), dpi=DPI)
+    FigureCanvasAgg(fig)
+    fig.subplots_adjust(**(margins or {}))
+    return fig, list(fig.subplots(nrows, ncols, squeeze=False, **kw).flat)
+
+
+def _fmt_ms(ms: float) -> str:
+    return f"{ms:,.3g} ms" if ms < 100 else f"{ms:,.0f} ms"
+
+
+def _axes_fraction(value: float, lo: float, hi: float, log: bool) -> float:
+    if log:
+        value, lo, hi = math.log10(value), math.log10(lo), math.log10(hi)
+    return 0.5 if hi <= lo else (value - lo) / (hi - lo)
+
+
+def _draw_cdf_panel(ax, data: dict, tail: bool) -> None:
+    points = [p for p in data["points"] if not tail or p[2] >= 0.9]
+    xs = [p[1] for p in points]
+    bound = data["bound_ms"]
+    lo, hi = min(xs + ([bound] if bound else [])), max(xs + ([bound] if bound else []))
+    log = lo > 0 and hi / lo > 10
+    if log:
+        ax.set_xscale("log")
+    y_lo, y_hi = (0.885, 1.012) if tail else (-0.02, 1.06)
+    ax.set_ylim(y_lo, y_hi)
+    ax.plot(xs, [p[2] for p in points], "-", color="tab:blue", lw=1.6, marker="o", ms=4, zorder=3,
+            label="LoadGen's logged percentiles")
+    # Labels beside their points; points too close to tell apart share one ("p99.9 / max").
+    shown = [p for p in points if p[0] != "p99" and p[0] != "min" and (tail or p[0] in ("p50", "max"))]
+    groups: list[list] = []
+    for label, x, y in shown:
+        where = (_axes_fraction(x, lo, hi, log), (y - y_lo) / (y_hi - y_lo))
+        near = groups and abs(where[0] - groups[-1][2][0]) < 0.06 and abs(where[1] - groups[-1][2][1]) < 0.05
+        if near:
+            groups[-1][0] += f" / {label}"
+        else:
+            groups.append([label, (x, y), where])
+    for text, xy, where in groups:
+        left = where[0] > 0.15  # near the left edge: right of the point, off the tick labels
+        ax.annotate(text, xy, textcoords="offset points", xytext=(-6 if left else 6, 3),
+                    ha="right" if left else "left", fontsize=8, color="tab:blue")
+    p99 = data["p99_ms"]
+    if p99 is not None:
+        ax.plot([p99], [0.99], "o", color="tab:red", ms=8, zorder=4, label=f"p99 {_fmt_ms(p99)}")
+        right = _axes_fraction(p99, lo, hi, log) > 0.7
+        ax.annotate(f"p99 {_fmt_ms(p99)}", (p99, 0.99), textcoords="offset points",
+                    xytext=(-10 if right else 10, -13), ha="right" if right else "left",
+                    fontsize=9, color="tab:red", fontweight="bold")
+    if data["mean_ms"] is not None and not tail:
+        ax.axvline(data["mean_ms"], color="0.5", ls=":", lw=1, label=f"mean {_fmt_ms(data['mean_ms'])}")
+    if bound is not None:
+        ax.axvline(bound, color="tab:orange", ls="--", lw=1.8,
+                   label=f"latency bound {_fmt_ms(bound)} (for p99)")
+    ax.set_title("tail: 90 % to 100 % of the samples" if tail else "all samples", fontsize=10)
+    ax.set_xlabel("latency (ms)" + (", log scale" if log else ""))
+    ax.grid(True, which="both", alpha=0.3)
+
+
+def draw_latency_cdf(mpl, data: dict, path: Path) -> Path:
+    fig, (full, tail) = new_figure(mpl, 11, 4.8, ncols=2, margins=dict(
+        left=0.07, right=0.98, bottom=0.11, top=0.83, wspace=0.18))
+    _draw_cdf_panel(full, data, tail=False)
+    _draw_cdf_panel(tail, data, tail=True)
+    full.set_ylabel("fraction of samples at or below")
+    full.legend(loc="lower right", fontsize=8)
+    fig.suptitle(f"Latency CDF: {data['title']}\nthrough LoadGen's logged percentiles "
+                 "(min, p50, p90, p95, p97, p99, p99.9, max), not every sample", fontsize=11)
+    fig.savefig(path, dpi=DPI)
+    return path
+
+
+def draw_completed_over_time(mpl, data: dict, path: Path) -> Path:
+    fig, (top, bottom) = new_figure(mpl, 9, 6.2, nrows=2, sharex=True, height_ratios=[3, 2],
+                                     margins=dict(left=0.1, right=0.97, bottom=0.09, top=0.93,
+                                                  hspace=0.08))
+    top.plot(data["t_s"], data["completed"], "-", color="tab:blue", lw=1.8, marker=".", ms=4)
+    top.set_ylabel("samples completed")
+    top.yaxis.set_major_formatter(thousands_formatter())
+    if data["rate"]:
+        bottom.plot(data["rate_t_s"], data["rate"], "-", color="tab:green", lw=1.8, marker=".", ms=4,
+                    label=f"rate, averaged over the last {data['window_s']:g} s")
+    if data["target_qps"]:
+        bottom.axhline(data["target_qps"], color="tab:purple", ls=":", lw=1.2,
+                       label=f"{data['target_label']} {data['target_qps']:,.0f}/s")
+    bottom.set_ylabel("samples/s")
+    bottom.yaxis.set_major_formatter(thousands_formatter())
+    top_rate = max(data["rate"] + [data["target_qps"] or 0.0, 1.0])
+    bottom.set_ylim(0, top_rate * 1.18)
+    bottom.set_xlabel("seconds since StartTest (harness timeline, sampled every 0.5 s)")
+    if data["min_duration_s"]:
+        label = f"LoadGen's min duration {data['min_duration_s']:g} s"
+        for ax in (top, bottom):
+            ax.axvline(data["min_duration_s"], color="tab:orange", ls="--", lw=1.4,
+                       label=label if ax is top else None)
+        top.legend(loc="lower right", fontsize=8)
+    if bottom.get_legend_handles_labels()[0]:
+        bottom.legend(loc="lower right", fontsize=8)
+    for ax in (top, bottom):
+        ax.grid(True, alpha=0.3)
+    top.set_xlim(left=0)
+    fig.suptitle(f"Completed samples over time: {data['title']}", fontsize=11)
+    fig.savefig(path, dpi=DPI)
+    return path
+
+
+def thousands_formatter():
+    from matplotlib.ticker import FuncFormatter
+
+    return FuncFormatter(lambda x, _pos: f"{x:,.0f}")
+
+
+def read_report(run_dir: Path) -> dict:
+    """report.json of a run folder, with a UserError (problem and fix) when it is missing or broken."""
+    path = Path(run_dir) / "report.json"
+    if not path.is_file():
+        raise UserError(f"{run_dir} has no report.json",
+                        "give a run folder written by `trtfuse run` (it holds report.json)")
+    try:
+        report = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise UserError(f"{path} is not JSON ({e})",
+                        "run the test again, or give another run folder") from None
+    if not isinstance(report, dict):
+        raise UserError(f"{path} is not a trtfuse report (not a JSON object)",
+                        "give a run folder written by `trtfuse run`")
+    return report
+
+
+def write_run_plots(run_dir, report: dict | None = None) -> list[Path]:
+    """Write the run's pictures into ``run_dir``; return their paths (none without matplotlib).
+
+    ``report``: the run's report (default: ``run_dir/report.json``). Never fails a run for a picture:
+    one that cannot be drawn is named on stderr and left out.
+    """
+    run_dir = Path(run_dir)
+    if report is None:
+        report = read_report(run_dir)
+    mpl = load_matplotlib()
+    if mpl is None:
+        return []
+    jobs = [(LATENCY_CDF, latency_cdf_data, draw_latency_cdf),
+            (COMPLETED_OVER_TIME, timeline_data, draw_completed_over_time)]
+    written = []
+    for name, data_of, draw in jobs:
+        data = data_of(report)
+        if data is None:
+            continue
+        try:
+            written.append(draw(mpl, data, run_dir / name))
+        except Exception as e:  # noqa: BLE001 - a picture must not fail a finished run
+            print(f"trtfuse: could not draw {name}: {e!r}", file=sys.stderr)
+    return written
