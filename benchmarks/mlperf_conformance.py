@@ -2,7 +2,7 @@
 Offline run, Server, TEST01/TEST04 judged by MLCommons' scripts, and MLCommons' ImageNet scorer.
 
 A thin caller of the harness (``trtfuse.cli.run``, ``trtfuse.compliance.run_compliance``); it adds
-only the device bundle (resnet50_e2e.py's stashed models and int8 images) and the JSON of
+only the device bundle (tools/device_bundle.py's stashed models and int8 images) and the JSON of
 benchmarks/results/mlperf_conformance_h100.json. ResNet-50 has random weights: performance only.
 
     python3.10 benchmarks/mlperf_conformance.py run --stages STAGES [--mlperf-dir DIR] [--out FILE]
@@ -33,7 +33,9 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from resnet50_e2e import BundleImages, Results, log  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
+from device_bundle import STASH, BundleImages, log  # noqa: E402
+from resnet50_e2e import Results  # noqa: E402
 
 STAGES = ("engine", "accuracy", "server", "offline-short", "offline-official", "compliance-server",
           "compliance-offline")
@@ -70,7 +72,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("cmd", choices=["run"])
     p.add_argument("--stages", default=",".join(s for s in STAGES if s != "offline-official"))
-    p.add_argument("--bundle", type=Path, default=Path("/tmp/trtfuse-e2e"))
+    p.add_argument("--bundle", type=Path, default=STASH)
     p.add_argument("--out", type=Path, default=Path("/tmp/trtfuse-conf/mlperf_conformance_h100.json"))
     p.add_argument("--mlperf-dir", default=str(Path(__file__).resolve().parent.parent / ".devcache" / "mlperf"))
     p.add_argument("--offline-batch", type=int, default=2048)

@@ -1,23 +1,14 @@
-"""End-to-end int8 run: quantize + rewrite here (CPU), build and measure on the GPU machine (TensorRT 8.5).
+"""End-to-end int8 run on the GPU machine (TensorRT 8.5): ResNet-50 and EfficientNet-Lite0 engines,
+plugins off and on, measured: a thin caller of the harness (build_engine, the TensorRT backend,
+`trtfuse profile`'s profile_engine, LoadGen runs) over the device bundle of tools/device_bundle.py.
 
-Three steps, because the GPU machine has TensorRT but no torch/opencv and a call carries <= 64 MiB:
+    python tools/device_bundle.py prepare --bundle .devcache/e2e     # here (CPU): the bundle
+    python3.10 tools/device_bundle.py stash                           # GPU machine, once per carried part
+    python3.10 benchmarks/resnet50_e2e.py run [--stages ...]         # GPU machine
 
-  prepare (here, Python 3.11 with torch + onnxruntime):
-      python benchmarks/resnet50_e2e.py prepare --bundle .devcache/e2e
-    exports both models, calibrates on the fixed calibration subset of ../shared/data/imagenet-sample
-    (sorted index % 7 == 0), picks EfficientNet-Lite0's calibration method by measured ONNX Runtime
-    top-1 on the other images, writes the Q/DQ models (int8 weights: ResNet-50 ~26 MB), the
-    evaluation images already quantized to the int8 input of the EfficientNet engine, and the CPU
-    numbers (fp32 top-1, per-method int8 top-1, rewrite counts and CPU agreement) into the bundle:
-      .devcache/e2e/models   (models, labels, prepare.json)   .devcache/e2e/images0..2 (int8 images)
-  stash (GPU machine, once per carried part): copies what was carried into /tmp/trtfuse-e2e, which
-    outside the work tree survives the next calls.
-  run (GPU machine, Python 3.10 + TensorRT 8.5):
-      python3.10 benchmarks/resnet50_e2e.py run [--stages ...]; cp -r /tmp/trtfuse-e2e/results $OUT/
-    stages (each guarded: a failure is recorded in "errors" and the next stage runs; results merge
-    into --out, default /tmp/trtfuse-e2e/results/resnet50_e2e_h100.json beside the LoadGen logs, so
-    stages can be spread over several calls): build, engine, profile, agreement, accuracy, offline,
-    server.
+Stages (each guarded: a failure is recorded in "errors" and the next stage runs; results merge into
+--out, default /tmp/trtfuse-e2e/results/resnet50_e2e_h100.json beside the LoadGen logs, so stages can
+be spread over several calls): build, engine, profile, agreement, accuracy, offline, server.
 """
 
 from __future__ import annotations
@@ -25,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import sys
 import time
 import traceback
@@ -34,127 +24,10 @@ from pathlib import Path
 import numpy as np
 
 REPO = Path(__file__).resolve().parent.parent
-IMAGES = REPO.parent / "shared" / "data" / "imagenet-sample"
-MODELS = ("resnet50", "efficientnet-lite0")
-METHODS = (("max", None), ("percentile", 99.99), ("percentile", 99.999), ("entropy", None))
-IMAGE_PARTS = 3
+sys.path.insert(0, str(REPO / "tools"))
+from device_bundle import STASH, BundleImages, log  # noqa: E402
+
 STAGES = ("build", "engine", "profile", "agreement", "accuracy", "offline", "server")
-
-
-def log(msg: str) -> None:
-    print(f"[e2e {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
-
-
-# ============================================================================= prepare (CPU)
-def prepare(bundle: Path, methods=METHODS, agreement_images: int = 64) -> dict:
-    import onnx
-    from trtfuse.data import open_dataset
-    from trtfuse.engine import QDQ_FILE, QUANT_META
-    from trtfuse.models import prepare as prepare_model
-    from trtfuse.models.bn_fold import fold_pad_into_conv
-    from trtfuse.models.quantize import calibrate, calibration_split, quantize, top1_onnxruntime
-    from trtfuse.models.residual_conv_rewrite import (
-        compare_logits,
-        evaluate_with_reference,
-        rewrite,
-    )
-
-    models_dir = bundle / "models"
-    if bundle.exists():
-        shutil.rmtree(bundle)
-    models_dir.mkdir(parents=True)
-    report = {"calibration_rule": "images of ../shared/data/imagenet-sample in sorted-name order whose "
-                                  "index % 7 == 0 calibrate; all others evaluate", "models": {}}
-    chosen = None
-    for name in ("efficientnet-lite0", "resnet50"):  # EfficientNet first: it picks the method
-        pm = prepare_model(name)
-        ds = open_dataset(IMAGES, pm.preprocess)
-        calib, evaluation = calibration_split(ds.names)
-        fp32, pads = fold_pad_into_conv(onnx.load(pm.onnx_path))
-        log(f"{name}: calibrating on {len(calib)} images, {len(evaluation)} for evaluation")
-        imgs = ds.images(calib)
-        stats = calibrate(fp32, [imgs[i:i + 16] for i in range(0, len(imgs), 16)])
-        entry = {"calibration_images": len(calib), "evaluation_images": len(evaluation),
-                 "folded_pad": pads}
-        eval_x, eval_y = ds.images(evaluation), ds.labels[evaluation]
-        if name == "efficientnet-lite0":
-            entry["fp32_top1_onnxruntime"], _ = top1_onnxruntime(fp32, eval_x, eval_y)
-            log(f"{name}: fp32 top-1 {entry['fp32_top1_onnxruntime']:.4f}")
-            entry["int8_top1_onnxruntime"] = {}
-            best = None
-            for method, pct in methods:
-                label = method if pct is None else f"{method}-{pct}"
-                result = quantize(fp32, stats, method, pct or 99.99)
-                acc, _ = top1_onnxruntime(result.model, eval_x, eval_y)
-                entry["int8_top1_onnxruntime"][label] = acc
-                log(f"{name}: int8 ({label}) top-1 {acc:.4f}")
-                if best is None or acc > best[0]:  # ties keep the earlier (simpler) method
-                    best = (acc, method, pct, result)
-            _, method, pct, result = best
-            chosen = (method, pct)
-        else:
-            method, pct = chosen
-            result = quantize(fp32, stats, method, pct or 99.99)
-        entry.update(method=method, percentile=pct, folded_bn=result.folded_bn,
-                     activation_qdq=result.activation_qdq, weight_qdq=result.weight_qdq,
-                     identity_adds=result.identity_adds)
-        out_dir = models_dir / name
-        out_dir.mkdir()
-        onnx.save(result.model, out_dir / QDQ_FILE)
-        meta = pm.to_json()
-        meta["onnx_path"] = QDQ_FILE  # the bundle carries the int8 model only
-        meta["notes"] = {**meta.get("notes", {}), "bundle": "int8 Q/DQ model only (benchmarks/resnet50_e2e.py)"}
-        (out_dir / "model.json").write_text(json.dumps(meta, indent=1) + "\n")
-        (out_dir / QUANT_META).write_text(json.dumps(
-            {"calibration": str(IMAGES), "method": method, "percentile": pct, "every": 7,
-             "calibration_images": [ds.names[i] for i in calib]}, indent=1) + "\n")
-
-        rewritten, n = rewrite(result.model)
-        entry["plugin_tails_replaced"] = n
-        k = min(agreement_images, len(evaluation))
-        _, ref = top1_onnxruntime(result.model, eval_x[:k], eval_y[:k], progress=False)
-        got = evaluate_with_reference(rewritten, {pm.input_name: eval_x[:k]})[0]
-        entry["rewrite_cpu_check"] = compare_logits(ref, got)
-        log(f"{name}: {n} tails -> TrtfuseResidualConv; CPU check {entry['rewrite_cpu_check']}")
-
-        if name == "efficientnet-lite0":
-            scale = _input_scale(result.model)
-            q = np.clip(np.rint(eval_x / scale), -128, 127).astype(np.int8)
-            for part, chunk in enumerate(np.array_split(np.arange(len(q)), IMAGE_PARTS)):
-                d = bundle / f"images{part}"
-                d.mkdir()
-                np.save(d / f"eval_int8_{part}.npy", q[chunk])
-            np.save(models_dir / "eval_labels.npy", eval_y)
-            (models_dir / "eval_names.txt").write_text("\n".join(ds.names[i] for i in evaluation) + "\n")
-            entry["input_scale"] = scale
-        report["models"][name] = entry
-    (models_dir / "prepare.json").write_text(json.dumps(report, indent=1) + "\n")
-    for d in sorted(bundle.iterdir()):
-        size = sum(f.stat().st_size for f in d.rglob("*") if f.is_file())
-        log(f"bundle part {d}: {size / 2**20:.1f} MiB")
-    return report
-
-
-def _input_scale(model) -> float:
-    from onnx import numpy_helper
-
-    inits = {t.name: t for t in model.graph.initializer}
-    first = next(n for n in model.graph.node if n.op_type == "QuantizeLinear"
-                 and n.input[0] == model.graph.input[0].name)
-    return float(numpy_helper.to_array(inits[first.input[1]]))
-
-
-# ============================================================================= stash (device)
-def stash(carried: Path, dest: Path) -> None:
-    """Copy the carried bundle parts to ``dest`` (outside the work tree, kept between calls)."""
-    dest.mkdir(parents=True, exist_ok=True)
-    for part in sorted(carried.iterdir()):
-        if part.is_dir():
-            shutil.copytree(part, dest / part.name, dirs_exist_ok=True)
-            log(f"stashed {part.name}")
-    have = sorted(p.name for p in dest.iterdir())
-    missing = [p for p in ["models", *(f"images{i}" for i in range(IMAGE_PARTS))] if p not in have]
-    log(f"{dest} holds {have}; missing: {missing or 'nothing'}")
 
 
 # ============================================================================= run (device)
@@ -180,23 +53,6 @@ class Results:
     def engine_sps(self, model, batch, plugins):
         return next((r["samples_per_s"] for r in self.data["engine"]
                      if r["model"] == model and r["batch"] == batch and r["plugins"] == plugins), None)
-
-
-class BundleImages:
-    """The carried int8 evaluation images as a dataset (``names``, ``labels``, ``images(idx)``)."""
-
-    def __init__(self, bundle: Path):
-        parts = [np.load(bundle / f"images{i}" / f"eval_int8_{i}.npy", mmap_mode="r")
-                 for i in range(IMAGE_PARTS)]
-        self.array = np.concatenate(parts)
-        self.labels = np.load(bundle / "models" / "eval_labels.npy")
-        self.names = (bundle / "models" / "eval_names.txt").read_text().split()
-
-    def __len__(self) -> int:
-        return len(self.array)
-
-    def images(self, indices) -> np.ndarray:
-        return self.array[np.asarray(indices, dtype=np.int64).reshape(-1)]
 
 
 INPUT_FORMAT = os.environ.get("E2E_INPUT_FORMAT", "int8")  # "float" if int8 input will not build
@@ -227,35 +83,12 @@ def is_tail_layer(name: str) -> bool:
     return "Add" in name or "TrtfuseResidualConv" in name
 
 
-def layer_times(trt, backend, batch: int, runs: int = 20) -> dict[str, float]:
-    """Mean ms per layer over ``runs`` plain (graph-free) runs of the backend's first slot."""
-    class Profiler(trt.IProfiler):
-        def __init__(self):
-            trt.IProfiler.__init__(self)
-            self.ms: dict[str, float] = {}
-
-        def report_layer_time(self, layer_name, ms):
-            self.ms[layer_name] = self.ms.get(layer_name, 0.0) + ms
-
-    slot = backend.slots[0]
-    slot.context.set_input_shape(slot.in_name, (batch, *slot.in_shape))
-    slot.shape_n = batch
-    for _ in range(3):  # warm-up, unprofiled
-        slot.context.execute_async_v3(slot.stream.ptr)
-    slot.stream.synchronize()
-    prof = Profiler()
-    slot.context.profiler = prof
-    for _ in range(runs):
-        slot.context.execute_async_v3(slot.stream.ptr)
-        slot.stream.synchronize()
-    return {k: v / runs for k, v in prof.ms.items()}
-
-
 def run(bundle: Path, out: Path, stages, batches, seconds: float, server_batch: int = 256,
         server_tries: int = 5, offline_streams: int = 2, server_streams: int = 2,
         server_serial: bool = True, server_start_qps: float = 0.0, offline_serial: bool = True) -> int:
     import tensorrt as trt
     from trtfuse import cuda_runtime
+    from trtfuse.engine_inspect import profile_engine
 
     res = Results(out)
     try:
@@ -310,12 +143,9 @@ def run(bundle: Path, out: Path, stages, batches, seconds: float, server_batch: 
         b = max(batches)
         res.data["profile"] = {}
         for p in (False, True):
-            backend, _ = _backend(bundle, "resnet50", b, p)
-            try:
-                layers = layer_times(trt, backend, b)
-            finally:
-                backend.close()
-            total = sum(layers.values())
+            prof = profile_engine(_engine(bundle, "resnet50", b, p), b)
+            layers = {r["layer"]: r["ms"] for r in prof["layers"]}
+            total = prof["total_ms"]
             tails = {k: v for k, v in layers.items() if is_tail_layer(k)}
             res.data["profile"]["plugins" if p else "no_plugins"] = {
                 "batch": b, "total_ms": round(total, 3), "tail_ms": round(sum(tails.values()), 3),
@@ -443,14 +273,8 @@ def run(bundle: Path, out: Path, stages, batches, seconds: float, server_batch: 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="cmd", required=True)
-    a = sub.add_parser("prepare", help="CPU: quantize, check, write the bundle")
-    a.add_argument("--bundle", type=Path, default=REPO / ".devcache" / "e2e")
-    a.add_argument("--methods", default="all", help="comma list of max,percentile-99.99,... or all")
-    b = sub.add_parser("stash", help="device: copy carried bundle parts to --dest")
-    b.add_argument("--carried", type=Path, default=REPO / ".devcache" / "e2e")
-    b.add_argument("--dest", type=Path, default=Path("/tmp/trtfuse-e2e"))
     c = sub.add_parser("run", help="device: build engines and measure")
-    c.add_argument("--bundle", type=Path, default=Path("/tmp/trtfuse-e2e"))
+    c.add_argument("--bundle", type=Path, default=STASH)
     # Outside the work tree: stages spread over several device calls add to one file (copy it to
     # $OUT at the end of each call to get it back).
     c.add_argument("--out", type=Path, default=Path("/tmp/trtfuse-e2e/results/resnet50_e2e_h100.json"))
@@ -469,14 +293,6 @@ def main(argv=None) -> int:
     c.add_argument("--server-serial-compute", action=argparse.BooleanOptionalAction, default=True)
     c.add_argument("--server-tries", type=int, default=5, help="Server runs in the QPS search (~15 s each)")
     args = p.parse_args(argv)
-    if args.cmd == "prepare":
-        methods = METHODS if args.methods == "all" else [
-            (m.split("-")[0], float(m.split("-")[1]) if "-" in m else None) for m in args.methods.split(",")]
-        prepare(args.bundle, methods)
-        return 0
-    if args.cmd == "stash":
-        stash(args.carried, args.dest)
-        return 0
     stages = [s for s in args.stages.split(",") if s]
     unknown = set(stages) - set(STAGES)
     if unknown:

@@ -13,6 +13,8 @@
 # --stages STAGES, extra arguments from $CONF_ARGS), conf-bg:STAGES (the same, detached with setsid, for
 # runs longer than one call: logs/conf-bg.log), conf-wait (wait up to $WAIT_S s for conf-bg to end).
 # conf* need the MLCommons scripts carried in .devcache/mlperf (a copy of ../shared/third_party/mlperf).
+# qs-stash (keep carried .devcache/qs/{val,calib,models}), quickstart (benchmarks/gpu_quickstart.py: the
+# README's GPU quick start verbatim, then profile and compare of the ResNet-50 engines).
 # A failing step does not stop the next. Logs and results accumulate in /tmp/trtfuse-results (outside
 # the work tree, which each call replaces); $OUT gets the JSON results and logs.tgz (at most 8 files come back).
 # Exit status: the number of failed steps.
@@ -30,6 +32,8 @@ mkdir -p "$OUT" "$RESULTS/logs"
 export PYTHONUNBUFFERED=1
 export TRTFUSE_BUILD_DIR=/tmp/trtfuse-build   # kept between calls on a warm machine
 export TRTFUSE_PLUGIN_LIB=$TRTFUSE_BUILD_DIR/libtrtfuse_plugins.so
+# This machine's TensorRT 8.5 has no cuBLAS/cuDNN to load: every engine build leaves their tactics out.
+export TRTFUSE_TACTIC_SOURCES=none
 # The fused conv's tile choice: this machine's fresh tuning if a conv-kernel step ran, else the committed one.
 tuned=$RESULTS/residual_conv_tuning_h100.json
 [ -f "$tuned" ] || tuned=$PWD/benchmarks/results/residual_conv_tuning_h100.json
@@ -64,7 +68,7 @@ for step in "$@"; do
             LD_LIBRARY_PATH=/tmp/cublas11:$LD_LIBRARY_PATH TRTFUSE_TACTIC_SOURCES=cublas \
                 run_step minilm-cublas python3.10 benchmarks/minilm_trt.py check --out "$RESULTS/minilm_trt.json" ;;
         probe) run_step probe python3.10 benchmarks/serving_probe.py --out "$RESULTS/serving_probe.json" ;;
-        e2e-stash) run_step e2e-stash python3.10 benchmarks/resnet50_e2e.py stash ;;
+        e2e-stash) run_step e2e-stash python3.10 tools/device_bundle.py stash ;;
         e2e:*) run_step "e2e-${step#e2e:}" python3.10 benchmarks/resnet50_e2e.py run \
                    --out "$RESULTS/resnet50_e2e_h100.json" --stages "${step#e2e:}" ${E2E_ARGS:-} ;;
         conf:*) run_step "conf-${step#conf:}" python3.10 benchmarks/mlperf_conformance.py run \
@@ -80,6 +84,16 @@ for step in "$@"; do
                    while [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null && [ $((SECONDS - t0)) -lt "${WAIT_S:-500}" ]; do sleep 5; done
                    if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; then echo "=== conf-bg still running"; else echo "=== conf-bg ended"; fi
                    tail -n "${TAIL:-12}" "$RESULTS/logs/conf-bg.log" ;;
+        qs-stash)  # carried .devcache/qs/{val,calib,models}: kept in /tmp/qs (outside the work tree)
+            mkdir -p /tmp/qs /tmp/trtfuse-home/models
+            for d in val calib; do [ -d .devcache/qs/$d ] && cp -r .devcache/qs/$d /tmp/qs/; done
+            [ -d .devcache/qs/models ] && cp -r .devcache/qs/models/. /tmp/trtfuse-home/models/
+            ls /tmp/qs /tmp/trtfuse-home/models ;;
+        quickstart)  # README's GPU quick start verbatim: `trtfuse` on PATH, the stashed images and model
+            mkdir -p /tmp/bin && printf '#!/bin/sh\nexec python3.10 -m trtfuse "$@"\n' > /tmp/bin/trtfuse && chmod +x /tmp/bin/trtfuse
+            PATH=/tmp/bin:$PATH TRTFUSE_HOME=/tmp/trtfuse-home run_step quickstart python3.10 benchmarks/gpu_quickstart.py \
+                --images /tmp/qs/val --calibration /tmp/qs/calib --resnet50 /tmp/trtfuse-e2e/models/resnet50 \
+                --out "$RESULTS/gpu_quickstart_h100.json" ;;
         *) echo "unknown step $step"; failed=$((failed + 1)) ;;
     esac
 done
