@@ -96,6 +96,7 @@ def run(args, stages) -> int:
     from trtfuse import cli, cuda_runtime, mlperf_tools
     from trtfuse.compliance import run_compliance
     from trtfuse.engine import BuildConfig, build_engine
+    from trtfuse.qps_search import search_server_qps
     from trtfuse.models import load_prepared
 
     res = Results(args.out)
@@ -217,25 +218,20 @@ def run(args, stages) -> int:
     def server():
         b = args.server_batch
         model, backend = resnet(b)
-        qps, lo, hi = args.server_start_qps, None, None
         tried = d.setdefault("server_search", [])
+
+        def passes(qps):
+            r = loadgen_run("server", b, results_dir / "server-search" / f"try{len(tried)}", backend_model=(model, backend),
+                            **{"server.target_qps": qps, "server.min_duration_ms": 15000})
+            sm = summary(r)
+            tried.append({k: sm[k] for k in ("target_qps", "completed_samples_per_s", "p99_ms", "valid")})
+            log(f"server target {qps:,.0f}: valid {sm['valid']} p99 {sm['p99_ms']:.2f} ms")
+            res.save()
+            return sm["valid"] and sm["p99_ms"] <= 15.0
+
         try:
-            for i in range(args.server_tries):
-                r = loadgen_run("server", b, results_dir / "server-search" / f"try{len(tried)}", backend_model=(model, backend),
-                                **{"server.target_qps": qps, "server.min_duration_ms": 15000})
-                sm = summary(r)
-                ok = sm["valid"] and sm["p99_ms"] <= 15.0
-                tried.append({k: sm[k] for k in ("target_qps", "completed_samples_per_s", "p99_ms", "valid")})
-                log(f"server target {qps:,.0f}: valid {sm['valid']} p99 {sm['p99_ms']:.2f} ms")
-                res.save()
-                if ok:
-                    lo = qps
-                    qps = (qps + hi) / 2 if hi else qps * 1.05
-                else:
-                    hi = qps
-                    qps = (lo + qps) / 2 if lo else qps * 0.9
-            good = [t for t in tried if t["valid"] and t["p99_ms"] <= 15.0]
-            target = 0.98 * max(t["target_qps"] for t in good) if good else 0.8 * args.server_start_qps
+            best, _ = search_server_qps(passes, args.server_start_qps, args.server_tries)
+            target = 0.98 * best if best else 0.8 * args.server_start_qps
             r = loadgen_run("server", b, results_dir / "server" / "performance" / "run_1", backend_model=(model, backend),
                             **{"server.target_qps": target, "server.min_duration_ms": int(args.server_s * 1000)})
             r_acc = loadgen_run("server", b, results_dir / "server" / "accuracy", mode="accuracy",

@@ -89,6 +89,7 @@ def run(bundle: Path, out: Path, stages, batches, seconds: float, server_batch: 
     import tensorrt as trt
     from trtfuse import cuda_runtime
     from trtfuse.engine_inspect import profile_engine
+    from trtfuse.qps_search import search_server_qps
 
     res = Results(out)
     try:
@@ -235,14 +236,11 @@ def run(bundle: Path, out: Path, stages, batches, seconds: float, server_batch: 
 
     def server():
         offline_sps = (res.data.get("offline") or {}).get("samples_per_s") or 10000.0
-        # Start at the bar (85 % of Offline); step up after a pass, bisect down after a failure.
-        # Tries add to earlier calls' (other settings); "server" is the best valid one of all.
-        qps, lo, hi = server_start_qps or 0.85 * offline_sps, None, None
         tried = res.data.setdefault("server_search", [])
-        for _ in range(server_tries):
+
+        def passes(qps):
             r = loadgen("server", server_batch, target_qps=qps)
             p99 = (r.get("latency_ns", {}).get("99.00") or 0) / 1e6
-            ok = bool(r.get("valid")) and p99 <= 15.0
             tried.append({"target_qps": round(qps, 1), "valid": r.get("valid"), "p99_ms": round(p99, 3),
                           "batch": server_batch, "streams": server_streams, "serial_compute": server_serial,
                           "graph_buckets": r.get("graph_buckets"),
@@ -251,12 +249,11 @@ def run(bundle: Path, out: Path, stages, batches, seconds: float, server_batch: 
                           "invalid_reasons": r.get("invalid_reasons")})
             log(f"server target {qps:,.0f} valid {r.get('valid')} p99 {p99:.2f} ms")
             res.save()
-            if ok:
-                lo = qps
-                qps = (qps + hi) / 2 if hi else qps * 1.1
-            else:
-                hi = qps
-                qps = (lo + qps) / 2 if lo else qps * 0.6
+            return bool(r.get("valid")) and p99 <= 15.0
+
+        # Start at the bar (85 % of Offline); step up after a pass, bisect down after a failure.
+        # Tries add to earlier calls' (other settings); "server" is the best valid one of all.
+        search_server_qps(passes, server_start_qps or 0.85 * offline_sps, server_tries, up=1.1, down=0.6)
         valid = [t for t in tried if t["valid"] and t["p99_ms"] <= 15.0]
         best = max(valid, key=lambda t: t["target_qps"]) if valid else tried[-1]
         res.data["server"] = {"model": "resnet50", "qps": best["target_qps"], "p99_ms": best["p99_ms"],
