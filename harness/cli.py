@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import sys
 import time
@@ -337,22 +338,11 @@ def _cmd_compliance(args) -> int:
     return 0 if verdict["passed"] else 1
 
 
-def _cmd_engine_inspect(args) -> int:
-    from trtfuse import engine_inspect
-
-    return {"profile": engine_inspect.cmd_profile, "compare": engine_inspect.cmd_compare}[args.command](args)
-
-
-def _cmd_report(args) -> int:
-    from trtfuse.compare_runs import main as report_main
-
-    return report_main(args)
-
-
-def _cmd_submission(args) -> int:
-    from trtfuse.submission import main as submission_main
-
-    return submission_main(args)
+# Sub-commands whose parser and code live in their own module: command -> (module, function(args)).
+MODULE_COMMANDS = {"submission": ("trtfuse.submission", "main"),
+                   "profile": ("trtfuse.engine_inspect", "cmd_profile"),
+                   "compare": ("trtfuse.engine_inspect", "cmd_compare"),
+                   "report": ("trtfuse.compare_runs", "main")}
 
 
 def _delegate(command: str, argv: list[str]) -> int:
@@ -378,9 +368,11 @@ def main(argv: list[str] | None = None) -> int:
         args.argv = argv
         if args.command is None:
             return _cmd_demo()
+        if args.command in MODULE_COMMANDS:
+            module, function = MODULE_COMMANDS[args.command]
+            return getattr(importlib.import_module(module), function)(args)
         commands = {"prepare": _cmd_prepare, "run": _cmd_run, "accuracy": _cmd_accuracy,
-                    "compliance": _cmd_compliance, "submission": _cmd_submission,
-                    "profile": _cmd_engine_inspect, "compare": _cmd_engine_inspect, "report": _cmd_report}
+                    "compliance": _cmd_compliance}
         return commands[args.command](args)
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)

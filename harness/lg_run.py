@@ -21,7 +21,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import mlperf_loadgen as lg
-import numpy as np
 from trtfuse.errors import UserError
 from trtfuse.lg_monitor import RunMonitor
 from trtfuse.lg_qsl import SampleLibrary
@@ -74,15 +73,19 @@ def loadgen_settings(settings: dict, total_count: int, measured_qps: float | Non
         psc = total_count
     ts.performance_sample_count_override = psc
     if scenario == "offline":
-        # LoadGen issues expected_qps x min_duration samples; finishing them sooner makes the run
-        # INVALID, so a warm-up estimate is padded to err on the long side.
-        ts.offline_expected_qps = section["target_qps"] or (measured_qps or 1.0) * 1.5
+        ts.offline_expected_qps = offline_expected_qps(section, measured_qps)
     else:
         ts.server_target_qps = section["target_qps"]
         if not official:
             ts.server_target_latency_ns = int(section["target_latency_ms"] * 1e6)
         ts.server_coalesce_queries = section["coalesce_queries"]
     return ts
+
+
+def offline_expected_qps(section: dict, measured_qps: float | None) -> float:
+    """The Offline target: the user's, else the warm-up's estimate. LoadGen issues expected_qps x
+    min_duration samples, and finishing them sooner makes the run INVALID: the estimate is padded."""
+    return section["target_qps"] or (measured_qps or 1.0) * 1.5
 
 
 def user_conf_lines(settings: dict, ts: lg.TestSettings) -> list[str]:
@@ -127,24 +130,29 @@ def audit_config_path(run_dir: Path, given: str) -> Path:
     return path
 
 
-def warm_up(backend, dataset, batch_size: int, batches: int) -> float | None:
-    """Run ``batches`` batches through the serving path (``classify_rows`` over rows of a store the
-    backend allocated, in its input type: what the QSL and the SUT will do); samples/s of all but the
-    first (which pays one-time setup). Timing plain ``infer`` instead would count a host conversion no
-    query pays, and an Offline run sized by it ends before its min duration."""
+def warm_up(backend, qsl: SampleLibrary, batch_size: int, batches: int) -> float | None:
+    """Run ``batches`` batches through the serving path: the first samples loaded into the QSL's store
+    (the backend's memory, its input type), answered by ``classify_rows`` as the SUT will; then
+    unloaded, leaving the store for LoadGen. Samples/s of all but the first batch (which pays
+    one-time setup). Timing plain ``infer`` instead counted a host conversion no query pays, and an
+    Offline run sized by it ended before its min duration."""
     if batches == 0:
         return None
-    images = backend.to_input(dataset.images(np.arange(min(batch_size, len(dataset)))))
-    store = backend.host_array(images.shape, images.dtype)
-    store[:] = images
-    rows = np.arange(len(images))
-    backend.classify_rows(store, rows)
-    if batches == 1:
-        return None
-    start = time.perf_counter()
-    for _ in range(batches - 1):
-        backend.classify_rows(store, rows)
-    return len(rows) * (batches - 1) / (time.perf_counter() - start)
+    indices = list(range(min(batch_size, qsl.total_count)))
+    qsl.load(indices)
+    rows = qsl.rows(indices)
+    try:
+        backend.classify_rows(qsl.store, rows)
+        if batches == 1:
+            return None
+        start = time.perf_counter()
+        for _ in range(batches - 1):
+            backend.classify_rows(qsl.store, rows)
+        return len(rows) * (batches - 1) / (time.perf_counter() - start)
+    finally:
+        qsl.unload(indices)
+        qsl.load_calls.clear()  # the record is of what LoadGen asked for
+        qsl.unload_calls.clear()
 
 
 def _cpu_seconds() -> float:
@@ -163,13 +171,15 @@ def run_loadgen(backend, model, dataset, settings: dict, run_dir: Path, progress
         raise UserError("the dataset has no images", "point --dataset at a folder with labelled images")
 
     audit_config = audit_config_path(run_dir, run["audit_config"])
-    measured = warm_up(backend, dataset, run["batch_size"], run["warmup_batches"])
-    ts = loadgen_settings(settings, total, measured)
+    ts = loadgen_settings(settings, total, None)
+    qsl = SampleLibrary(dataset, ts.performance_sample_count_override, backend)
+    measured = warm_up(backend, qsl, run["batch_size"], run["warmup_batches"])
+    if scenario == "offline":
+        ts.offline_expected_qps = offline_expected_qps(settings["offline"], measured)
     (run_dir / USER_CONF).write_text(
         "# What this run set on top of LoadGen's built-in mlperf.conf (written by trtfuse).\n"
         + "\n".join(user_conf_lines(settings, ts)) + "\n")
 
-    qsl = SampleLibrary(dataset, ts.performance_sample_count_override, backend)
     threads = run["threads"] or backend.concurrency
     common = {"batch_size": run["batch_size"], "threads": threads, "label_offset": model.label_offset}
     if scenario == "offline":

@@ -231,5 +231,7 @@ def test_warm_up_times_the_serving_path_not_plain_infer(tmp_path):
     model = tiny_model(tmp_path)
     backend = StoreFast()
     backend.load(model, 8)
-    rate = warm_up(backend, SyntheticDataset(16), 8, 4)
+    qsl = SampleLibrary(SyntheticDataset(16), 16, backend)
+    rate = warm_up(backend, qsl, 8, 4)
     assert rate > 8 / 0.02 * 5  # at least 5x what plain infer could reach
+    assert qsl.loaded_indices.size == 0 and qsl.load_calls == []  # nothing left for LoadGen to trip on
