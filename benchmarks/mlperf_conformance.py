@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-import traceback
 from pathlib import Path
 
 import numpy as np
@@ -109,18 +108,7 @@ def run(args, stages) -> int:
     resnet_images = TiledImages(images, max(PSC, len(images)))
 
     def stage(name, fn):
-        if name not in stages:
-            return
-        log(f"stage {name} ...")
-        t0 = time.time()
-        try:
-            fn()
-            d["errors"].pop(name, None)
-        except BaseException as e:  # noqa: BLE001 - record and go on
-            traceback.print_exc()
-            d["errors"][name] = f"{type(e).__name__}: {e}"
-        log(f"stage {name} done in {time.time() - t0:.0f} s")
-        res.save()
+        res.stage(name, fn, stages)
 
     def resnet(batch, top_k=5):
         from trtfuse.backends.tensorrt_backend import TensorRTBackend

@@ -44,6 +44,22 @@ class Results:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.path.write_text(json.dumps(self.data, indent=1) + "\n")
 
+    def stage(self, name: str, fn, stages) -> None:
+        """Run ``fn`` if ``name`` is one of ``stages``; a failure is recorded under "errors" (and the
+        next stage runs), a success clears an earlier one; saved either way."""
+        if name not in stages:
+            return
+        log(f"stage {name} ...")
+        t0 = time.time()
+        try:
+            fn()
+            self.data["errors"].pop(name, None)
+        except BaseException as e:  # noqa: BLE001 - record and go on to the next stage
+            traceback.print_exc()
+            self.data["errors"][name] = f"{type(e).__name__}: {e}"
+        log(f"stage {name} done in {time.time() - t0:.0f} s")
+        self.save()
+
     def set_engine(self, model: str, batch: int, plugins: bool, sps: float) -> None:
         rows = [r for r in self.data["engine"]
                 if not (r["model"] == model and r["batch"] == batch and r["plugins"] == plugins)]
@@ -103,18 +119,7 @@ def run(bundle: Path, out: Path, stages, batches, seconds: float, server_batch: 
     res.save()
 
     def stage(name, fn):
-        if name not in stages:
-            return
-        log(f"stage {name} ...")
-        t0 = time.time()
-        try:
-            fn()
-            res.data["errors"].pop(name, None)
-        except BaseException as e:  # noqa: BLE001 - record and go on to the next stage
-            traceback.print_exc()
-            res.data["errors"][name] = f"{type(e).__name__}: {e}"
-        log(f"stage {name} done in {time.time() - t0:.0f} s")
-        res.save()
+        res.stage(name, fn, stages)
 
     combos = [("resnet50", b, p) for b in batches for p in (False, True)] + \
              [("efficientnet-lite0", 256, p) for p in (False, True)]
