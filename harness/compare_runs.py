@@ -16,7 +16,8 @@ import textwrap
 from pathlib import Path
 
 from trtfuse.errors import UserError
-from trtfuse.plots import as_number, load_matplotlib, new_figure, read_report, thousands_formatter
+from trtfuse.plots import as_number, load_matplotlib, new_figure, thousands_formatter
+from trtfuse.report import read_report
 
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]*")
 

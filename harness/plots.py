@@ -12,12 +12,11 @@ it can make. The data each picture shows comes from ``latency_cdf_data`` and ``t
 
 from __future__ import annotations
 
-import json
 import math
 import sys
 from pathlib import Path
 
-from trtfuse.errors import UserError
+from trtfuse.report import read_report
 
 LATENCY_CDF = "latency_cdf.png"
 COMPLETED_OVER_TIME = "completed_over_time.png"
@@ -277,23 +276,6 @@ def thousands_formatter():
     from matplotlib.ticker import FuncFormatter
 
     return FuncFormatter(lambda x, _pos: f"{x:,.0f}")
-
-
-def read_report(run_dir: Path) -> dict:
-    """report.json of a run folder, with a UserError (problem and fix) when it is missing or broken."""
-    path = Path(run_dir) / "report.json"
-    if not path.is_file():
-        raise UserError(f"{run_dir} has no report.json",
-                        "give a run folder written by `trtfuse run` (it holds report.json)")
-    try:
-        report = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise UserError(f"{path} is not JSON ({e})",
-                        "run the test again, or give another run folder") from None
-    if not isinstance(report, dict):
-        raise UserError(f"{path} is not a trtfuse report (not a JSON object)",
-                        "give a run folder written by `trtfuse run`")
-    return report
 
 
 def write_run_plots(run_dir, report: dict | None = None) -> list[Path]:

@@ -6,6 +6,8 @@ import json
 import re
 from pathlib import Path
 
+from trtfuse.errors import UserError
+
 RANDOM_WEIGHTS_NOTE = "random weights: performance only"
 PERCENTILES = ("50.00", "90.00", "95.00", "97.00", "99.00", "99.90")
 LOADGEN_MODES = {"PerformanceOnly": "performance", "AccuracyOnly": "accuracy"}
@@ -72,6 +74,23 @@ def read_loadgen_results(run_dir: Path) -> dict:
     else:
         results["samples_per_s"] = logged.get("result_samples_per_second")
     return results
+
+
+def read_report(run_dir: Path) -> dict:
+    """report.json of a run folder, with a UserError (problem and fix) when it is missing or broken."""
+    path = Path(run_dir) / "report.json"
+    if not path.is_file():
+        raise UserError(f"{run_dir} has no report.json",
+                        "give a run folder written by `trtfuse run` (it holds report.json)")
+    try:
+        report = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise UserError(f"{path} is not JSON ({e})",
+                        "run the test again, or give another run folder") from None
+    if not isinstance(report, dict):
+        raise UserError(f"{path} is not a trtfuse report (not a JSON object)",
+                        "give a run folder written by `trtfuse run`")
+    return report
 
 
 def write_report(run_dir: Path, report: dict) -> Path:
