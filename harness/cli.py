@@ -10,6 +10,8 @@
   trtfuse profile ENGINE       per-layer times of an engine, which layers are trtfuse's (needs TensorRT)
   trtfuse compare A B ...      two engines on the same inputs: top-1 agreement, logit difference
   trtfuse report RUN ...       runs side by side: a table, NAME.json and NAME.png
+  trtfuse serve MODEL          a real Triton server (PyTriton) serving the model on our backend
+  trtfuse triton export ...    a Triton model repository for an engine (Triton's TensorRT backend)
   trtfuse plugins ...          build/check the CUDA kernels and TensorRT plugins
 """
 
@@ -45,7 +47,8 @@ def _add_run_arguments(p: argparse.ArgumentParser) -> None:
                    help="'demo', an ImageNet folder with val_map.txt, or a folder of <wnid>_*.JPEG")
     p.add_argument("--scenario", dest="run.scenario", choices=["offline", "server"])
     p.add_argument("--mode", dest="run.mode", choices=["performance", "accuracy"])
-    p.add_argument("--backend", dest="run.backend", choices=["auto", "onnxruntime", "tensorrt", "null"])
+    p.add_argument("--backend", dest="run.backend", choices=["auto", "onnxruntime", "tensorrt", "triton", "null"],
+                   help="what runs the batches (triton: Triton servers at --triton-url)")
     p.add_argument("--batch-size", dest="run.batch_size", type=int)
     p.add_argument("--sample-count", dest="run.sample_count", type=int,
                    help="use the first N images of the dataset (0: all)")
@@ -67,6 +70,17 @@ def _add_run_arguments(p: argparse.ArgumentParser) -> None:
                    help="TensorRT: the engine's input (int8: quantized on the host once, a quarter of the bytes)")
     p.add_argument("--plugins", dest="tensorrt.plugins", choices=["off", "tails", "all", "on"],
                    help="TensorRT: off, or tails: the bottleneck tails on trtfuse's fused kernels (on: the same)")
+    p.add_argument("--devices", dest="tensorrt.devices",
+                   help="TensorRT: the GPUs to run on, one engine each (all, or e.g. 0,1; default GPU 0)")
+    p.add_argument("--triton-url", dest="triton.url", metavar="HOST:PORT", nargs="+",
+                   help="--backend triton: the gRPC address of each server (several: each batch goes to the "
+                        "least busy); also comma-separated")
+    p.add_argument("--triton-model", dest="triton.model_name", help="--backend triton: the served model's "
+                   "name (default: the model's)")
+    p.add_argument("--triton-transport", dest="triton.transport", choices=["grpc", "shm"],
+                   help="--backend triton: pixels in the request (grpc) or in shared memory (shm: same host)")
+    p.add_argument("--triton-inflight", dest="triton.inflight", type=int,
+                   help="--backend triton: requests in flight per server")
     p.add_argument("--quiet", action="store_true", help="no progress output")
 
 
@@ -102,10 +116,13 @@ def _parser() -> argparse.ArgumentParser:
     _add_run_arguments(comp)
 
     from trtfuse import compare_runs, engine_inspect, submission
+    from trtfuse.triton import export, serve
 
     submission.add_parser(sub)
     engine_inspect.add_parsers(sub)
     compare_runs.add_parser(sub)
+    serve.add_parser(sub)
+    export.add_parser(sub)
     # Listed for --help only: main() hands these to their own parsers before this one runs.
     sub.add_parser("build", help="quantize and build a TensorRT engine (see `trtfuse build -h`)")
     sub.add_parser("plugins", help="build/check the CUDA kernels and TensorRT plugins (`trtfuse plugins -h`)")
@@ -125,6 +142,8 @@ def load_settings(args: argparse.Namespace) -> dict:
         if given:
             raise UserError(f"--official keeps mlperf.conf's values, but {', '.join(given)} would override them",
                             f"drop {', '.join(given)}, or drop --official for a quick run")
+    if isinstance(plain.get("triton.url"), list):  # --triton-url A B, or A,B: one comma-separated list
+        plain["triton.url"] = ",".join(plain["triton.url"])
     if plain.get("tensorrt.plugins") == "all":
         raise UserError("--plugins all needs kernels for every ResNet-50 conv, which trtfuse does not have yet",
                         "use --plugins tails or --plugins off")
@@ -181,8 +200,11 @@ def open_inputs(settings: dict, weights: str | None = None, progress: bool = Tru
     r = settings["run"]
     model = model or resolve_model(r["model"], weights)
     if backend is None:  # before the dataset: a model the backend rejects should not wait for JPEGs
-        trt = {k: v for k, v in settings["tensorrt"].items() if v != ""}
-        backend = create_backend(r["backend"], threads=r["backend_threads"], **trt)
+        # Each backend's own settings section: [triton] for Triton's client, else [tensorrt] (which
+        # onnxruntime and null ignore).
+        section = settings["triton" if r["backend"] == "triton" else "tensorrt"]
+        options = {k: v for k, v in section.items() if v != ""}
+        backend = create_backend(r["backend"], threads=r["backend_threads"], **options)
         backend.load(model, r["batch_size"])
     if dataset is None:
         from trtfuse.data import open_dataset
@@ -239,6 +261,8 @@ def run(settings: dict, progress: bool = True, weights: str | None = None,
                     "timeline": {"t_s": [t for t, _ in lg_run.timeline],
                                  "completed": [n for _, n in lg_run.timeline]}},
     }
+    if hasattr(backend, "lane_stats"):  # several GPUs or servers: what each lane answered
+        result["lanes"] = backend.lane_stats()
     if model.random_weights:
         result["note"] = report.RANDOM_WEIGHTS_NOTE
     if mode == "accuracy":
@@ -342,7 +366,9 @@ def _cmd_compliance(args) -> int:
 MODULE_COMMANDS = {"submission": ("trtfuse.submission", "main"),
                    "profile": ("trtfuse.engine_inspect", "cmd_profile"),
                    "compare": ("trtfuse.engine_inspect", "cmd_compare"),
-                   "report": ("trtfuse.compare_runs", "main")}
+                   "report": ("trtfuse.compare_runs", "main"),
+                   "serve": ("trtfuse.triton.serve", "main"),
+                   "triton": ("trtfuse.triton.export", "main")}
 
 
 def _delegate(command: str, argv: list[str]) -> int:

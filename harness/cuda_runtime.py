@@ -1,4 +1,4 @@
-"""A small checked layer over the CUDA runtime from cuda-python: memory, streams, events, graphs.
+"""A small checked layer over the CUDA runtime from cuda-python: devices, memory, streams, events, graphs.
 
 cuda-python names the module ``cuda.bindings.runtime`` (12.x later, 13.x) or ``cuda.cudart``
 (older); both are tried. Every call returns ``(err, *values)`` there: ``check`` turns a failure into
@@ -46,6 +46,12 @@ def require_gpu() -> None:
                         "run on a machine with an NVIDIA GPU and driver, or use --backend onnxruntime")
 
 
+def set_device(device: int) -> None:
+    """Make ``device`` current for the calling host thread. The current device is per thread, and
+    any thread may call any GPU's backend, so a backend sets its own at the start of every call."""
+    check(cudart.cudaSetDevice(int(device)), f"cudaSetDevice({device})")
+
+
 def device_name(device: int = 0) -> str:
     props = check(cudart.cudaGetDeviceProperties(device), "cudaGetDeviceProperties")
     name = props.name
@@ -66,12 +72,17 @@ class DeviceBuffer:
 
 
 class PinnedBuffer:
-    """Page-locked host memory viewed as a numpy array (async copies need pinned memory)."""
+    """Page-locked host memory viewed as a numpy array (async copies need pinned memory).
+
+    Always portable (cudaHostAllocPortable): pinned for every GPU, not only the one current at
+    allocation, so one QSL store can feed the lanes of several GPUs. No flag to choose: on one GPU
+    it is the same allocation as cudaMallocHost, so there is nothing to gain by leaving it out."""
 
     def __init__(self, shape, dtype):
         self.dtype = np.dtype(dtype)
         self.nbytes = int(np.prod(shape)) * self.dtype.itemsize
-        self.ptr = int(check(cudart.cudaMallocHost(max(self.nbytes, 1)), f"cudaMallocHost({self.nbytes})"))
+        self.ptr = int(check(cudart.cudaHostAlloc(max(self.nbytes, 1), cudart.cudaHostAllocPortable),
+                             f"cudaHostAlloc({self.nbytes}, portable)"))
         import ctypes
 
         raw = (ctypes.c_byte * max(self.nbytes, 1)).from_address(self.ptr)
@@ -131,9 +142,11 @@ def copy_htod_async(dst: DeviceBuffer | int, src: PinnedBuffer, nbytes: int, str
                                  stream.handle), "cudaMemcpyAsync H2D")
 
 
-def copy_rows_htod_async(dst: DeviceBuffer | int, srcs: np.ndarray, row_bytes: int, stream: Stream) -> None:
+def copy_rows_htod_async(dst: DeviceBuffer | int, srcs: np.ndarray, row_bytes: int, stream: Stream,
+                         device: int | None = None) -> None:
     """Copy ``len(srcs)`` rows of ``row_bytes`` from page-locked host addresses ``srcs`` to consecutive
     device rows at ``dst``, in stream order: a batch assembled on the device, never on the host.
+    ``device``: the GPU of ``dst`` and ``stream`` (None: the current one).
 
     Runs of consecutive source rows go as one copy. The copies are handed over in one
     cudaMemcpyBatchAsync (CUDA 12.8+; one call, not one per row, is what keeps a 2048-row batch cheap
@@ -150,7 +163,7 @@ def copy_rows_htod_async(dst: DeviceBuffer | int, srcs: np.ndarray, row_bytes: i
     if len(starts) > 1 and _batch_copy.usable():
         try:
             check(cudart.cudaMemcpyBatchAsync(dsts.tolist(), src_runs.tolist(), sizes.tolist(), len(starts),
-                                              [_batch_copy.attributes()], [0], 1, stream.handle),
+                                              [_batch_copy.attributes(device)], [0], 1, stream.handle),
                   "cudaMemcpyBatchAsync")
             return
         except (CudaError, TypeError) as e:  # an older driver: per-run copies from now on
@@ -161,11 +174,12 @@ def copy_rows_htod_async(dst: DeviceBuffer | int, srcs: np.ndarray, row_bytes: i
 
 
 class _BatchCopy:
-    """Whether cudaMemcpyBatchAsync can be used here, and its one set of copy attributes."""
+    """Whether cudaMemcpyBatchAsync can be used here, and its copy attributes, one set per GPU (the
+    destination hint names the device)."""
 
     def __init__(self):
         self._usable = hasattr(cudart, "cudaMemcpyBatchAsync")
-        self._attrs = None
+        self._attrs: dict[int, object] = {}
 
     def usable(self) -> bool:
         return self._usable
@@ -177,16 +191,20 @@ class _BatchCopy:
             print(f"note: cudaMemcpyBatchAsync unavailable ({why}); copying row runs one by one", file=sys.stderr)
         self._usable = False
 
-    def attributes(self):
-        if self._attrs is None:
+    def attributes(self, device: int | None = None):
+        """The attributes of a copy to ``device`` (None: the current one)."""
+        if device is None:
+            device = int(check(cudart.cudaGetDevice(), "cudaGetDevice"))
+        a = self._attrs.get(device)
+        if a is None:  # two threads may both make it: the same value, either is kept
             a = cudart.cudaMemcpyAttributes()
             a.srcAccessOrder = cudart.cudaMemcpySrcAccessOrder.cudaMemcpySrcAccessOrderStream
             a.srcLocHint.type = cudart.cudaMemLocationType.cudaMemLocationTypeHost
             a.dstLocHint.type = cudart.cudaMemLocationType.cudaMemLocationTypeDevice
-            a.dstLocHint.id = int(check(cudart.cudaGetDevice(), "cudaGetDevice"))
+            a.dstLocHint.id = device
             a.flags = cudart.cudaMemcpyFlags.cudaMemcpyFlagPreferOverlapWithCompute
-            self._attrs = a
-        return self._attrs
+            self._attrs[device] = a
+        return a
 
 
 _batch_copy = _BatchCopy()

@@ -1,4 +1,5 @@
-"""TensorRT backend on a GPU: the int8 engine of a toy ResNet against ONNX Runtime, plugins on vs off."""
+"""TensorRT backend on a GPU: the int8 engine of a toy ResNet against ONNX Runtime, plugins on vs off,
+the serving path, classify, and one engine per GPU spread as lanes (--devices)."""
 
 import numpy as np
 import pytest
@@ -86,5 +87,117 @@ def test_rows_of_a_pinned_store_give_what_infer_gives(model_dir, input_format, s
         # A store that is not pinned memory from this backend takes the gathering path.
         np.testing.assert_array_equal(backend.infer_rows(samples.copy(), np.array([1, 2])), backend.infer(x[[1, 2]]))
         assert len(row_copies) == 4
+    finally:
+        backend.close()
+
+
+# -- several GPUs: one backend per device, spread as lanes --------------------------------------
+
+_OPTIONS = {"precision": "int8", "plugins": False, "streams": 2, "cuda_graphs": True,
+            "tactic_sources": "none"}
+
+
+def _classify_through_a_store(backend, x, batches, threads=1):
+    """Top classes of ``batches`` (lists of rows of ``x``), through the serving path: ``x`` converted
+    into the backend's pinned store, each batch answered by ``classify_rows`` (on ``threads`` worker
+    threads: with lanes, a thread calls whichever GPU is least busy)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    samples = backend.to_input(x)
+    store = backend.host_array(samples.shape, samples.dtype)
+    store[:] = samples
+    with ThreadPoolExecutor(threads) as pool:
+        return list(pool.map(lambda rows: backend.classify_rows(store, np.array(rows)), batches))
+
+
+_BATCHES = [[3, 4, 5, 6], [15, 0, 7, 7, 2, 9, 1, 8], [5], [10, 11, 12], [0, 1, 2, 3, 4, 5, 6, 7]] * 2
+
+
+def test_one_gpu_as_a_lane_answers_as_the_plain_backend(model_dir):  # noqa: F811
+    from trtfuse.backends import create_backend
+    from trtfuse.backends.lanes import LanesBackend
+    from trtfuse.backends.tensorrt_backend import TensorRTBackend
+    from trtfuse.models import load_prepared
+
+    model = load_prepared(model_dir)
+    x = np.concatenate(calib_batches(seed=13, n=2))
+    plain = create_backend("tensorrt", devices="0", **_OPTIONS)
+    assert type(plain) is TensorRTBackend and plain.device == 0
+    lanes = LanesBackend([TensorRTBackend(device=0, **_OPTIONS)])
+    plain.load(model, 8)
+    lanes.load(model, 8)
+    try:
+        assert lanes.concurrency == plain.concurrency and lanes.max_batch == plain.max_batch
+        expected = _classify_through_a_store(plain, x, _BATCHES)
+        got = _classify_through_a_store(lanes, x, _BATCHES)
+        for a, b in zip(got, expected):
+            np.testing.assert_array_equal(a, b)
+        assert lanes.lane_stats()[0]["batches"] == len(_BATCHES)
+    finally:
+        lanes.close()
+        plain.close()
+
+
+@pytest.mark.parametrize("input_format", ["float", "int8"])
+def test_classify_of_a_batch_gives_what_classify_rows_gives(model_dir, input_format):  # noqa: F811
+    from trtfuse.backends import top_k_classes
+    from trtfuse.backends.tensorrt_backend import TensorRTBackend
+    from trtfuse.models import load_prepared
+
+    backend = TensorRTBackend(**{**_OPTIONS, "input_format": input_format})
+    backend.load(load_prepared(model_dir), 8)
+    try:
+        assert backend.top_k >= 5  # the engine ranks on the GPU: classify takes its TopK output
+        x = np.concatenate(calib_batches(seed=14, n=2))
+        by_rows = _classify_through_a_store(backend, x, _BATCHES)
+        for rows, expected in zip(_BATCHES, by_rows):
+            top = backend.classify(x[rows])
+            assert top.dtype == np.int32 and top.shape == (len(rows), 5)
+            np.testing.assert_array_equal(top, expected)
+            np.testing.assert_array_equal(backend.classify(x[rows], k=2), expected[:, :2])
+        # More classes than the engine's TopK ranks: ranked on the host from the scores instead.
+        np.testing.assert_array_equal(backend.classify(x[:8], k=10), top_k_classes(backend.infer(x[:8]), 10))
+    finally:
+        backend.close()
+
+
+def test_all_gpus_answer_as_gpu_0_and_each_does_its_share(model_dir, monkeypatch):  # noqa: F811
+    # Every visible GPU (one here is fine: then the plain backend): worker threads from a pool call
+    # whichever lane is least busy, each lane's copies read the one portable store in place.
+    from trtfuse import cuda_runtime
+    from trtfuse.backends import create_backend
+    from trtfuse.backends.lanes import LanesBackend
+    from trtfuse.backends.tensorrt_backend import TensorRTBackend
+    from trtfuse.models import load_prepared
+
+    model = load_prepared(model_dir)
+    x = np.concatenate(calib_batches(seed=15, n=2))
+    count = cuda_runtime.device_count()
+    reference = TensorRTBackend(device=0, **_OPTIONS)
+    reference.load(model, 8)
+    try:
+        expected = _classify_through_a_store(reference, x, _BATCHES)
+    finally:
+        reference.close()
+
+    row_copies = []
+    original = cuda_runtime.copy_rows_htod_async
+    monkeypatch.setattr(cuda_runtime, "copy_rows_htod_async",
+                        lambda *a: (row_copies.append(a[4]), original(*a))[1])
+    backend = create_backend("tensorrt", devices="all", **_OPTIONS)
+    if count == 1:
+        assert type(backend) is TensorRTBackend
+    else:
+        assert isinstance(backend, LanesBackend) and [lane.device for lane in backend.lanes] == list(range(count))
+    backend.load(model, 8)
+    try:
+        assert backend.concurrency == 2 * count
+        got = _classify_through_a_store(backend, x, _BATCHES * count, threads=backend.concurrency)
+        for a, b in zip(got, expected * count):
+            np.testing.assert_array_equal(a, b)
+        assert len(row_copies) == len(_BATCHES) * count  # every batch, on every GPU, took the direct path
+        assert set(row_copies) == set(range(count))       # ... and its copies went to its own GPU
+        if count > 1:
+            assert all(s["batches"] > 0 for s in backend.lane_stats()), backend.lane_stats()
     finally:
         backend.close()

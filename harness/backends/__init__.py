@@ -2,7 +2,9 @@
 
 The harness only ever talks to ``Backend``; TensorRT plugs in here without changes elsewhere.
 Backends are looked up by name and imported lazily, so an optional runtime (TensorRT) that is
-not installed costs nothing until someone asks for it.
+not installed costs nothing until someone asks for it. A backend class makes itself from the
+settings (``Backend.create``): one backend, or several spread as lanes (``lanes.LanesBackend``:
+TensorRT with ``devices``, one lane per GPU; Triton with several URLs, one lane per server).
 """
 
 from __future__ import annotations
@@ -38,6 +40,12 @@ class Backend(abc.ABC):
     max_batch: int = 0  # the largest batch infer() takes; set by load()
     concurrency: int = 1  # batches it can run at once (TensorRT: its streams): worker threads to feed it
 
+    @classmethod
+    def create(cls, **options) -> Backend:
+        """The backend the settings ask for (``create_backend`` calls this). A class that can
+        spread over several devices returns a ``LanesBackend`` of itself here; one device: itself."""
+        return cls(**options)
+
     @abc.abstractmethod
     def load(self, model: PreparedModel, batch_size: int) -> None:
         """Make ``model`` ready to infer batches of up to ``batch_size`` samples."""
@@ -57,6 +65,11 @@ class Backend(abc.ABC):
         samples). A backend that copies them to a device returns page-locked memory (freed by close)."""
         return np.empty(shape, dtype)
 
+    def adopt_host_array(self, array: np.ndarray) -> None:
+        """Treat ``array``, a store another backend's ``host_array`` allocated (one lane of several
+        serving the same samples), as one of this backend's own for ``infer_rows``, without owning
+        it: its allocator frees it. Nothing to do for a backend without a fast path for its stores."""
+
     def infer_rows(self, store: np.ndarray, rows: np.ndarray) -> np.ndarray:
         """``infer(store[rows])``: the batch is rows of the QSL's sample store. This default gathers
         them into the calling thread's reused buffer; a device backend copies each row straight to
@@ -68,6 +81,11 @@ class Backend(abc.ABC):
         as int32 [n, k], best first. This default ranks ``infer_rows``' scores on the host; a device
         backend ranks them on the device, so that k int32 per sample come back instead of the scores."""
         return top_k_classes(self.infer_rows(store, rows), k)
+
+    def classify(self, batch: np.ndarray, k: int = TOP_K) -> np.ndarray:
+        """``classify_rows`` for a batch that is not in a QSL store (a request a server received):
+        the ``k`` best class indices of each sample, int32 [n, k], best first."""
+        return top_k_classes(self.infer(batch), k)
 
     def close(self) -> None:
         """Release the model and its device memory."""
@@ -106,6 +124,7 @@ _REGISTRY = {
     "onnxruntime": "trtfuse.backends.onnxruntime_backend:OnnxRuntimeBackend",
     "null": "trtfuse.backends.null_backend:NullBackend",
     "tensorrt": "trtfuse.backends.tensorrt_backend:TensorRTBackend",
+    "triton": "trtfuse.backends.triton_backend:TritonBackend",
 }
 BACKEND_NAMES = ("auto", *_REGISTRY)
 
@@ -130,14 +149,17 @@ def _load_class(name: str) -> type[Backend]:
 
 
 def create_backend(name: str, **options) -> Backend:
-    """A backend by name: "onnxruntime", "tensorrt", "null", or "auto" (TensorRT if usable)."""
+    """A backend by name: "onnxruntime", "tensorrt", "null", or "auto" (TensorRT if usable), made by
+    its class's ``create`` from ``options`` (each backend ignores the options it does not take)."""
     if name not in BACKEND_NAMES:
         raise UserError(f"unknown backend {name!r}", f"use one of: {', '.join(BACKEND_NAMES)}")
     if name == "auto":
         try:
-            return _load_class("tensorrt")(**options)
+            return _load_class("tensorrt").create(**options)
         except UserError as e:
+            if options.get("devices"):
+                raise  # GPUs named on purpose (--devices): their problem is the answer, not a CPU run
             # Why one line, not silence: a user on a GPU box must notice they are timing the CPU.
             print(f"note: {e.problem}; using onnxruntime instead", file=sys.stderr)
-            return _load_class("onnxruntime")(**options)
-    return _load_class(name)(**options)
+            return _load_class("onnxruntime").create(**options)
+    return _load_class(name).create(**options)

@@ -12,6 +12,9 @@ Input in int8: when the engine was built with int8 input, the host sends ``round
 what the network's first QuantizeLinear would compute, in a quarter of the bytes.
 Responses (``classify_rows``): an engine built with a TopK output (``engine.TOP_CLASSES``) ranks the
 classes on the GPU and only its k int32 per sample are copied back; the scores stay on the device.
+Several GPUs (``devices``): one backend per GPU, each with its own engine, spread as lanes
+(``lanes.LanesBackend``). CUDA's current device belongs to the host thread, and the harness's worker
+threads call whichever lane is least busy, so every call sets its backend's device first.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from pathlib import Path
 
 import numpy as np
 from trtfuse.backends import TOP_K, Backend
+from trtfuse.backends.lanes import LanesBackend
 from trtfuse.engine import (
     QDQ_FILE,
     TOP_CLASSES,
@@ -36,6 +40,35 @@ from trtfuse.engine import (
 from trtfuse.errors import UserError
 
 _NP = {"FLOAT": np.float32, "HALF": np.float16, "INT8": np.int8, "INT32": np.int32}
+
+
+def parse_devices(spec: str, count: int) -> list[int]:
+    """The GPUs that ``spec`` names, of ``count`` visible: "" or "0": GPU 0 (one backend, as before
+    devices existed); "all": every one; "0,1,3": those."""
+    if count < 1:
+        raise UserError("no CUDA GPU is visible (cudaGetDeviceCount found none or the driver is missing)",
+                        "run on a machine with an NVIDIA GPU and driver, or use --backend onnxruntime")
+    spec = str(spec).strip()
+    if spec == "":
+        return [0]
+    if spec.lower() == "all":
+        return list(range(count))
+    devices = []
+    for part in spec.split(","):
+        part = part.strip()
+        if not part.isdigit():
+            raise UserError(f"--devices {spec!r} is not a list of GPU numbers ({part!r})",
+                            'use "all", or GPU numbers separated by commas, e.g. --devices 0,1')
+        device = int(part)
+        if device >= count:
+            raise UserError(f"GPU {device} does not exist: {count} GPU(s) are visible "
+                            f"(numbered 0 to {count - 1})",
+                            "use --devices all, or numbers below the count (CUDA_VISIBLE_DEVICES renumbers them)")
+        if device in devices:
+            raise UserError(f"--devices {spec!r} names GPU {device} twice",
+                            "name each GPU once (one engine per GPU)")
+        devices.append(device)
+    return devices
 
 
 class _Slot:
@@ -105,7 +138,7 @@ class TensorRTBackend(Backend):
     serial_compute (True: the streams' engine runs go one after another, in launch order, while the
     copies overlap them; False: they may overlap each other), tactic_sources ("default": TensorRT's;
     "none": no cuBLAS/cuDNN tactics, for an install without those libraries; None: $TRTFUSE_TACTIC_SOURCES,
-    else "default").
+    else "default"), device (0: the GPU this backend runs on; ``create``'s ``devices`` makes one per GPU).
     Measured on the H100 with ResNet-50,
     serial is better both ways: two engine runs sharing the GPU are slower together than one after the
     other (2 threads: 66.6k vs 57.7k samples/s at batch 2048), and a batch that has the GPU to itself
@@ -113,16 +146,29 @@ class TensorRTBackend(Backend):
 
     name = "tensorrt"
 
+    @classmethod
+    def create(cls, devices: str = "", **options) -> Backend:
+        """One backend on one GPU; for several ``devices`` ("all", "0,1"), one per GPU, as lanes."""
+        import_tensorrt()  # without TensorRT, that is what to hear first (``auto`` falls back on it)
+        from trtfuse import cuda_runtime
+
+        lanes = [cls(device=d, **options) for d in parse_devices(devices, cuda_runtime.device_count())]
+        for lane in lanes[1:]:
+            lane._engine_of = lanes[0]  # LanesBackend loads the first lane alone, then the others
+        return lanes[0] if len(lanes) == 1 else LanesBackend(lanes)
+
     def __init__(self, engine: str | None = None, precision: str = "int8", plugins: bool = False,
                  streams: int = 2, cuda_graphs: bool = True, input_format: str = "float",
                  plugin_lib: str | None = None, serial_compute: bool = True, graph_buckets: int = 16,
-                 tactic_sources: str | None = None, **_ignored):
+                 tactic_sources: str | None = None, device: int = 0, **_ignored):
         self.trt = import_tensorrt()
         from trtfuse import cuda_runtime
 
         cuda_runtime.require_gpu()
         self.cr = cuda_runtime
+        self.device = int(device)
         self.engine_path = engine
+        self._engine_of = None  # a lane loaded before this one, whose engine this one loads too (create)
         self.precision, self.plugins = precision, bool(plugins)
         self.n_streams, self.cuda_graphs, self.input_format = int(streams), bool(cuda_graphs), input_format
         self.plugin_lib = plugin_lib
@@ -139,9 +185,15 @@ class TensorRTBackend(Backend):
         self._buckets: list[int] = []        # batch sizes the engine runs at (see _bucket)
         self.top_k = 0                       # classes the engine's TopK output ranks (0: none)
         self._host_arrays: list = []         # pinned stores handed out by host_array, freed by close
+        self._pinned: list[tuple[int, int]] = []  # (address, bytes) of the stores infer_rows reads in place:
+        #                                           those above, and those adopted from another lane
 
     def load(self, model, batch_size: int) -> None:
         trt = self.trt
+        # Everything below (a build, the engine, contexts, streams, buffers, graphs) on this GPU.
+        self.cr.set_device(self.device)
+        if self.engine_path is None and self._engine_of is not None:
+            self.engine_path = self._engine_of.engine_path  # built or found once, by the first lane
         if self.engine_path is None:
             cfg = BuildConfig(precision=self.precision, plugins=self.plugins, batch=batch_size,
                               input_format=self.input_format, profiles=self.n_streams)
@@ -231,17 +283,36 @@ class TensorRTBackend(Backend):
         return images.astype(self._in_dtype, copy=False)
 
     def host_array(self, shape, dtype) -> np.ndarray:
-        buf = self.cr.PinnedBuffer(shape, dtype)
+        self.cr.set_device(self.device)
+        buf = self.cr.PinnedBuffer(shape, dtype)  # portable: the lanes of other GPUs may adopt it
         self._host_arrays.append(buf)
+        self._pinned.append((buf.ptr, buf.nbytes))
         return buf.array
+
+    def adopt_host_array(self, array: np.ndarray) -> None:
+        """A store another lane's ``host_array`` allocated (pinned, portable): read in place by
+        ``infer_rows`` like this backend's own; its owner frees it."""
+        self._pinned.append((array.ctypes.data, array.nbytes))
 
     def _is_pinned_store(self, store: np.ndarray) -> bool:
         if store.dtype != self._in_dtype or not store.flags.c_contiguous:
             return False
         start = store.ctypes.data
-        return any(b.ptr <= start and start + store.nbytes <= b.ptr + b.nbytes for b in self._host_arrays)
+        return any(ptr <= start and start + store.nbytes <= ptr + nbytes for ptr, nbytes in self._pinned)
 
     def infer(self, batch: np.ndarray) -> np.ndarray:
+        self.cr.set_device(self.device)
+        return self._run_batch(batch, top=False)
+
+    def classify(self, batch: np.ndarray, k: int = TOP_K) -> np.ndarray:
+        """The top-k classes of a batch from anywhere (copied into a slot's pinned input, as by
+        ``infer``), ranked by the engine's TopK where it has one, else on the host."""
+        self.cr.set_device(self.device)
+        if k > self.top_k:
+            return super().classify(batch, k)
+        return self._run_batch(batch, top=True)[:, :k]
+
+    def _run_batch(self, batch: np.ndarray, top: bool) -> np.ndarray:
         n = len(batch)
         if n > self.max_batch:
             raise ValueError(f"batch {n} exceeds max_batch {self.max_batch}")
@@ -249,13 +320,14 @@ class TensorRTBackend(Backend):
         try:
             slot.host_in.array[:n] = self.to_input(batch)
             self.cr.copy_htod_async(slot.dev_in, slot.host_in, slot.host_in.array[:n].nbytes, slot.stream)
-            return self._run(slot, n)
+            return self._run(slot, n, top)
         finally:
             self._free.put(slot)
 
     def infer_rows(self, store: np.ndarray, rows: np.ndarray) -> np.ndarray:
         """Rows of a store from ``host_array`` go host -> device directly, one batched copy per
         batch (the batch is assembled on the device); any other store takes the gathering path."""
+        self.cr.set_device(self.device)
         if not self._is_pinned_store(store):
             return super().infer_rows(store, rows)
         return self._run_rows(store, rows, top=False)
@@ -263,6 +335,7 @@ class TensorRTBackend(Backend):
     def classify_rows(self, store: np.ndarray, rows: np.ndarray, k: int = TOP_K) -> np.ndarray:
         """The top-k classes, ranked by the engine's TopK where it has one (k int32 per sample come
         back), else on the host from the scores."""
+        self.cr.set_device(self.device)
         if k > self.top_k or not self._is_pinned_store(store):
             return super().classify_rows(store, rows, k)
         return self._run_rows(store, rows, top=True)[:, :k]
@@ -275,7 +348,7 @@ class TensorRTBackend(Backend):
         slot = self._free.get()
         try:
             srcs = store.ctypes.data + np.asarray(rows, dtype=np.int64) * row_bytes
-            self.cr.copy_rows_htod_async(slot.dev_in, srcs, row_bytes, slot.stream)
+            self.cr.copy_rows_htod_async(slot.dev_in, srcs, row_bytes, slot.stream, self.device)
             return self._run(slot, n, top)
         finally:
             self._free.put(slot)
@@ -300,6 +373,7 @@ class TensorRTBackend(Backend):
 
     def engine_throughput(self, batch: int, seconds: float = 5.0, warmup: int = 10) -> float:
         """Samples/s of the engine alone, input resident on the device (no copies), all slots busy."""
+        self.cr.set_device(self.device)
         for slot in self.slots:
             self.cr.memset(slot.dev_in, 1)
             for _ in range(warmup):
@@ -317,9 +391,12 @@ class TensorRTBackend(Backend):
         return runs * batch / (time.perf_counter() - start)
 
     def close(self) -> None:
+        if self.slots or self._host_arrays:
+            self.cr.set_device(self.device)
         for slot in self.slots:
             slot.free()
         self.slots = []
         for buf in self._host_arrays:  # after the slots: their streams are done with these
             buf.free()
         self._host_arrays = []
+        self._pinned = []

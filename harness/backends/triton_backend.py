@@ -1,0 +1,275 @@
+"""Triton backend: the harness as a client of NVIDIA Triton Inference Server (gRPC, asynchronous).
+
+One ``TritonBackend`` is one server (one URL). Several URLs become lanes of a ``LanesBackend``, which
+hands each batch to the server with the least outstanding work: that is how one LoadGen run covers
+several hosts. LoadGen, the QSL and the SUTs are the same as for every backend.
+
+A batch: the rows of the QSL's store are gathered into one of this backend's request slots (``inflight``
+per server, each a worker thread's), sent with ``async_infer`` for the ``top_classes`` output only (k
+int32 per sample come back), and waited for with a deadline. Transport ``grpc`` puts the pixels in the
+request; ``shm`` (client and server on one host) gathers them straight into a system shared-memory
+region registered with the server, and the answer comes back through another, so no pixel crosses
+the socket. The server's model must be trtfuse's (``trtfuse.triton.model_io``): ``trtfuse serve``, or
+an engine exported with ``trtfuse triton export``; it is checked at load.
+
+A server that fails a request, dies, or does not answer within ``timeout_s`` fails the run with an
+error naming its URL: the SUT records the error, finishes the run without inferring, and the run is
+reported as failed, never VALID. Nothing waits forever.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import queue
+import threading
+
+import numpy as np
+from trtfuse.backends import TOP_K, Backend, gather_rows
+from trtfuse.errors import UserError
+
+TRANSPORTS = ("grpc", "shm")
+_region_ids = itertools.count()
+
+
+def _import_client():
+    try:
+        import tritonclient.grpc as grpcclient
+        from tritonclient.utils import InferenceServerException
+    except ImportError as e:
+        raise UserError("tritonclient is not installed (the triton backend talks gRPC through it)",
+                        'pip install "trtfuse[triton]" (or: pip install "tritonclient[grpc]")') from e
+    return grpcclient, InferenceServerException
+
+
+def parse_urls(urls) -> list[str]:
+    """``"host:8001,host2:8001"`` or a list of them -> the URLs, in order, each once."""
+    items = urls.split(",") if isinstance(urls, str) else list(urls)
+    found = [u.strip().removeprefix("grpc://") for u in items if u and u.strip()]
+    if not found:
+        raise UserError("no Triton server URL given", "pass --triton-url HOST:PORT (gRPC, e.g. localhost:8001)")
+    for u in found:
+        host, _, port = u.rpartition(":")
+        if not host or not port.isdigit():
+            raise UserError(f"Triton URL {u!r} is not HOST:PORT", "e.g. --triton-url localhost:8001 (the gRPC port)")
+    if len(set(found)) != len(found):
+        raise UserError(f"a Triton URL is given twice in {','.join(found)}",
+                        "name each server once (more requests in flight per server: --triton-inflight)")
+    return found
+
+
+class _Slot:
+    """One request in flight: its input array (or shared-memory region) and, with shm, its output region."""
+
+    def __init__(self, backend: TritonBackend, index: int, max_batch: int):
+        spec = backend.spec
+        self.input_shape = (max_batch, *spec.input.dims)
+        self.in_region = self.out_region = None
+        if backend.transport == "shm":
+            from tritonclient.utils import shared_memory as shm
+
+            self.row_bytes = int(np.prod(spec.input.dims)) * spec.input.numpy_dtype.itemsize
+            self.in_bytes, self.out_bytes = max_batch * self.row_bytes, max_batch * spec.top_k * 4
+            uid = f"trtfuse_{os.getpid()}_{next(_region_ids)}"
+            self.in_region = (f"{uid}_in", shm.create_shared_memory_region(f"{uid}_in", f"/{uid}_in", self.in_bytes))
+            self.out_region = (f"{uid}_out", shm.create_shared_memory_region(f"{uid}_out", f"/{uid}_out",
+                                                                              self.out_bytes))
+            self.input = shm.get_contents_as_numpy(self.in_region[1], spec.input.numpy_dtype, self.input_shape)
+            self.output = shm.get_contents_as_numpy(self.out_region[1], np.int32, (max_batch, spec.top_k))
+            for (name, _), nbytes in ((self.in_region, self.in_bytes), (self.out_region, self.out_bytes)):
+                backend.client.register_system_shared_memory(name, f"/{name}", nbytes)
+        else:
+            self.input = np.empty(self.input_shape, spec.input.numpy_dtype)
+
+    def free(self, client) -> None:
+        if self.in_region is None:
+            return
+        from tritonclient.utils import shared_memory as shm
+
+        for name, handle in (self.in_region, self.out_region):
+            try:
+                client.unregister_system_shared_memory(name)
+            except Exception:  # noqa: BLE001 - a dead server has nothing to unregister
+                pass
+            shm.destroy_shared_memory_region(handle)
+        self.in_region = self.out_region = None
+        self.input = self.output = None
+
+
+class TritonBackend(Backend):
+    """Options: url (gRPC HOST:PORT), model_name ("": the model's name), transport ("grpc" | "shm"),
+    inflight (requests in flight at once: worker threads feeding this server), timeout_s (a request's
+    deadline)."""
+
+    name = "triton"
+
+    @classmethod
+    def create(cls, url="localhost:8001", **options) -> Backend:
+        """One server: a TritonBackend; several (comma-separated, or a list): one lane each."""
+        urls = parse_urls(url)
+        if len(urls) == 1:
+            return cls(url=urls[0], **options)
+        from trtfuse.backends.lanes import LanesBackend
+
+        return LanesBackend([cls(url=u, **options) for u in urls])
+
+    def __init__(self, url: str = "localhost:8001", model_name: str = "", transport: str = "grpc",
+                 inflight: int = 2, timeout_s: float = 60.0, **_ignored):
+        self.grpc, self.ServerError = _import_client()
+        (self.url,) = parse_urls(url)
+        if transport not in TRANSPORTS:
+            raise UserError(f"unknown Triton transport {transport!r}", f"use one of: {', '.join(TRANSPORTS)}")
+        if inflight < 1 or timeout_s <= 0:
+            raise UserError("triton.inflight must be 1 or more and triton.timeout_s positive",
+                            "e.g. --triton-inflight 2, triton.timeout_s = 60")
+        self.model_name, self.transport = model_name, transport
+        self.inflight, self.timeout_s = int(inflight), float(timeout_s)
+        self.client = None
+        self.spec = None
+        self.server_version = ""
+        self._slots: list[_Slot] = []
+        self._free: queue.Queue = queue.Queue()
+        self._scale = None
+
+    # -- load: the server's model, checked against ours ----------------------------------------
+    def load(self, model, batch_size: int) -> None:
+        from trtfuse.triton.model_io import model_from_config
+
+        self.client = self.grpc.InferenceServerClient(self.url)
+        try:
+            live = self.client.is_server_live(client_timeout=10)
+        except self.ServerError as e:
+            live, why = False, e.message()
+        else:
+            why = "it says it is not live"
+        if not live:
+            raise UserError(f"no Triton server answers at {self.url} ({why})",
+                            "start one (trtfuse serve MODEL --grpc-port PORT) or fix --triton-url (its gRPC port)")
+        self.server_version = self.client.get_server_metadata().version
+        name = self.model_name or model.name
+        if not self.client.is_model_ready(name):
+            try:
+                served = "it has: " + (", ".join(m.name for m in self.client.get_model_repository_index().models)
+                                       or "none")
+            except self.ServerError:  # the repository endpoint may be restricted (PyTriton's is)
+                served = "its model list is not readable"
+            raise UserError(f"Triton server {self.url} has no ready model {name!r} ({served})",
+                            "serve it (trtfuse serve MODEL), or name the served model with --triton-model")
+        self.spec = spec = model_from_config(self.client.get_model_config(name).config)
+        if spec.input.dims != tuple(model.input_shape) or spec.input.dtype not in ("INT8", "FP32"):
+            raise UserError(f"Triton model {name!r} at {self.url} takes {spec.input.dtype} {list(spec.input.dims)}, "
+                            f"but {model.name} takes {list(model.input_shape)} images",
+                            "serve the same model the run uses (--model)")
+        if batch_size > spec.max_batch_size:
+            raise UserError(f"batch size {batch_size} is larger than Triton model {name!r}'s max_batch_size "
+                            f"{spec.max_batch_size} at {self.url}",
+                            f"use --batch-size {spec.max_batch_size} or less, or serve it with a larger batch")
+        if spec.input.dtype == "INT8":
+            from pathlib import Path
+
+            from trtfuse.engine import input_scale
+
+            self._scale = np.float32(input_scale(Path(model.onnx_path).parent))
+        self.max_batch = batch_size
+        self.concurrency = self.inflight
+        try:
+            for i in range(self.inflight):
+                slot = _Slot(self, i, batch_size)
+                self._slots.append(slot)
+                self._free.put(slot)
+        except self.ServerError as e:
+            self.close()
+            raise UserError(f"Triton server {self.url} refused shared memory ({e.message()})",
+                            "transport shm needs client and server on one host; use --triton-transport grpc") from e
+
+    def to_input(self, images: np.ndarray) -> np.ndarray:
+        """Images in the served input type: int8 pixels are quantized exactly as the network's first
+        QuantizeLinear would (the server's model expects them so)."""
+        if self.spec is not None and self.spec.input.dtype == "INT8" and images.dtype != np.int8:
+            return np.clip(np.rint(images / self._scale), -128, 127).astype(np.int8)
+        return images.astype(self.spec.input.numpy_dtype if self.spec else np.float32, copy=False)
+
+    # -- batches --------------------------------------------------------------------------------
+    def classify_rows(self, store: np.ndarray, rows: np.ndarray, k: int = TOP_K) -> np.ndarray:
+        if k > self.spec.top_k:
+            raise ValueError(f"the served model ranks {self.spec.top_k} classes, {k} asked")
+        slot = self._free.get()
+        try:
+            n = len(rows)
+            gather_rows(store, rows, slot.input)
+            return self._request(slot, n, top=True)[:, :k]
+        finally:
+            self._free.put(slot)
+
+    def infer_rows(self, store: np.ndarray, rows: np.ndarray) -> np.ndarray:
+        return self.infer(store[rows])
+
+    def infer(self, batch: np.ndarray) -> np.ndarray:
+        """Scores of a batch (the served model's scores output): for checks, not the serving path."""
+        slot = self._free.get()
+        try:
+            n = len(batch)
+            slot.input[:n] = self.to_input(batch)
+            return self._request(slot, n, top=False).astype(np.float32)
+        finally:
+            self._free.put(slot)
+
+    def classify(self, batch: np.ndarray, k: int = TOP_K) -> np.ndarray:
+        slot = self._free.get()
+        try:
+            n = len(batch)
+            slot.input[:n] = self.to_input(batch)
+            return self._request(slot, n, top=True)[:, :k]
+        finally:
+            self._free.put(slot)
+
+    def _request(self, slot: _Slot, n: int, top: bool) -> np.ndarray:
+        """One asynchronous request for the first n rows of the slot's input; its answer, or a
+        UserError naming this server."""
+        if n > self.max_batch:
+            raise ValueError(f"batch {n} exceeds max_batch {self.max_batch}")
+        grpc, spec = self.grpc, self.spec
+        inp = grpc.InferInput(spec.input.name, [n, *spec.input.dims], spec.input.dtype)
+        out_name = spec.top_classes.name if top else spec.outputs[1].name
+        out = grpc.InferRequestedOutput(out_name)
+        shm_out = top and slot.out_region is not None
+        if slot.in_region is not None:
+            inp.set_shared_memory(slot.in_region[0], n * slot.row_bytes)
+        else:
+            inp.set_data_from_numpy(slot.input[:n])
+        if shm_out:
+            out.set_shared_memory(slot.out_region[0], n * spec.top_k * 4)
+        done = threading.Event()
+        answer: list = [None, None]
+
+        def callback(result, error):
+            answer[0], answer[1] = result, error
+            done.set()
+
+        try:
+            self.client.async_infer(spec.name, [inp], callback, outputs=[out],
+                                    client_timeout=self.timeout_s)
+        except self.ServerError as e:
+            raise self._failed(e.message()) from e
+        # The client's own deadline fires first; this one guards against a callback never coming.
+        if not done.wait(self.timeout_s + 5):
+            raise self._failed(f"no answer in {self.timeout_s + 5:.0f} s")
+        result, error = answer
+        if error is not None:
+            raise self._failed(error.message() if hasattr(error, "message") else str(error))
+        if shm_out:
+            return slot.output[:n].copy()
+        return result.as_numpy(out_name)[:n].reshape(n, -1).copy()
+
+    def _failed(self, why: str) -> UserError:
+        return UserError(f"Triton server {self.url} failed during the run: {why}",
+                         "check that server (is it up? its log); a run with a failed request is not valid")
+
+    def close(self) -> None:
+        for slot in self._slots:
+            slot.free(self.client)
+        self._slots = []
+        self._free = queue.Queue()
+        if self.client is not None:
+            self.client.close()
+            self.client = None

