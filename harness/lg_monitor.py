@@ -1,6 +1,10 @@
 """A thread beside LoadGen's StartTest: progress on stderr, a timeline of completed samples (the run's
 "completed samples over time" picture), and a watchdog for hung backends.
 
+The timeline is sampled every ``interval_s``, plus one point at the moment of the last completion
+(taken from the ledger when StartTest returns): LoadGen's Offline samples/s is all samples over the
+span from its issue to that moment, so the picture can place LoadGen's timed span exactly.
+
 LoadGen waits forever for a sample that is never completed. When samples are outstanding and none
 has completed for ``stall_s`` seconds, the watchdog completes them with empty responses so that
 StartTest returns, and records why; the run then fails with that message instead of hanging.
@@ -8,6 +12,7 @@ StartTest returns, and records why; the run then fails with that message instead
 
 from __future__ import annotations
 
+import bisect
 import os
 import sys
 import threading
@@ -23,7 +28,8 @@ class RunMonitor:
         self.progress = progress
         self.interval_s = interval_s
         self.stalled: str | None = None
-        self.timeline: list[tuple[float, int]] = []  # (seconds since start, samples completed), every interval
+        # (seconds since start, samples completed): every interval, and at the last completion
+        self.timeline: list[tuple[float, int]] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="trtfuse-monitor", daemon=True)
         self._tty = sys.stderr.isatty()
@@ -36,6 +42,7 @@ class RunMonitor:
     def __exit__(self, *exc):
         self._stop.set()
         self._thread.join(timeout=5)
+        self._add_last_completion()
         if self.progress and self._printed and self._tty:
             print(file=sys.stderr)
 
@@ -59,6 +66,16 @@ class RunMonitor:
                       file=sys.stderr, flush=True)
                 self._printed = True
                 last_print = now
+
+    def _add_last_completion(self) -> None:
+        """The point of the last completion, in time order: when the run ends, the ledger's last
+        progress is its last completion (nothing is issued after it)."""
+        ledger = self.sut.ledger
+        if ledger.completed == 0 or ledger.outstanding != 0:
+            return
+        point = (round(ledger.last_progress - self._start, 3), ledger.completed)
+        if point[0] >= 0 and point not in self.timeline:
+            bisect.insort(self.timeline, point)
 
     _found_nothing = 0
 

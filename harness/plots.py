@@ -2,8 +2,10 @@
 
   latency_cdf.png            performance runs: the latency CDF through LoadGen's logged percentiles
                              (min, p50 ... p99.9, max; not every sample), p99 marked, the Server bound
-  completed_over_time.png    completed samples over time and the rate (samples/s), from the harness's
-                             timeline (sampled every 0.5 s during StartTest); LoadGen's min duration
+  completed_over_time.png    completed samples over time and the rate (samples/s) in each interval
+                             between the harness's timeline samples (every 0.5 s during StartTest, and
+                             the last completion); LoadGen's min duration; Offline: LoadGen's timed
+                             span (its issue to the last completion), its first completion and result
 
 matplotlib draws them (Agg canvas, no display, no pyplot state); without it ``write_run_plots`` notes
 ``pip install matplotlib`` once on stderr and draws nothing. A report missing fields gets the pictures
@@ -20,7 +22,9 @@ from trtfuse.report import read_report
 
 LATENCY_CDF = "latency_cdf.png"
 COMPLETED_OVER_TIME = "completed_over_time.png"
-RATE_WINDOW_S = 2.0
+# Intervals of the timeline shorter than this join a neighbour for the rate: a few batches completing
+# in a few ms (before the last-completion point, or the end) would otherwise read as a spike.
+MIN_RATE_INTERVAL_S = 0.25
 DPI = 110
 # LoadGen's logged percentiles (report.PERCENTILES) as fractions of the samples.
 PERCENTILE_FRACTIONS = (("50.00", 0.5), ("90.00", 0.9), ("95.00", 0.95), ("97.00", 0.97),
@@ -96,12 +100,58 @@ def latency_cdf_data(report: dict) -> dict | None:
     }
 
 
-def timeline_data(report: dict, window_s: float = RATE_WINDOW_S) -> dict | None:
+def interval_rates(t: list[float], completed: list[float],
+                   min_interval_s: float = MIN_RATE_INTERVAL_S) -> list[tuple[float, float, float]]:
+    """(from s, to s, samples/s) over consecutive intervals of the timeline: the rate in each interval
+    between samples, averaged over nothing wider, so a start is a step, not a ramp. An interval shorter
+    than ``min_interval_s`` joins the next one (at the end: the one before)."""
+    cuts = [0]
+    for j in range(1, len(t)):
+        if t[j] - t[cuts[-1]] >= min_interval_s:
+            cuts.append(j)
+    if cuts[-1] != len(t) - 1:
+        if len(cuts) > 1:
+            cuts[-1] = len(t) - 1  # a short last interval joins the one before
+        else:
+            cuts.append(len(t) - 1)  # the whole timeline is short: one interval
+    return [(t[a], t[b], (completed[b] - completed[a]) / (t[b] - t[a]))
+            for a, b in zip(cuts, cuts[1:]) if t[b] > t[a]]
+
+
+def loadgen_offline_span(report: dict, t: list[float], completed: list[float]) -> dict | None:
+    """Offline performance: LoadGen's timed span on the timeline, or None.
+
+    LoadGen times an Offline run from its issue of the one query to the last completion: its samples/s
+    is all samples over that span, which is its max latency, and the first sample completes its min
+    latency after the issue. The span ends at the timeline's first point at the final count: the last
+    completion, exactly, where the harness recorded it (else up to one interval late). ``start_s``,
+    ``first_completion_s``, ``end_s``, ``samples_per_s``.
+    """
+    lg = _dict(report.get("loadgen"))
+    mode = str(report.get("mode") or lg.get("mode") or "")
+    scenario = str(lg.get("scenario") or report.get("scenario") or "").lower()
+    rate = as_number(lg.get("samples_per_s"))
+    first, last = as_number(lg.get("min_latency_ns")), as_number(lg.get("max_latency_ns"))
+    if mode != "performance" or scenario != "offline" or not completed[-1]:
+        return None
+    if not rate or first is None or not last:
+        return None
+    end = t[completed.index(completed[-1])]
+    start = end - last / 1e9
+    if start < -0.01:  # LoadGen issues after the harness's 0 s: this timeline is not of that run
+        return None
+    start = max(start, 0.0)  # (timeline times are rounded to the ms)
+    return {"start_s": start, "first_completion_s": start + first / 1e9, "end_s": end,
+            "samples_per_s": rate}
+
+
+def timeline_data(report: dict) -> dict | None:
     """What completed_over_time.png shows, or None without a usable timeline.
 
     ``t_s``, ``completed``: the harness's samples (from 0 s, 0 samples at StartTest), time-ordered.
-    ``rate``: samples/s at each point after the first, the average over the last ``window_s`` seconds
-    (from the start, where less has passed). ``min_duration_s`` (LoadGen's, when logged),
+    ``rate_from_s``, ``rate_to_s``, ``rate``: samples/s in each interval between samples, up to the
+    last completion (``interval_rates``). ``loadgen_span``: Offline performance runs, LoadGen's
+    timed span (``loadgen_offline_span``), else None. ``min_duration_s`` (LoadGen's, when logged),
     ``target_qps`` and ``target_label`` (Server: LoadGen's target QPS; Offline: the expected QPS);
     neither for accuracy runs.
     """
@@ -117,13 +167,10 @@ def timeline_data(report: dict, window_s: float = RATE_WINDOW_S) -> dict | None:
         pairs.insert(0, (0.0, 0.0))  # StartTest: nothing completed yet
     t = [p[0] for p in pairs]
     completed = [p[1] for p in pairs]
-    rate: list[float] = []
-    j = 0
-    for i in range(1, len(t)):
-        while j + 1 < i and t[i] - t[j + 1] >= window_s:
-            j += 1  # t[j]: the latest sample at least window_s before t[i] (or the first)
-        dt = t[i] - t[j]
-        rate.append((completed[i] - completed[j]) / dt if dt > 0 else (rate[-1] if rate else 0.0))
+    # Up to the last completion: after it nothing completes (LoadGen writes its logs), and joining that
+    # wait to the last interval would read as a slowdown at the end.
+    last = completed.index(completed[-1]) if completed[-1] else len(t) - 1
+    rates = interval_rates(t[:last + 1], completed[:last + 1])
     lg = _dict(report.get("loadgen"))
     eff = _dict(lg.get("effective_settings"))
     mode = str(report.get("mode") or lg.get("mode") or "")
@@ -133,7 +180,10 @@ def timeline_data(report: dict, window_s: float = RATE_WINDOW_S) -> dict | None:
     target = as_number(lg.get("target_qps") if scenario == "server" else eff.get("target_qps"))
     target = target if mode != "accuracy" else None
     return {
-        "t_s": t, "completed": completed, "rate_t_s": t[1:], "rate": rate, "window_s": window_s,
+        "t_s": t, "completed": completed,
+        "rate_from_s": [r[0] for r in rates], "rate_to_s": [r[1] for r in rates],
+        "rate": [r[2] for r in rates],
+        "loadgen_span": loadgen_offline_span(report, t, completed),
         "min_duration_s": min_ms / 1e3 if min_ms else None,
         "target_qps": target if target else None,
         "target_label": ("LoadGen's target QPS" if scenario == "server"
@@ -240,27 +290,46 @@ def draw_latency_cdf(mpl, data: dict, path: Path) -> Path:
 
 def draw_completed_over_time(mpl, data: dict, path: Path) -> Path:
     fig, (top, bottom) = new_figure(mpl, 9, 6.2, nrows=2, sharex=True, height_ratios=[3, 2],
-                                     margins=dict(left=0.1, right=0.97, bottom=0.09, top=0.93,
+                                     margins=dict(left=0.115, right=0.97, bottom=0.09, top=0.93,
                                                   hspace=0.08))
     top.plot(data["t_s"], data["completed"], "-", color="tab:blue", lw=1.8, marker=".", ms=4)
     top.set_ylabel("samples completed")
     top.yaxis.set_major_formatter(thousands_formatter())
     if data["rate"]:
-        bottom.plot(data["rate_t_s"], data["rate"], "-", color="tab:green", lw=1.8, marker=".", ms=4,
-                    label=f"rate, averaged over the last {data['window_s']:g} s")
+        # Steps: each value is the rate over its own interval; a line between them would draw a ramp.
+        bottom.stairs(data["rate"], data["rate_from_s"] + data["rate_to_s"][-1:], baseline=None,
+                      color="tab:green", lw=1.8,
+                      label="rate in each interval between timeline samples")
+    span = data.get("loadgen_span")
+    if span:
+        # What LoadGen's samples/s divides by: the wait for its first completion counts in full.
+        timed_s = span["end_s"] - span["start_s"]
+        first_ms = (span["first_completion_s"] - span["start_s"]) * 1e3
+        labels = {"span": f"LoadGen's timed span, {timed_s:.2f} s: its issue to the last completion",
+                  "first": f"first completion, {first_ms:,.0f} ms after its issue"}
+        for ax in (top, bottom):
+            ax.axvspan(span["start_s"], span["end_s"], color="0.85", alpha=0.5, lw=0, zorder=0,
+                       label=labels["span"] if ax is top else None)
+            ax.axvline(span["first_completion_s"], color="tab:red", ls=":", lw=1.4,
+                       label=labels["first"] if ax is top else None)
+        bottom.axhline(span["samples_per_s"], color="tab:red", ls="--", lw=1.2,
+                       label=f"LoadGen's result {span['samples_per_s']:,.0f}/s = all samples / timed span")
     if data["target_qps"]:
         bottom.axhline(data["target_qps"], color="tab:purple", ls=":", lw=1.2,
                        label=f"{data['target_label']} {data['target_qps']:,.0f}/s")
     bottom.set_ylabel("samples/s")
     bottom.yaxis.set_major_formatter(thousands_formatter())
-    top_rate = max(data["rate"] + [data["target_qps"] or 0.0, 1.0])
-    bottom.set_ylim(0, top_rate * 1.18)
+    lines = [data["target_qps"] or 0.0, span["samples_per_s"] if span else 0.0]
+    bottom.set_ylim(0, max(data["rate"] + lines + [1.0]) * 1.18)
     bottom.set_xlabel("seconds since StartTest (harness timeline, sampled every 0.5 s)")
     if data["min_duration_s"]:
+        # LoadGen counts its min duration from its issue: where the timed span is known, from there.
+        at = data["min_duration_s"] + (span["start_s"] if span else 0.0)
         label = f"LoadGen's min duration {data['min_duration_s']:g} s"
+        label += " after its issue" if span else ""
         for ax in (top, bottom):
-            ax.axvline(data["min_duration_s"], color="tab:orange", ls="--", lw=1.4,
-                       label=label if ax is top else None)
+            ax.axvline(at, color="tab:orange", ls="--", lw=1.4, label=label if ax is top else None)
+    if top.get_legend_handles_labels()[0]:
         top.legend(loc="lower right", fontsize=8)
     if bottom.get_legend_handles_labels()[0]:
         bottom.legend(loc="lower right", fontsize=8)

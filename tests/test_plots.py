@@ -126,25 +126,79 @@ def test_timeline_of_a_run_starts_at_zero_and_ends_at_every_sample(runs):
         assert data["t_s"] == sorted(data["t_s"]) and data["completed"] == sorted(data["completed"])
         assert len(data["t_s"]) >= 3  # StartTest, at least one 0.5 s sample, the end
         assert data["completed"][-1] == report["harness"]["completed"]
-        assert len(data["rate"]) == len(data["t_s"]) - 1 and all(r >= 0 for r in data["rate"])
+        # The rate's intervals follow each other from StartTest to the last completion, no gaps.
+        last_completion = data["t_s"][data["completed"].index(data["completed"][-1])]
+        assert data["rate_from_s"][0] == 0 and data["rate_to_s"][-1] == last_completion
+        assert data["rate_from_s"][1:] == data["rate_to_s"][:-1]
+        assert all(r >= 0 for r in data["rate"])
         assert data["min_duration_s"] == pytest.approx(min_duration_s)
     server = plots.timeline_data(runs["server"][1])
     assert server["target_qps"] == pytest.approx(700.0)
-    # The run lasted about 1 s at 700 QPS: the rate from the start is near it (a loaded CI machine
-    # may lag LoadGen's schedule a little).
-    assert 350 < server["rate"][-1] < 1000
+    assert server["loadgen_span"] is None  # Server: LoadGen's latencies are per query, not from one issue
+    # The run lasted about 1 s at 700 QPS: the rate from the start to the last completion is near it
+    # (a loaded CI machine may lag LoadGen's schedule a little).
+    assert 350 < server["completed"][-1] / server["rate_to_s"][-1] < 1000
 
 
-def test_rate_is_averaged_over_the_last_two_seconds():
-    # 100 samples/s for 3 s, then 300 samples/s: the 2 s window sees the change after 2 s.
-    t = [0.5 * i for i in range(1, 15)]
-    done = [int(100 * x) if x <= 3 else 300 + int(300 * (x - 3)) for x in t]
+def test_offline_timeline_places_loadgens_timed_span(runs):
+    # LoadGen's Offline samples/s is all samples over its issue-to-last-completion span (its max
+    # latency); the harness records the last completion, so the span lands on the timeline.
+    _, report = runs["offline"]
+    lg = report["loadgen"]
+    data = plots.timeline_data(report)
+    span = data["loadgen_span"]
+    assert span["samples_per_s"] == lg["samples_per_s"]
+    assert span["end_s"] - span["start_s"] == pytest.approx(lg["max_latency_ns"] / 1e9)
+    assert span["first_completion_s"] - span["start_s"] == pytest.approx(lg["min_latency_ns"] / 1e9)
+    assert report["harness"]["completed"] / (span["end_s"] - span["start_s"]) == pytest.approx(
+        lg["samples_per_s"], rel=1e-3)
+    assert 0 <= span["start_s"] < span["first_completion_s"] < span["end_s"] < data["t_s"][-1]
+    # Consistent with the harness's own samples: nothing had completed before LoadGen's first completion.
+    first = span["first_completion_s"]
+    assert not any(n for t, n in zip(data["t_s"], data["completed"]) if t < first - 0.002)
+
+
+def test_rate_is_per_interval_so_a_start_is_a_step_not_a_ramp():
+    # Nothing completes until 0.75 s, then 1000 samples/s until the last completion at 3.01 s; StartTest
+    # returns at 3.3 s. An average over 2 s drew this as a ramp to 3 s: per interval it is one step.
+    t = [0.5, 1.0, 1.5, 2.0, 2.5, 3.0, 3.01, 3.3]
+    done = [0, 250, 750, 1250, 1750, 2250, 2260, 2260]
     data = plots.timeline_data({"harness": {"timeline": {"t_s": t, "completed": done}}})
     assert data["t_s"][0] == 0.0 and data["completed"][0] == 0  # StartTest added
-    rate = dict(zip(data["rate_t_s"], data["rate"]))
-    assert rate[1.0] == pytest.approx(100) and rate[3.0] == pytest.approx(100)
-    assert rate[4.0] == pytest.approx(200)  # 2..4 s: half at 100/s, half at 300/s
-    assert rate[5.0] == pytest.approx(300) and rate[7.0] == pytest.approx(300)
+    # The last 10 ms (a short interval) joins the one before; the wait after the last completion has none.
+    assert data["rate_from_s"] == [0.0, 0.5, 1.0, 1.5, 2.0, 2.5]
+    assert data["rate_to_s"] == [0.5, 1.0, 1.5, 2.0, 2.5, 3.01]
+    assert data["rate"][:5] == pytest.approx([0, 500, 1000, 1000, 1000])
+    assert data["rate"][5] == pytest.approx(510 / 0.51)
+    assert data["loadgen_span"] is None  # no LoadGen results in this report
+
+
+def test_interval_rates_join_short_intervals():
+    assert plots.interval_rates([0, 0.1, 0.5], [0, 10, 50]) == [(0, 0.5, 100)]  # short first: the next
+    assert plots.interval_rates([0, 0.5, 0.6], [0, 50, 70]) == [(0, 0.6, pytest.approx(70 / 0.6))]
+    assert plots.interval_rates([0, 0.1], [0, 10]) == [(0, 0.1, pytest.approx(100))]  # all short: one
+    assert plots.interval_rates([0], [0]) == []
+    steps = plots.interval_rates([0, 0.5, 1.0], [0, 0, 100], min_interval_s=0.5)
+    assert steps == [(0, 0.5, 0), (0.5, 1.0, 200)]
+
+
+def test_loadgen_span_only_where_loadgen_timed_one_issue():
+    t, done = [0.0, 0.5, 1.0, 1.2, 1.5], [0, 100, 300, 380, 380]
+    offline = {"mode": "performance", "loadgen": {"scenario": "offline", "samples_per_s": 380 / 1.0,
+                                                  "min_latency_ns": 0.3e9, "max_latency_ns": 1.0e9}}
+    span = plots.loadgen_offline_span(offline, t, done)
+    assert span == {"start_s": pytest.approx(0.2), "first_completion_s": pytest.approx(0.5), "end_s": 1.2,
+                    "samples_per_s": 380.0}
+    server = json.loads(json.dumps(offline))
+    server["loadgen"]["scenario"] = "server"
+    accuracy = {**offline, "mode": "accuracy"}
+    no_latency = json.loads(json.dumps(offline))
+    no_latency["loadgen"]["max_latency_ns"] = None
+    longer_than_the_timeline = json.loads(json.dumps(offline))
+    longer_than_the_timeline["loadgen"]["max_latency_ns"] = 5e9
+    for report in (server, accuracy, no_latency, longer_than_the_timeline):
+        assert plots.loadgen_offline_span(report, t, done) is None
+    assert plots.loadgen_offline_span(offline, t, [0] * 5) is None  # nothing completed
 
 
 @needs_matplotlib
