@@ -82,6 +82,7 @@ class GraphBuilder:
             self.inits,
         )
         model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+        model.ir_version = 8  # what every ONNX Runtime reads (the onnx package's default is newer)
         onnx.checker.check_model(model)
         return model
 

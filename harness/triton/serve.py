@@ -32,8 +32,9 @@ def add_parser(sub) -> None:
     p = sub.add_parser("serve", help="serve a model from a real Triton server (PyTriton), our backend inside",
                        description=__doc__.split("\n\n")[0])
     p.add_argument("model", help="resnet50, efficientnet-lite0, a prepared model folder, or an .onnx file")
-    p.add_argument("--backend", choices=["auto", "onnxruntime", "tensorrt"], default="auto",
-                   help="what runs the batches (auto: TensorRT if usable, else ONNX Runtime)")
+    p.add_argument("--backend", choices=["auto", "onnxruntime", "tensorrt", "null"], default="auto",
+                   help="what runs the batches (auto: TensorRT if usable, else ONNX Runtime; null: answers at "
+                        "once, to measure what the server and its transport cost)")
     p.add_argument("--engine", metavar="FILE", help="TensorRT: a built engine (default: built/cached for the model)")
     p.add_argument("--plugins", choices=["off", "tails"], default="off", help="TensorRT: trtfuse's fused plugins")
     p.add_argument("--precision", default="int8", help="TensorRT: int8, fp16, fp32")
@@ -91,7 +92,9 @@ class ServedModel:
         """PyTriton's inference callable: a list of requests (one dynamic batch) -> their outputs."""
         name = self.spec.input.name
         sizes = [len(r[name]) for r in requests]
-        images = self._backend_input(np.concatenate([r[name] for r in requests]))
+        arrays = [r[name] for r in requests]
+        # One request (an Offline client's full batch) is used as it came: no copy of its pixels.
+        images = self._backend_input(arrays[0] if len(arrays) == 1 else np.concatenate(arrays))
         outputs = {self.spec.top_classes.name: self.backend.classify(images, self.spec.top_k)}
         wanted = [r.requested_output_names for r in requests]
         if any(w is None or self.scores_name in w for w in wanted):

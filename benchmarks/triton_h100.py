@@ -1,0 +1,205 @@
+"""Direct vs Triton on the GPU machine (TensorRT 8.5): the same ResNet-50 int8 plugin engine run by the
+harness's TensorRT backend and through a real Triton server (`trtfuse serve`: PyTriton's tritonserver
+with the TensorRT backend of trtfuse inside), LoadGen Offline and Server back to back; and one lane per
+GPU (`--devices`) against today's direct path. A thin caller of the harness over the device bundle of
+tools/device_bundle.py (ResNet-50 with random weights: performance only).
+
+    python3.10 benchmarks/triton_h100.py run [--stages direct,triton,lanes]   # GPU machine
+
+Stages (guarded and merged into --out like resnet50_e2e.py's, so they can be spread over calls):
+- direct: LoadGen Offline (batch 2048 engine) and the Server QPS search (batch 256 engine), TensorRT
+  backend, as resnet50_e2e.py measures them;
+- triton: the same engines served by `trtfuse serve`, LoadGen through `--backend triton` (shared memory
+  and plain gRPC for Offline; the transport given for the Server search);
+- lanes: Offline with `--devices all` (the product path; one GPU here) and with an explicit one-lane
+  LanesBackend (the spreading wrapper's own cost), against the direct Offline.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "tools"))
+sys.path.insert(0, str(REPO / "benchmarks"))
+from device_bundle import STASH, BundleImages, log  # noqa: E402
+from resnet50_e2e import Results  # noqa: E402
+
+STAGES = ("direct", "triton", "lanes")
+MODEL = "resnet50"
+BOUND_MS = 15.0
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="cmd", required=True)
+    c = sub.add_parser("run", help="device: measure")
+    c.add_argument("--bundle", type=Path, default=STASH)
+    c.add_argument("--out", type=Path, default=Path("/tmp/trtfuse-e2e/results/triton_h100.json"))
+    c.add_argument("--stages", default=",".join(STAGES))
+    c.add_argument("--offline-batch", type=int, default=2048)
+    c.add_argument("--server-batch", type=int, default=256)
+    c.add_argument("--server-tries", type=int, default=5, help="Server runs per QPS search (~15 s each)")
+    c.add_argument("--transport", choices=["shm", "grpc"], default="shm", help="Triton transport for Server")
+    c.add_argument("--inflight", type=int, default=8, help="Triton requests in flight per server")
+    c.add_argument("--instances", type=int, default=8,
+                   help="the served model's instances (each a Python backend stub: its copies run beside the others')")
+    c.add_argument("--max-queue-delay-us", type=int, default=100, help="the served model's batcher delay")
+    args = p.parse_args(argv)
+    stages = [s for s in args.stages.split(",") if s]
+    if set(stages) - set(STAGES):
+        p.error(f"unknown stages {sorted(set(stages) - set(STAGES))}; choose from {STAGES}")
+    return run(args, stages)
+
+
+def run(args, stages) -> int:
+    import tensorrt as trt
+    from trtfuse import cli, config, cuda_runtime
+    from trtfuse.backends import create_backend
+    from trtfuse.backends.lanes import LanesBackend
+    from trtfuse.backends.tensorrt_backend import TensorRTBackend
+    from trtfuse.engine import BuildConfig, build_engine
+    from trtfuse.models import load_prepared
+    from trtfuse.qps_search import search_server_qps
+    from trtfuse.triton.process import ServeProcess
+
+    res = Results(args.out)
+    res.data.update(gpu=cuda_runtime.device_name(), trt_version=trt.__version__, gpus_visible=cuda_runtime.device_count(),
+                    note="ResNet-50 with random weights: performance only")
+    model_dir = args.bundle / "models" / MODEL
+    model = load_prepared(model_dir)
+    data = BundleImages(args.bundle)
+    runs = args.out.parent / "triton-runs"
+
+    def engine(batch: int) -> Path:
+        return build_engine(model_dir, BuildConfig(precision="int8", plugins=True, batch=batch,
+                                                   input_format="int8", profiles=2))
+
+    def loadgen(backend, scenario: str, batch: int, qps: float, name: str) -> dict:
+        overrides = {"run.scenario": scenario, "run.batch_size": batch, "run.warmup_batches": 5,
+                     "run.mlperf_model": "resnet50", f"{scenario}.target_qps": qps,
+                     f"{scenario}.min_duration_ms": 10000}
+        if scenario == "server":
+            overrides.update({"server.target_latency_ms": BOUND_MS, "server.min_query_count": 100})
+        result = cli.run(config.load(None, overrides), progress=False, model=model, dataset=data,
+                         backend=backend, run_dir=runs / f"{name}-{time.time():.0f}")
+        lg = result["loadgen"]
+        out = {"samples_per_s": lg.get("samples_per_s"), "valid": lg.get("valid"),
+               "p99_ms": round((lg.get("latency_ns", {}).get("99.00") or 0) / 1e6, 3),
+               "invalid_reasons": lg.get("invalid_reasons"), "mean_batch": result["harness"]["mean_batch"],
+               "cpu_per_wall": round(result["harness"]["cpu_s"] / result["harness"]["wall_s"], 2)}
+        log(f"{name} {scenario} batch {batch} target {qps:,.0f}: {out}")
+        return out
+
+    def server_search(make_backend, name: str, start: float) -> dict:
+        tried = []
+
+        def passes(qps):
+            backend = make_backend()
+            try:
+                r = loadgen(backend, "server", args.server_batch, qps, name)
+            finally:
+                backend.close()
+            tried.append({"target_qps": round(qps, 1), **r})
+            res.save()
+            return bool(r["valid"]) and r["p99_ms"] <= BOUND_MS
+
+        best, _ = search_server_qps(passes, start, args.server_tries, up=1.08, down=0.7)
+        shown = next(t for t in tried if t["target_qps"] == round(best, 1)) if best else tried[-1]
+        return {"qps": round(best, 1) if best else None, "p99_ms": shown["p99_ms"], "valid": best is not None,
+                "tries": tried}
+
+    def direct_backend(batch: int, **options):
+        backend = TensorRTBackend(engine=str(engine(batch)), plugins=True, streams=2, **options)
+        backend.load(model, batch)
+        return backend
+
+    def direct():
+        backend = direct_backend(args.offline_batch)
+        try:
+            engine_only = backend.engine_throughput(args.offline_batch, 5.0)
+            offline = loadgen(backend, "offline", args.offline_batch, 1.1 * engine_only, "direct")
+        finally:
+            backend.close()
+        res.data["direct"] = {"offline_samples_per_s": offline["samples_per_s"], "offline_valid": offline["valid"],
+                              "engine_samples_per_s": round(engine_only, 1), "offline_batch": args.offline_batch}
+        res.save()
+        search = server_search(lambda: direct_backend(args.server_batch), "direct",
+                               0.85 * offline["samples_per_s"])
+        res.data["direct"].update(server_qps=search["qps"], server_p99_ms=search["p99_ms"],
+                                  server_batch=args.server_batch, server_tries=search["tries"])
+
+    def served(batch: int, folder: str) -> ServeProcess:
+        return ServeProcess([str(model_dir), "--backend", "tensorrt", "--engine", str(engine(batch)),
+                             "--plugins", "tails", "--streams", "2", "--batch-size", str(batch),
+                             "--max-queue-delay-us", str(args.max_queue_delay_us), "--instances", str(args.instances)],
+                            runs / folder)
+
+    def client(url: str, batch: int, transport: str):
+        backend = create_backend("triton", url=url, transport=transport, inflight=args.inflight)
+        backend.load(model, batch)
+        return backend
+
+    def triton():
+        direct_res = res.data.get("direct") or {}
+        engine_only = direct_res.get("engine_samples_per_s") or 70000.0
+        out = res.data["triton"] = {"transport_server": args.transport, "inflight": args.inflight,
+                                    "instances": args.instances, "max_queue_delay_us": args.max_queue_delay_us}
+        with served(args.offline_batch, "serve-offline") as server:
+            out["server_log_tail"] = server.tail(5)
+            for transport in ("shm", "grpc"):
+                backend = client(server.url, args.offline_batch, transport)
+                try:
+                    out["triton_version"] = backend.server_version
+                    # LoadGen issues target x 10 s of samples, and a run that ends sooner is INVALID: a
+                    # first guess (half the direct engine), then, if that was too few, 1.15 x its rate.
+                    r = loadgen(backend, "offline", args.offline_batch, 0.5 * engine_only, f"triton-{transport}")
+                    if not r["valid"] and r["samples_per_s"]:
+                        r = loadgen(backend, "offline", args.offline_batch, 1.15 * r["samples_per_s"],
+                                    f"triton-{transport}")
+                finally:
+                    backend.close()
+                out[f"offline_{transport}"] = r
+                res.save()
+        out["offline_samples_per_s"] = max(out[f"offline_{t}"]["samples_per_s"] or 0 for t in ("shm", "grpc"))
+        with served(args.server_batch, "serve-server") as server:
+            # Server cannot go past what Offline answered through the same server: start below it.
+            search = server_search(lambda: client(server.url, args.server_batch, args.transport), "triton",
+                                   0.8 * min(out["offline_samples_per_s"] or 10000.0,
+                                             direct_res.get("server_qps") or 1e9))
+        out.update(server_qps=search["qps"], p99_ms=search["p99_ms"], valid=search["valid"],
+                   server_tries=search["tries"])
+        res.data["triton_version"] = out.get("triton_version")
+
+    def lanes():
+        rows = []
+        direct_res = res.data.get("direct") or {}
+        target = 1.1 * (direct_res.get("engine_samples_per_s") or 70000.0)
+        for how, make in (("--devices all", lambda: create_backend("tensorrt", engine=str(engine(args.offline_batch)),
+                                                                   plugins=True, streams=2, devices="all")),
+                          ("LanesBackend of one lane", lambda: LanesBackend([TensorRTBackend(
+                              engine=str(engine(args.offline_batch)), plugins=True, streams=2, device=0)]))):
+            backend = make()
+            backend.load(model, args.offline_batch)
+            try:
+                r = loadgen(backend, "offline", args.offline_batch, target, "lanes")
+            finally:
+                backend.close()
+            rows.append({"devices": cuda_runtime.device_count(), "path": how,
+                         "offline_samples_per_s": r["samples_per_s"], "valid": r["valid"],
+                         "ratio_to_direct": round(r["samples_per_s"] / direct_res["offline_samples_per_s"], 4)
+                         if direct_res.get("offline_samples_per_s") else None})
+            res.data["lanes"] = rows
+            res.save()
+
+    for name, fn in (("direct", direct), ("triton", triton), ("lanes", lanes)):
+        res.stage(name, fn, stages)
+    log(f"wrote {args.out}; errors: {res.data['errors'] or 'none'}")
+    return 0 if not res.data["errors"] else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
