@@ -18,7 +18,8 @@
 # pytriton-stash (unzip the carried .devcache/pytriton/nvidia_pytriton-*.whl into /opt/trt85: its wheel is
 # manylinux_2_35, which stage-trt.sh's platform list does not take; its dependencies are staged there),
 # triton:STAGES (benchmarks/triton_h100.py run --stages STAGES, extra arguments from $TRITON_ARGS),
-# gpu-test (the GPU/TensorRT tests of the lanes, the TensorRT backend and the Triton export).
+# multigpu (benchmarks/multigpu.py: engine-only per GPU, LoadGen on 1..N GPUs, extra arguments from
+# $MULTIGPU_ARGS), gpu-test (the GPU/TensorRT tests of the lanes, the TensorRT backend and the Triton export).
 # A failing step does not stop the next. Logs and results accumulate in /tmp/trtfuse-results (outside
 # the work tree, which each call replaces); $OUT gets the JSON results and logs.tgz (at most 8 files come back).
 # Exit status: the number of failed steps.
@@ -111,6 +112,7 @@ for step in "$@"; do
             fi ;;
         triton:*) run_step "triton-${step#triton:}" python3.10 benchmarks/triton_h100.py run \
                       --out "$RESULTS/triton_h100.json" --stages "${step#triton:}" ${TRITON_ARGS:-} ;;
+        multigpu) run_step multigpu python3.10 benchmarks/multigpu.py run --out "$RESULTS/multigpu_h200.json" ${MULTIGPU_ARGS:-} ;;
         gpu-test) run_step gpu-test python3.10 -m pytest -q -m "gpu or tensorrt" -p no:cacheprovider \
                       tests/test_lanes.py tests/test_tensorrt_backend.py tests/test_cuda_runtime.py tests/test_triton_export.py ;;
         *) echo "unknown step $step"; failed=$((failed + 1)) ;;
