@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from trtfuse.errors import UserError
+from trtfuse.files import swap_into_place
 
 SCENARIOS = {"offline": "Offline", "server": "Server"}
 KINDS = ("performance", "accuracy")
@@ -662,19 +663,11 @@ def build_atomically(out: Path, force: bool, fill) -> object:
     try:
         os.chmod(tmp, 0o755)
         result = fill(tmp)
-        if out.exists():
-            if any(out.iterdir()) and not force:  # someone wrote into it meanwhile
-                raise UserError(f"{out} exists and is not empty", "pass --force to replace it, or choose another DIR")
-            old = out.with_name(f"{tmp.name.replace('.tmp-', '.old-', 1)}")
-            out.rename(old)
-            try:
-                tmp.rename(out)
-            except BaseException:
-                old.rename(out)
-                raise
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            tmp.rename(out)
+        if out.exists() and any(out.iterdir()) and not force:  # someone wrote into it meanwhile
+            raise UserError(f"{out} exists and is not empty", "pass --force to replace it, or choose another DIR")
+        old = out.with_name(f"{tmp.name.replace('.tmp-', '.old-', 1)}")
+        swap_into_place(tmp, out, old)
+        shutil.rmtree(old, ignore_errors=True)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -179,3 +179,15 @@ def tiny_rgb_onnx(path: Path, size: int = 224) -> Path:
     model.ir_version = 8
     onnx.save(model, str(path))
     return path
+
+
+def tensorrt_backend_usable() -> bool:
+    """Whether the TensorRT backend can be made here (TensorRT importable and a GPU visible)."""
+    from trtfuse.backends import create_backend
+    from trtfuse.errors import UserError
+
+    try:
+        create_backend("tensorrt")
+        return True
+    except UserError:
+        return False

@@ -2,7 +2,7 @@
 
 import numpy as np
 import pytest
-from conftest_harness import SyntheticDataset, tiny_model
+from conftest_harness import SyntheticDataset, tensorrt_backend_usable, tiny_model
 from trtfuse.backends import Backend, create_backend
 from trtfuse.errors import UserError
 
@@ -37,15 +37,7 @@ def test_unknown_backend_is_a_user_error():
         create_backend("tensorflow")
 
 
-def _tensorrt_usable():
-    try:
-        create_backend("tensorrt")
-        return True
-    except UserError:
-        return False
-
-
-@pytest.mark.skipif(_tensorrt_usable(), reason="TensorRT is installed here")
+@pytest.mark.skipif(tensorrt_backend_usable(), reason="TensorRT is installed here")
 def test_auto_falls_back_to_onnxruntime_with_a_note(capsys):
     with pytest.raises(UserError, match="TensorRT is not installed"):
         create_backend("tensorrt")

@@ -8,7 +8,7 @@ import time
 
 import numpy as np
 import pytest
-from conftest_harness import ScriptedBackend, SyntheticDataset, tiny_model
+from conftest_harness import ScriptedBackend, SyntheticDataset, tensorrt_backend_usable, tiny_model
 from test_loadgen_runs import settings
 from trtfuse import cli, config
 from trtfuse.accuracy import read_predictions
@@ -283,15 +283,7 @@ def test_the_devices_flag_is_a_tensorrt_setting():
     assert config.load(overrides={"tensorrt.devices": "all"})["tensorrt"]["devices"] == "all"
 
 
-def _tensorrt_usable():
-    try:
-        create_backend("tensorrt")
-        return True
-    except UserError:
-        return False
-
-
-@pytest.mark.skipif(_tensorrt_usable(), reason="TensorRT is installed here")
+@pytest.mark.skipif(tensorrt_backend_usable(), reason="TensorRT is installed here")
 def test_auto_with_named_gpus_says_why_instead_of_running_on_the_cpu():
     with pytest.raises(UserError):
         create_backend("auto", devices="all")

@@ -34,6 +34,7 @@ import tempfile
 from pathlib import Path
 
 from trtfuse.errors import UserError
+from trtfuse.files import swap_into_place
 from trtfuse.triton import model_io
 
 PLATFORM = "tensorrt_plan"
@@ -386,18 +387,9 @@ def _build_in_place(target: Path, force: bool, fill) -> None:
         built.mkdir(mode=0o755)
         fill(built)
         repo.mkdir(parents=True, exist_ok=True)
-        if target.exists() or target.is_symlink():
-            if not force:  # someone made it meanwhile
-                raise UserError(f"{target} exists", "pass --force to replace it, or choose another --name")
-            old = scratch / "replaced"
-            target.rename(old)
-            try:
-                built.rename(target)
-            except BaseException:
-                old.rename(target)
-                raise
-        else:
-            built.rename(target)
+        if (target.exists() or target.is_symlink()) and not force:  # someone made it meanwhile
+            raise UserError(f"{target} exists", "pass --force to replace it, or choose another --name")
+        swap_into_place(built, target, old=scratch / "replaced")
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 
