@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -20,9 +19,8 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tools"))
 sys.path.insert(0, str(REPO / "benchmarks"))
 from device_bundle import STASH, log  # noqa: E402
+from bench_runs import loadgen_row, server_search  # noqa: E402
 from resnet50_e2e import Results  # noqa: E402
-
-BOUND_MS = 15.0
 
 
 class SyntheticInt8:
@@ -62,11 +60,10 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
 
     import tensorrt as trt
-    from trtfuse import cli, config, cuda_runtime
+    from trtfuse import cuda_runtime
     from trtfuse.backends import create_backend
     from trtfuse.engine import BuildConfig, build_engine
     from trtfuse.models import load_prepared
-    from trtfuse.qps_search import search_server_qps
 
     res = Results(args.out)
     n = cuda_runtime.device_count()
@@ -87,18 +84,7 @@ def main(argv=None) -> int:
         return backend
 
     def loadgen(backend, scenario: str, batch: int, qps: float, name: str) -> dict:
-        overrides = {"run.scenario": scenario, "run.batch_size": batch, "run.warmup_batches": 5,
-                     f"{scenario}.target_qps": qps, f"{scenario}.min_duration_ms": 10000}
-        if scenario == "server":
-            overrides.update({"server.target_latency_ms": BOUND_MS, "server.min_query_count": 100})
-        result = cli.run(config.load(None, overrides), progress=False, model=model, dataset=data,
-                         backend=backend, run_dir=args.out.parent / "multigpu-runs" / f"{name}-{time.time():.0f}")
-        lg = result["loadgen"]
-        out = {"samples_per_s": lg.get("samples_per_s"), "valid": lg.get("valid"),
-               "p99_ms": round((lg.get("latency_ns", {}).get("99.00") or 0) / 1e6, 3),
-               "lanes": result.get("lanes"), "invalid_reasons": lg.get("invalid_reasons")}
-        log(f"{name} {scenario} target {qps:,.0f}: {out}")
-        return out
+        return loadgen_row(backend, model, data, scenario, batch, qps, args.out.parent / "multigpu-runs", name)
 
     def measure():
         rows = res.data["runs"] = []
@@ -117,23 +103,16 @@ def main(argv=None) -> int:
             rows.append(row)
             res.save()
             if args.server_tries:
-                tried = []
-
-                def passes(qps, k=k, tried=tried):
+                def run_at(qps, k=k):
                     b = backend_on(k, args.server_batch)
                     try:
-                        r = loadgen(b, "server", args.server_batch, qps, f"server-{k}gpu")
+                        return loadgen(b, "server", args.server_batch, qps, f"server-{k}gpu")
                     finally:
                         b.close()
-                    tried.append({"target_qps": round(qps, 1), **r})
-                    res.save()
-                    return bool(r["valid"]) and r["p99_ms"] <= BOUND_MS
 
-                best, _ = search_server_qps(passes, 0.85 * (offline["samples_per_s"] or 1e4), args.server_tries,
-                                            up=1.08, down=0.7)
-                shown = next(t for t in tried if t["target_qps"] == round(best, 1)) if best else tried[-1]
-                row.update(server_qps=round(best, 1) if best else None, p99_ms=shown["p99_ms"],
-                           valid=best is not None, server_tries=tried)
+                found = server_search(run_at, 0.85 * (offline["samples_per_s"] or 1e4), args.server_tries, res.save)
+                row.update(server_qps=found["qps"], p99_ms=found["p99_ms"], valid=found["valid"],
+                           server_tries=found["tries"])
         one = rows[0]
         for row in rows[1:]:
             k = row["devices"]

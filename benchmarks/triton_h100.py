@@ -19,18 +19,17 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tools"))
 sys.path.insert(0, str(REPO / "benchmarks"))
 from device_bundle import STASH, BundleImages, log  # noqa: E402
+from bench_runs import loadgen_row, server_search  # noqa: E402
 from resnet50_e2e import Results  # noqa: E402
 
 STAGES = ("direct", "triton", "lanes")
 MODEL = "resnet50"
-BOUND_MS = 15.0
 
 
 def main(argv=None) -> int:
@@ -57,13 +56,12 @@ def main(argv=None) -> int:
 
 def run(args, stages) -> int:
     import tensorrt as trt
-    from trtfuse import cli, config, cuda_runtime
+    from trtfuse import cuda_runtime
     from trtfuse.backends import create_backend
     from trtfuse.backends.lanes import LanesBackend
     from trtfuse.backends.tensorrt_backend import TensorRTBackend
     from trtfuse.engine import BuildConfig, build_engine
     from trtfuse.models import load_prepared
-    from trtfuse.qps_search import search_server_qps
     from trtfuse.triton.process import ServeProcess
 
     res = Results(args.out)
@@ -79,38 +77,18 @@ def run(args, stages) -> int:
                                                    input_format="int8", profiles=2))
 
     def loadgen(backend, scenario: str, batch: int, qps: float, name: str) -> dict:
-        overrides = {"run.scenario": scenario, "run.batch_size": batch, "run.warmup_batches": 5,
-                     "run.mlperf_model": "resnet50", f"{scenario}.target_qps": qps,
-                     f"{scenario}.min_duration_ms": 10000}
-        if scenario == "server":
-            overrides.update({"server.target_latency_ms": BOUND_MS, "server.min_query_count": 100})
-        result = cli.run(config.load(None, overrides), progress=False, model=model, dataset=data,
-                         backend=backend, run_dir=runs / f"{name}-{time.time():.0f}")
-        lg = result["loadgen"]
-        out = {"samples_per_s": lg.get("samples_per_s"), "valid": lg.get("valid"),
-               "p99_ms": round((lg.get("latency_ns", {}).get("99.00") or 0) / 1e6, 3),
-               "invalid_reasons": lg.get("invalid_reasons"), "mean_batch": result["harness"]["mean_batch"],
-               "cpu_per_wall": round(result["harness"]["cpu_s"] / result["harness"]["wall_s"], 2)}
-        log(f"{name} {scenario} batch {batch} target {qps:,.0f}: {out}")
-        return out
+        return loadgen_row(backend, model, data, scenario, batch, qps, runs, name)
 
-    def server_search(make_backend, name: str, start: float) -> dict:
-        tried = []
-
-        def passes(qps):
+    def search(make_backend, name: str, start: float) -> dict:
+        """The Server search, each try on a backend of its own from ``make_backend``."""
+        def run_at(qps: float) -> dict:
             backend = make_backend()
             try:
-                r = loadgen(backend, "server", args.server_batch, qps, name)
+                return loadgen(backend, "server", args.server_batch, qps, name)
             finally:
                 backend.close()
-            tried.append({"target_qps": round(qps, 1), **r})
-            res.save()
-            return bool(r["valid"]) and r["p99_ms"] <= BOUND_MS
 
-        best, _ = search_server_qps(passes, start, args.server_tries, up=1.08, down=0.7)
-        shown = next(t for t in tried if t["target_qps"] == round(best, 1)) if best else tried[-1]
-        return {"qps": round(best, 1) if best else None, "p99_ms": shown["p99_ms"], "valid": best is not None,
-                "tries": tried}
+        return server_search(run_at, start, args.server_tries, res.save)
 
     def direct_backend(batch: int, **options):
         backend = TensorRTBackend(engine=str(engine(batch)), plugins=True, streams=2, **options)
@@ -127,10 +105,10 @@ def run(args, stages) -> int:
         res.data["direct"] = {"offline_samples_per_s": offline["samples_per_s"], "offline_valid": offline["valid"],
                               "engine_samples_per_s": round(engine_only, 1), "offline_batch": args.offline_batch}
         res.save()
-        search = server_search(lambda: direct_backend(args.server_batch), "direct",
+        found = search(lambda: direct_backend(args.server_batch), "direct",
                                0.85 * offline["samples_per_s"])
-        res.data["direct"].update(server_qps=search["qps"], server_p99_ms=search["p99_ms"],
-                                  server_batch=args.server_batch, server_tries=search["tries"])
+        res.data["direct"].update(server_qps=found["qps"], server_p99_ms=found["p99_ms"],
+                                  server_batch=args.server_batch, server_tries=found["tries"])
 
     def served(batch: int, folder: str) -> ServeProcess:
         return ServeProcess([str(model_dir), "--backend", "tensorrt", "--engine", str(engine(batch)),
@@ -167,11 +145,11 @@ def run(args, stages) -> int:
         out["offline_samples_per_s"] = max(out[f"offline_{t}"]["samples_per_s"] or 0 for t in ("shm", "grpc"))
         with served(args.server_batch, "serve-server") as server:
             # Server cannot go past what Offline answered through the same server: start below it.
-            search = server_search(lambda: client(server.url, args.server_batch, args.transport), "triton",
+            found = search(lambda: client(server.url, args.server_batch, args.transport), "triton",
                                    0.8 * min(out["offline_samples_per_s"] or 10000.0,
                                              direct_res.get("server_qps") or 1e9))
-        out.update(server_qps=search["qps"], p99_ms=search["p99_ms"], valid=search["valid"],
-                   server_tries=search["tries"])
+        out.update(server_qps=found["qps"], p99_ms=found["p99_ms"], valid=found["valid"],
+                   server_tries=found["tries"])
         res.data["triton_version"] = out.get("triton_version")
 
     def lanes():

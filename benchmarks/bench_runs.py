@@ -1,0 +1,54 @@
+"""LoadGen runs for the benchmark scripts of the GPU machine (triton_h100.py, multigpu.py): one run
+through `trtfuse.cli.run`, summed up as a row of a results JSON, and the Server search over such runs
+(the highest target LoadGen calls VALID within MLPerf ResNet-50's 15 ms)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from device_bundle import log
+
+BOUND_MS = 15.0
+
+
+def loadgen_row(backend, model, dataset, scenario: str, batch: int, qps: float, runs: Path, name: str) -> dict:
+    """One LoadGen run of ``backend`` (loaded) at ``qps`` (Offline: expected samples/s; Server: the target),
+    10 s, its run folder under ``runs``; what a results row keeps of it."""
+    from trtfuse import cli, config
+
+    overrides = {"run.scenario": scenario, "run.batch_size": batch, "run.warmup_batches": 5,
+                 "run.mlperf_model": "resnet50", f"{scenario}.target_qps": qps, f"{scenario}.min_duration_ms": 10000}
+    if scenario == "server":
+        overrides.update({"server.target_latency_ms": BOUND_MS, "server.min_query_count": 100})
+    result = cli.run(config.load(None, overrides), progress=False, model=model, dataset=dataset,
+                     backend=backend, run_dir=Path(runs) / f"{name}-{time.time():.0f}")
+    lg, harness = result["loadgen"], result["harness"]
+    row = {"samples_per_s": lg.get("samples_per_s"), "valid": lg.get("valid"),
+           "p99_ms": round((lg.get("latency_ns", {}).get("99.00") or 0) / 1e6, 3),
+           "invalid_reasons": lg.get("invalid_reasons"), "mean_batch": harness["mean_batch"],
+           "cpu_per_wall": round(harness["cpu_s"] / harness["wall_s"], 2), "lanes": result.get("lanes")}
+    log(f"{name} {scenario} batch {batch} target {qps:,.0f}: {row}")
+    return row
+
+
+def server_search(run_at: Callable[[float], dict], start: float, tries: int,
+                  after_try: Callable[[], None] = lambda: None) -> dict:
+    """``run_at(qps)`` makes one Server run and returns its row; the search steps up after a pass and
+    down after a failure (trtfuse.qps_search). ``after_try`` runs after each (e.g. save the JSON).
+    Returns the highest passing target, its p99, whether any passed, and every try."""
+    from trtfuse.qps_search import search_server_qps
+
+    tried = []
+
+    def passes(qps: float) -> bool:
+        row = run_at(qps)
+        tried.append({"target_qps": round(qps, 1), **row})
+        after_try()
+        return bool(row["valid"]) and row["p99_ms"] <= BOUND_MS
+
+    best, _ = search_server_qps(passes, start, tries, up=1.08, down=0.7)
+    shown = next(t for t in tried if t["target_qps"] == round(best, 1)) if best else tried[-1]
+    return {"qps": round(best, 1) if best else None, "p99_ms": shown["p99_ms"], "valid": best is not None,
+            "tries": tried}
