@@ -20,7 +20,9 @@ from trtfuse.errors import UserError
 from trtfuse.models import default_model_dir
 from trtfuse.models.prepared import write_prepared
 from trtfuse.triton import export
-from tritonclient.grpc import model_config_pb2 as pb
+
+pb = pytest.importorskip("tritonclient.grpc.model_config_pb2",
+                         reason="tritonclient is not installed (pip install '.[triton]')")
 
 TRT_VERSION = "8.5.3.1"
 GPU = "NVIDIA H100 80GB HBM3"

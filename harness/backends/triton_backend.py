@@ -191,34 +191,36 @@ class TritonBackend(Backend):
 
     # -- batches --------------------------------------------------------------------------------
     def classify_rows(self, store: np.ndarray, rows: np.ndarray, k: int = TOP_K) -> np.ndarray:
-        if k > self.spec.top_k:
-            raise ValueError(f"the served model ranks {self.spec.top_k} classes, {k} asked")
-        slot = self._free.get()
-        try:
-            n = len(rows)
-            gather_rows(store, rows, slot.input)
-            return self._request(slot, n, top=True)[:, :k]
-        finally:
-            self._free.put(slot)
+        return self._on_a_slot(len(rows), lambda into: gather_rows(store, rows, into), k)
+
+    def classify(self, batch: np.ndarray, k: int = TOP_K) -> np.ndarray:
+        return self._on_a_slot(len(batch), self._copy_of(batch), k)
 
     def infer_rows(self, store: np.ndarray, rows: np.ndarray) -> np.ndarray:
         return self.infer(store[rows])
 
     def infer(self, batch: np.ndarray) -> np.ndarray:
         """Scores of a batch (the served model's scores output): for checks, not the serving path."""
-        slot = self._free.get()
-        try:
-            n = len(batch)
-            slot.input[:n] = self.to_input(batch)
-            return self._request(slot, n, top=False).astype(np.float32)
-        finally:
-            self._free.put(slot)
+        return self._on_a_slot(len(batch), self._copy_of(batch), None)
 
-    def classify(self, batch: np.ndarray, k: int = TOP_K) -> np.ndarray:
+    def _copy_of(self, batch: np.ndarray):
+        """A slot filler: ``batch`` in the served input type."""
+        def fill(into: np.ndarray) -> None:
+            into[...] = self.to_input(batch)
+        return fill
+
+    def _on_a_slot(self, n: int, fill, k: int | None) -> np.ndarray:
+        """``fill`` the first n rows of a free slot's input, then one request: the top ``k`` classes,
+        or (``k`` None) the scores."""
+        if k is not None and k > self.spec.top_k:
+            raise ValueError(f"the served model ranks {self.spec.top_k} classes, {k} asked")
+        if n > self.max_batch:
+            raise ValueError(f"batch {n} exceeds max_batch {self.max_batch}")
         slot = self._free.get()
         try:
-            n = len(batch)
-            slot.input[:n] = self.to_input(batch)
+            fill(slot.input[:n])
+            if k is None:
+                return self._request(slot, n, top=False).astype(np.float32)
             return self._request(slot, n, top=True)[:, :k]
         finally:
             self._free.put(slot)
@@ -226,8 +228,6 @@ class TritonBackend(Backend):
     def _request(self, slot: _Slot, n: int, top: bool) -> np.ndarray:
         """One asynchronous request for the first n rows of the slot's input; its answer, or a
         UserError naming this server."""
-        if n > self.max_batch:
-            raise ValueError(f"batch {n} exceeds max_batch {self.max_batch}")
         grpc, spec = self.grpc, self.spec
         inp = grpc.InferInput(spec.input.name, [n, *spec.input.dims], spec.input.dtype)
         out_name = spec.top_classes.name if top else spec.outputs[1].name

@@ -18,9 +18,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+from trtfuse.engine import TOP_CLASSES  # the engine's response output, served under the same name
 from trtfuse.errors import UserError
 
-TOP_CLASSES = "top_classes"  # = trtfuse.engine.TOP_CLASSES (not imported: that module needs nothing of Triton)
 
 # Triton's data types by numpy dtype, and TensorRT's by name, for the types these models use.
 TRITON_DTYPE = {np.dtype(np.int8): "INT8", np.dtype(np.float32): "FP32", np.dtype(np.float16): "FP16",

@@ -68,6 +68,11 @@ def _backend_options(args) -> dict:
     return {k: v for k, v in trt.items() if v not in (None, "")}
 
 
+def backend_input_dtype(backend, dims) -> np.dtype:
+    """The type the (loaded) backend computes on: what its ``to_input`` makes of float pixels."""
+    return np.asarray(backend.to_input(np.zeros((1, *dims), np.float32))).dtype
+
+
 class ServedModel:
     """The served model's batches, run on a trtfuse backend: the function PyTriton calls."""
 
@@ -77,8 +82,7 @@ class ServedModel:
         # What the backend computes on: a float backend given int8 pixels gets them dequantized here,
         # exactly as the network's first DequantizeLinear would (x * scale); an int8 backend takes
         # either (its to_input quantizes float pixels as the QuantizeLinear would).
-        probe = np.zeros((1, *spec.input.dims), np.float32)
-        self.backend_dtype = np.asarray(backend.to_input(probe)).dtype
+        self.backend_dtype = backend_input_dtype(backend, spec.input.dims)
         self.scores_name = spec.outputs[1].name
         self.requests = self.samples = 0  # counted for the shutdown line
         self._count = threading.Lock()
@@ -157,7 +161,7 @@ def serve(args, stop: threading.Event | None = None) -> dict:
     backend = create_backend(args.backend, **_backend_options(args))
     backend.load(prepared, args.batch_size)
     try:
-        probe_dtype = np.asarray(backend.to_input(np.zeros((1, *prepared.input_shape), np.float32))).dtype
+        probe_dtype = backend_input_dtype(backend, prepared.input_shape)
         input_format = args.input_format or ("int8" if probe_dtype == np.int8 else "float")
         scale = None
         if input_format == "int8" or probe_dtype == np.int8:
