@@ -157,16 +157,20 @@ class BatchSUT:
                 item = self._work.get_nowait()
             except queue.Empty:
                 break
-            if item is None:
+            if item is None:  # the SUT is stopping: leave the sentinel for its worker
                 self._work.put(None)
                 break
-            complete(item[0])
-            abandoned += len(item[0])
+            abandoned += self._abandon_queued(item)
         for ids in self.ledger.take_all():
             complete(ids)
             abandoned += len(ids)
         self.ledger.note_completed(abandoned)
         return abandoned
+
+    def _abandon_queued(self, item) -> int:
+        """Complete one queued work item with empty responses; the samples it held."""
+        complete(item[0])
+        return len(item[0])
 
     def guarded_issue(self, ids: list[int], indices: list[int]) -> None:
         """LoadGen's issue callback (ConstructFastSUT: two lists of ints). Never raises."""
@@ -231,26 +235,13 @@ class OfflineSUT(BatchSUT):
             return np.array(ids, dtype=np.uint64), np.array(indices, dtype=np.int64)
         return None
 
-    def abandon(self) -> int:
-        """Complete every batch not yet taken, and every batch in flight, with empty responses
-        (watchdog). A query a worker holds for a moment is found on the next call, its batches still
-        given out once each."""
+    def _abandon_queued(self, query: OfflineQuery) -> int:
+        """Every batch of the query not yet taken (watchdog); a query a worker holds for a moment is
+        found on the watchdog's next call, its batches still given out once each."""
         abandoned = 0
-        while True:
-            try:
-                query = self._work.get_nowait()
-            except queue.Empty:
-                break
-            if query is None:  # the SUT is stopping: leave the sentinel for its worker
-                self._work.put(None)
-                break
-            while (batch := query.take()) is not None:
-                complete(batch[0])
-                abandoned += len(batch[0])
-        for ids in self.ledger.take_all():
-            complete(ids)
-            abandoned += len(ids)
-        self.ledger.note_completed(abandoned)
+        while (batch := query.take()) is not None:
+            complete(batch[0])
+            abandoned += len(batch[0])
         return abandoned
 
 
