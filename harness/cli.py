@@ -10,7 +10,7 @@
   trtfuse profile ENGINE       per-layer times of an engine, which layers are trtfuse's (needs TensorRT)
   trtfuse compare A B ...      two engines on the same inputs: top-1 agreement, logit difference
   trtfuse report RUN ...       runs side by side: a table, NAME.json and NAME.png
-  trtfuse serve MODEL          a real Triton server (PyTriton) serving the model on our backend
+  trtfuse serve MODEL          a real Triton server serving the model on our backend
   trtfuse triton export ...    a Triton model repository for an engine (Triton's TensorRT backend)
   trtfuse plugins ...          build/check the CUDA kernels and TensorRT plugins
 """
@@ -77,8 +77,9 @@ def _add_run_arguments(p: argparse.ArgumentParser) -> None:
                         "least busy); also comma-separated")
     p.add_argument("--triton-model", dest="triton.model_name", help="--backend triton: the served model's "
                    "name (default: the model's)")
-    p.add_argument("--triton-transport", dest="triton.transport", choices=["grpc", "shm"],
-                   help="--backend triton: pixels in the request (grpc) or in shared memory (shm: same host)")
+    p.add_argument("--triton-transport", dest="triton.transport", choices=["grpc", "shm", "cuda"],
+                   help="--backend triton: pixels in the request (grpc), in system shared memory (shm: same host) or in GPU "
+                        "memory shared with the server (cuda: same host and GPU; no host copy)")
     p.add_argument("--triton-inflight", dest="triton.inflight", type=int,
                    help="--backend triton: requests in flight per server")
     p.add_argument("--quiet", action="store_true", help="no progress output")
@@ -257,7 +258,7 @@ def run(settings: dict, progress: bool = True, weights: str | None = None,
                     "completed": lg_run.completed, "qsl_load_calls": lg_run.qsl_load_calls,
                     "qsl_loaded_samples": lg_run.qsl_loaded_samples, "wall_s": lg_run.wall_s,
                     "cpu_s": lg_run.cpu_s, "mean_batch": lg_run.mean_batch,
-                    "effective": lg_run.effective,
+                    "effective": lg_run.effective, "stalls": lg_run.stalls,
                     "timeline": {"t_s": [t for t, _ in lg_run.timeline],
                                  "completed": [n for _, n in lg_run.timeline]}},
     }

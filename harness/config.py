@@ -101,8 +101,8 @@ def _check(s: Settings) -> None:
         raise UserError(f"tensorrt.tactic_sources must be \"default\" or \"none\", not {s['tensorrt']['tactic_sources']!r}",
                         'use "default" (TensorRT\'s own), or "none" where cuBLAS/cuDNN are not installed')
     triton = s["triton"]
-    if triton["transport"] not in ("grpc", "shm") or triton["inflight"] < 1 or triton["timeout_s"] <= 0:
-        raise UserError(f"triton settings: transport must be grpc or shm (not {triton['transport']!r}), inflight 1 "
+    if triton["transport"] not in ("grpc", "shm", "cuda") or triton["inflight"] < 1 or triton["timeout_s"] <= 0:
+        raise UserError(f"triton settings: transport must be grpc, shm or cuda (not {triton['transport']!r}), inflight 1 "
                         f"or more (not {triton['inflight']}), timeout_s positive (not {triton['timeout_s']})",
                         "e.g. transport = \"grpc\", inflight = 2, timeout_s = 60")
     for scenario in SCENARIOS:

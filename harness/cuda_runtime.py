@@ -95,6 +95,37 @@ class PinnedBuffer:
             self.ptr = 0
 
 
+class PinnedStores:
+    """The page-locked sample stores a backend hands out (``Backend.host_array``) or adopts from another
+    lane, by address: a batch of rows from one of them can go host -> device directly."""
+
+    def __init__(self):
+        self._owned: list[PinnedBuffer] = []
+        self._ranges: list[tuple[int, int]] = []  # (address, bytes): owned and adopted
+
+    def allocate(self, shape, dtype) -> np.ndarray:
+        buf = PinnedBuffer(shape, dtype)  # portable: the lanes of other GPUs may adopt it
+        self._owned.append(buf)
+        self._ranges.append((buf.ptr, buf.nbytes))
+        return buf.array
+
+    def adopt(self, array: np.ndarray) -> None:
+        """A store another lane allocated: read in place like an owned one; its owner frees it."""
+        self._ranges.append((array.ctypes.data, array.nbytes))
+
+    def holds(self, store: np.ndarray, dtype) -> bool:
+        """Whether ``store`` (of ``dtype``, C-contiguous) lies in one of these stores."""
+        if store.dtype != dtype or not store.flags.c_contiguous:
+            return False
+        start = store.ctypes.data
+        return any(ptr <= start and start + store.nbytes <= ptr + n for ptr, n in self._ranges)
+
+    def free(self) -> None:
+        for buf in self._owned:
+            buf.free()
+        self._owned, self._ranges = [], []
+
+
 class Stream:
     def __init__(self):
         self.handle = check(cudart.cudaStreamCreateWithFlags(cudart.cudaStreamNonBlocking),
@@ -214,6 +245,23 @@ def copy_dtoh_async(dst: PinnedBuffer, src: DeviceBuffer | int, nbytes: int, str
     sptr = src.ptr if isinstance(src, DeviceBuffer) else int(src)
     check(cudart.cudaMemcpyAsync(dst.ptr, sptr, nbytes, cudart.cudaMemcpyKind.cudaMemcpyDeviceToHost,
                                  stream.handle), "cudaMemcpyAsync D2H")
+
+
+def copy_dtod_async(dst: DeviceBuffer | int, src: int, nbytes: int, stream: Stream) -> None:
+    dptr = dst.ptr if isinstance(dst, DeviceBuffer) else int(dst)
+    check(cudart.cudaMemcpyAsync(dptr, int(src), nbytes, cudart.cudaMemcpyKind.cudaMemcpyDeviceToDevice,
+                                 stream.handle), "cudaMemcpyAsync D2D")
+
+
+def ipc_handle(buf: DeviceBuffer) -> bytes:
+    """The 64 bytes of ``buf``'s cudaIpcMemHandle: what another process (a Triton server given a CUDA
+    shared-memory region) opens to read the same device memory."""
+    import ctypes
+
+    handle = check(cudart.cudaIpcGetMemHandle(buf.ptr), "cudaIpcGetMemHandle")
+    if hasattr(handle, "reserved"):  # cuda-python 12: the bytes as a field
+        return bytes(bytearray(int(b) & 0xFF for b in handle.reserved))
+    return bytes((ctypes.c_char * cudart.CUDA_IPC_HANDLE_SIZE).from_address(handle.getPtr()))  # 13: its address
 
 
 def memset(dst: DeviceBuffer, value: int = 0) -> None:

@@ -201,3 +201,36 @@ def test_all_gpus_answer_as_gpu_0_and_each_does_its_share(model_dir, monkeypatch
             assert all(s["batches"] > 0 for s in backend.lane_stats()), backend.lane_stats()
     finally:
         backend.close()
+
+
+@pytest.mark.parametrize("input_format", ["float", "int8"])
+def test_images_in_gpu_memory_give_what_host_images_give(model_dir, input_format):  # noqa: F811
+    # What `trtfuse serve` does with a request in CUDA shared memory: the images are on the GPU
+    # already (in the engine's input type), in several runs (one per request of a dynamic batch);
+    # classify_device and infer_device copy them device to device and answer as classify and infer.
+    from trtfuse import cuda_runtime
+    from trtfuse.backends.tensorrt_backend import TensorRTBackend
+    from trtfuse.models import load_prepared
+
+    backend = TensorRTBackend(**{**_OPTIONS, "input_format": input_format})
+    backend.load(load_prepared(model_dir), 8)
+    x = backend.to_input(np.concatenate(calib_batches(seed=16, n=1)))
+    staged = cuda_runtime.PinnedBuffer(x.shape, x.dtype)
+    device = cuda_runtime.DeviceBuffer(x.nbytes)
+    stream = cuda_runtime.Stream()
+    try:
+        staged.array[...] = x
+        cuda_runtime.copy_htod_async(device, staged, x.nbytes, stream)
+        stream.synchronize()
+        row = x[0].nbytes
+        parts = [(device.ptr, 3), (device.ptr + 3 * row, 1), (device.ptr + 4 * row, 4)]  # requests of 3, 1, 4
+        np.testing.assert_array_equal(backend.classify_device(parts), backend.classify(x))
+        np.testing.assert_array_equal(backend.classify_device(parts[1:], k=2), backend.classify(x[3:], k=2))
+        np.testing.assert_array_equal(backend.infer_device(parts), backend.infer(x))
+        with pytest.raises(ValueError, match="exceeds max_batch"):
+            backend.classify_device([(device.ptr, 8), (device.ptr, 1)])
+    finally:
+        stream.destroy()
+        device.free()
+        staged.free()
+        backend.close()

@@ -276,15 +276,15 @@ def test_an_unprepared_model_is_refused_not_prepared(prepared, tmp_path):
 
 
 # ----------------------------------------------------------------------------- a real tritonserver
-def _pytriton_tritonserver() -> tuple[Path, Path, Path] | None:
-    """PyTriton's bundled tritonserver, its libraries and backends folder, as pytriton launches it."""
+def _bundled_tritonserver():
+    """PyTriton's bundled tritonserver (trtfuse.triton.tritonserver), or None where it is not installed."""
+    from trtfuse.triton import tritonserver
+
     try:
-        from pytriton.utils.distribution import get_libs_path, get_root_module_path
-    except ImportError:
+        dist = tritonserver.bundled()
+    except UserError:
         return None
-    root = get_root_module_path() / "tritonserver"
-    binary = root / "bin" / "tritonserver"
-    return (binary, Path(get_libs_path()), root / "backends") if os.access(binary, os.X_OK) else None
+    return dist if os.access(dist.binary, os.X_OK) else None
 
 
 def _free_ports(n: int) -> list[int]:
@@ -297,17 +297,16 @@ def _free_ports(n: int) -> list[int]:
     return ports
 
 
-def _load_in_tritonserver(folder: Path, server: tuple[Path, Path, Path]) -> str:
+def _load_in_tritonserver(folder: Path, dist) -> str:
     """Run the exported command line (its first line) with PyTriton's binary, loading only this model;
     the server exits by itself when the load fails. Its log."""
-    binary, libs, backends = server
     command = shlex.split((folder / "tritonserver.txt").read_text().splitlines()[1])
     assert command[0] == "tritonserver"
     http, grpc, metrics = _free_ports(3)
-    argv = [str(binary), *command[1:], "--model-control-mode=explicit", f"--load-model={folder.name}",
-            f"--backend-directory={backends}", f"--http-port={http}", f"--grpc-port={grpc}",
+    argv = [str(dist.binary), *command[1:], "--model-control-mode=explicit", f"--load-model={folder.name}",
+            f"--backend-directory={dist.backends}", f"--http-port={http}", f"--grpc-port={grpc}",
             f"--metrics-port={metrics}", "--exit-timeout-secs=2"]
-    env = {**os.environ, "LD_LIBRARY_PATH": ":".join(filter(None, [os.environ.get("LD_LIBRARY_PATH"), str(libs)]))}
+    env = {**os.environ, "LD_LIBRARY_PATH": ":".join(filter(None, [os.environ.get("LD_LIBRARY_PATH"), str(dist.libs)]))}
     try:
         done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=30)
     except subprocess.TimeoutExpired as e:  # subprocess.run has killed it
@@ -322,7 +321,7 @@ NO_TENSORRT_BACKEND = "unable to find backend library for backend 'tensorrt'"
 
 
 def test_tritonserver_parses_the_exported_config(prepared, tmp_path):
-    server = _pytriton_tritonserver()
+    server = _bundled_tritonserver()
     if server is None:
         pytest.skip("PyTriton's tritonserver is not installed")
     engine = fake_engine(tmp_path, plugins=True)

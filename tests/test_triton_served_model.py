@@ -1,5 +1,5 @@
-"""`trtfuse serve`'s inference callable without a server: PyTriton hands it a list of requests (one
-dynamic batch); it must answer each request with its own rows, dequantize int8 pixels for a float
+"""`trtfuse serve`'s model without a server: Triton's Python backend hands it the requests of one
+dynamic batch; it must answer each request with its own rows, dequantize int8 pixels for a float
 backend exactly as the network's DequantizeLinear would, and compute the scores only when asked."""
 
 import numpy as np
@@ -8,15 +8,7 @@ from conftest_harness import tiny_model
 from trtfuse.backends import top_k_classes
 from trtfuse.backends.onnxruntime_backend import OnnxRuntimeBackend
 from trtfuse.triton.model_io import triton_model
-from trtfuse.triton.serve import ServedModel
-
-
-class Request(dict):
-    """What PyTriton passes: the inputs by name, and the outputs the client asked for."""
-
-    def __init__(self, inputs, requested_output_names=None):
-        super().__init__(inputs)
-        self.requested_output_names = requested_output_names
+from trtfuse.triton.python_model import ServedModel
 
 
 class Recording(OnnxRuntimeBackend):
@@ -40,16 +32,16 @@ def served(tmp_path):
 def test_each_request_gets_its_own_rows_and_scores_only_when_asked(served):
     model, backend = served
     spec = triton_model(model, "FP32", 16)
-    callable_ = ServedModel(backend, spec, scale=None)
+    served_model = ServedModel(backend, spec, scale=None)
     rng = np.random.default_rng(0)
     a, b = (rng.standard_normal((n, *model.input_shape)).astype(np.float32) for n in (3, 5))
-    answers = callable_([Request({"input": a}, ["top_classes"]), Request({"input": b}, ["top_classes"])])
+    answers = served_model.run([a, b], scores=False)
     assert [set(r) for r in answers] == [{"top_classes"}, {"top_classes"}]  # no scores computed
     for x, answer in zip((a, b), answers):
         np.testing.assert_array_equal(answer["top_classes"], top_k_classes(x.mean(axis=(2, 3)), 5))
-    assert callable_.requests == 2 and callable_.samples == 8
+    assert served_model.requests == 2 and served_model.samples == 8
 
-    (both,) = callable_([Request({"input": a}, None)])  # no list: every output, as Triton means it
+    (both,) = served_model.run([a], scores=True)
     np.testing.assert_allclose(both[model.output_name], a.mean(axis=(2, 3)), rtol=1e-5)
     assert both[model.output_name].dtype == np.float32 and both["top_classes"].dtype == np.int32
 
@@ -59,7 +51,139 @@ def test_int8_pixels_are_dequantized_for_a_float_backend(served):
     scale = 0.05
     spec = triton_model(model, "INT8", 16)
     q = np.random.default_rng(1).integers(-128, 128, (4, *model.input_shape), dtype=np.int8)
-    (answer,) = ServedModel(backend, spec, scale)([Request({"input": q}, ["top_classes"])])
+    (answer,) = ServedModel(backend, spec, scale).run([q], scores=False)
     np.testing.assert_array_equal(backend.seen[-1], q.astype(np.float32) * np.float32(scale))
     np.testing.assert_array_equal(answer["top_classes"],
                                   top_k_classes((q.astype(np.float32) * np.float32(scale)).mean(axis=(2, 3)), 5))
+
+
+# ------------------------------------------------------------------ the Python backend's execute
+class FakeTensor:
+    """A Python-backend tensor: host memory, or (``on_gpu``) memory it reports as the GPU's, whose
+    address the model reads through DLPack."""
+
+    def __init__(self, array, on_gpu=False):
+        self.array, self.on_gpu = array, on_gpu
+
+    def is_cpu(self):
+        return not self.on_gpu
+
+    def as_numpy(self):
+        assert not self.on_gpu, "the model asked a GPU tensor for a numpy array"
+        return self.array
+
+    def to_dlpack(self):
+        return self.array.__dlpack__()
+
+
+class DeviceRecording(Recording):
+    """Reads "device" images from their addresses (host memory here) and records the runs."""
+
+    def __init__(self):
+        super().__init__()
+        self.device_parts = []
+
+    def _gather(self, parts):
+        import ctypes
+
+        shape, dtype = self.seen_shape, np.float32
+        rows = [np.frombuffer((ctypes.c_byte * (n * int(np.prod(shape)) * 4)).from_address(a), dtype).reshape(n, *shape)
+                for a, n in parts]
+        self.device_parts.append([n for _, n in parts])
+        return np.concatenate(rows)
+
+    def classify_device(self, parts, k=5):
+        return self.classify(self._gather(parts), k)
+
+    def infer_device(self, parts):
+        return self.infer(self._gather(parts))
+
+
+def test_execute_answers_gpu_and_host_requests_in_order(tmp_path, monkeypatch):
+    import json
+    import sys
+    import types
+
+    from trtfuse.triton import python_model
+    from trtfuse.triton.model_io import config_text, model_config
+
+    model = tiny_model(tmp_path)
+    spec = triton_model(model, "FP32", 16)
+    backend = DeviceRecording()
+    backend.load(model, 16)
+    backend.seen_shape = model.input_shape
+    pb = types.SimpleNamespace(
+        get_input_tensor_by_name=lambda r, name: r["tensors"][name],
+        InferenceResponse=lambda output_tensors=None, error=None: {"outputs": output_tensors, "error": error},
+        Tensor=lambda name, array: (name, array), TritonError=str)
+    monkeypatch.setitem(sys.modules, "triton_python_backend_utils", pb)
+    instance = python_model.TritonPythonModel.__new__(python_model.TritonPythonModel)
+    instance.pb, instance.name = pb, "tiny_0"
+    instance.model = python_model.ServedModel(backend, spec, None)
+
+    class Request(dict):
+        def __init__(self, array, on_gpu, outputs):
+            super().__init__(tensors={"input": FakeTensor(array, on_gpu)})
+            self.outputs = outputs
+
+        def requested_output_names(self):
+            return self.outputs
+
+    rng = np.random.default_rng(2)
+    arrays = [rng.standard_normal((n, *model.input_shape)).astype(np.float32) for n in (2, 3, 1, 4)]
+    on_gpu = [True, False, True, False]
+    responses = instance.execute([Request(a, g, ["top_classes"]) for a, g in zip(arrays, on_gpu)])
+    assert backend.device_parts == [[2, 1]]  # the GPU requests, in one run, in their order
+    for a, r in zip(arrays, responses):
+        assert r["error"] is None and [name for name, _ in r["outputs"]] == ["top_classes"]
+        np.testing.assert_array_equal(r["outputs"][0][1], top_k_classes(a.mean(axis=(2, 3)), 5))
+    assert instance.model.device_requests == 2 and instance.model.requests == 4
+
+    # Scores asked for by one request: computed for the batch, sent only to that request.
+    responses = instance.execute([Request(arrays[0], True, ["top_classes", model.output_name]),
+                                  Request(arrays[1], True, ["top_classes"])])
+    assert [len(r["outputs"]) for r in responses] == [2, 1]
+    np.testing.assert_allclose(dict(responses[0]["outputs"])[model.output_name], arrays[0].mean(axis=(2, 3)),
+                               rtol=1e-5)
+
+    # A failing batch: every request gets the error, none a half answer.
+    def fail(*_):
+        raise RuntimeError("the GPU fell off")
+
+    monkeypatch.setattr(backend, "classify", fail)
+    responses = instance.execute([Request(arrays[1], False, ["top_classes"]), Request(arrays[0], True, ["top_classes"])])
+    assert all(r["outputs"] is None and r["error"] == "trtfuse: RuntimeError: the GPU fell off" for r in responses)
+    monkeypatch.undo()
+    monkeypatch.setitem(sys.modules, "triton_python_backend_utils", pb)
+
+    # The settings serve writes reach initialize through the config's JSON, as Triton passes it.
+    cfg = model_config(spec, backend="python")
+    import onnx
+    from trtfuse.models.prepared import write_prepared
+
+    prepared = write_prepared(onnx.load(model.onnx_path), model, tmp_path / "prepared")
+    cfg.parameters[python_model.PARAMETER].string_value = python_model.settings(str(prepared.dir), "onnxruntime",
+                                                                                {}, None)
+    from google.protobuf import json_format
+
+    args = {"model_config": json.dumps(json_format.MessageToDict(cfg, preserving_proto_field_name=True)),
+            "model_instance_kind": "CPU", "model_instance_name": "tiny_0"}
+    fresh = python_model.TritonPythonModel()
+    fresh.initialize(args)
+    try:
+        (r,) = fresh.execute([Request(arrays[3], False, ["top_classes"])])
+        np.testing.assert_array_equal(r["outputs"][0][1], top_k_classes(arrays[3].mean(axis=(2, 3)), 5))
+    finally:
+        fresh.finalize()
+
+
+def test_dlpack_placement_is_the_array_memory():
+    from trtfuse.triton.dlpack import CPU, placement
+
+    a = np.arange(2 * 3 * 4, dtype=np.int8).reshape(2, 3, 4)
+    p = placement(a.__dlpack__())
+    assert (p.address, p.shape, p.itemsize, p.device_type) == (a.ctypes.data, (2, 3, 4), 1, CPU)
+    assert placement(a[1:].__dlpack__()).address == a.ctypes.data + 12
+    assert placement(np.zeros((5, 2), np.float32).__dlpack__()).itemsize == 4
+    with pytest.raises(ValueError, match="not C-contiguous"):
+        placement(a[:, :, ::2].__dlpack__())

@@ -1,4 +1,4 @@
-"""The harness against real Triton servers: `trtfuse serve` (PyTriton's tritonserver binary) serving
+"""The harness against real Triton servers: `trtfuse serve` (the tritonserver nvidia-pytriton bundles) serving
 EfficientNet-Lite0 on ONNX Runtime, LoadGen driving it through the `triton` backend on the sample
 photos. Offline and Server VALID at CPU-sized targets, two servers behind one run, a server killed
 in the middle of a run, accuracy through Triton equal to accuracy direct.

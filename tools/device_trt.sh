@@ -16,10 +16,12 @@
 # qs-stash (keep carried .devcache/qs/{val,calib,models}), quickstart (benchmarks/gpu_quickstart.py: the
 # README's GPU quick start verbatim, then profile and compare of the ResNet-50 engines).
 # pytriton-stash (unzip the carried .devcache/pytriton/nvidia_pytriton-*.whl into /opt/trt85: its wheel is
-# manylinux_2_35, which stage-trt.sh's platform list does not take; its dependencies are staged there),
+# manylinux_2_35, which stage-trt.sh's platform list does not take; only its tritonserver is used),
 # triton:STAGES (benchmarks/triton_h100.py run --stages STAGES, extra arguments from $TRITON_ARGS),
 # multigpu (benchmarks/multigpu.py: engine-only per GPU, LoadGen on 1..N GPUs, extra arguments from
-# $MULTIGPU_ARGS), gpu-test (the GPU/TensorRT tests of the lanes, the TensorRT backend and the Triton export).
+# $MULTIGPU_ARGS), gpu-test (the GPU/TensorRT tests of the lanes, the TensorRT backend, the Triton export
+# and trtfuse serve with TensorRT over each transport), switch (benchmarks/server_switch_interval.py: Server
+# p50/p99 against Python's GIL switch interval; extra arguments from $SWITCH_ARGS).
 # A failing step does not stop the next. Logs and results accumulate in /tmp/trtfuse-results (outside
 # the work tree, which each call replaces); $OUT gets the JSON results and logs.tgz (at most 8 files come back).
 # Exit status: the number of failed steps.
@@ -99,22 +101,20 @@ for step in "$@"; do
             PATH=/tmp/bin:$PATH TRTFUSE_HOME=/tmp/trtfuse-home run_step quickstart python3.10 benchmarks/gpu_quickstart.py \
                 --images /tmp/qs/val --calibration /tmp/qs/calib --resnet50 /tmp/trtfuse-e2e/models/resnet50 \
                 --out "$RESULTS/gpu_quickstart_h100.json" --e2e-results "$RESULTS/resnet50_e2e_h100.json" ;;
-        pytriton-stash)  # also the cp310 wheels of tritonclient[http]'s needs carried in .devcache/pywheels (gevent, ...)
-            for w in .devcache/pytriton/*.whl .devcache/pywheels/*.whl; do
+        pytriton-stash)  # the tritonserver binary, its Python backend and stubs that trtfuse serve runs
+            for w in .devcache/pytriton/*.whl; do
                 [ -f "$w" ] && run_step "unzip-$(basename "$w" | cut -d- -f1)" python3.10 -m zipfile -e "$w" "$TRT85/site-packages/"
             done
-            # zipfile drops the executable bits; and PyTriton outside site.getsitepackages() takes itself
-            # for an editable install, whose libraries it looks for in tritonserver/external_libs.
+            # zipfile drops the executable bits
             p=$TRT85/site-packages/pytriton/tritonserver
-            if [ -d "$p" ]; then
-                chmod +x "$p"/bin/* "$p"/python_backend_stubs/*/* 2>/dev/null
-                ln -sfn "$TRT85/site-packages/nvidia_pytriton.libs" "$p/external_libs"
-            fi ;;
+            [ -d "$p" ] && chmod +x "$p"/bin/* "$p"/python_backend_stubs/*/* 2>/dev/null ;;
         triton:*) run_step "triton-${step#triton:}" python3.10 benchmarks/triton_h100.py run \
                       --out "$RESULTS/triton_h100.json" --stages "${step#triton:}" ${TRITON_ARGS:-} ;;
+        switch) run_step switch python3.10 benchmarks/server_switch_interval.py ${SWITCH_ARGS:-} ;;
         multigpu) run_step multigpu python3.10 benchmarks/multigpu.py run --out "$RESULTS/multigpu_h200.json" ${MULTIGPU_ARGS:-} ;;
         gpu-test) run_step gpu-test python3.10 -m pytest -q -m "gpu or tensorrt" -p no:cacheprovider \
-                      tests/test_lanes.py tests/test_tensorrt_backend.py tests/test_cuda_runtime.py tests/test_triton_export.py ;;
+                      tests/test_lanes.py tests/test_tensorrt_backend.py tests/test_cuda_runtime.py tests/test_triton_export.py \
+                      tests/test_triton_gpu.py ;;
         *) echo "unknown step $step"; failed=$((failed + 1)) ;;
     esac
 done

@@ -98,14 +98,16 @@ class _Slot:
 
     def enqueue(self, n: int, use_graph: bool) -> None:
         """Launch the engine for batch n on this slot's stream (graph when captured; one plain run,
-        then a capture, the first time a batch size is seen)."""
-        if self.shape_n != n:
-            self.context.set_input_shape(self.in_name, (n, *self.in_shape))
-            self.shape_n = n
+        then a capture, the first time a batch size is seen). A graph holds its shapes: the context's
+        input shape is set only for a plain run (TensorRT 8.5 also logs a warning for each shape set
+        on a context of a second optimization profile: hundreds a second in a Server run)."""
         graph = self.graphs.get(n)
         if graph is not None:
             graph.launch()
             return
+        if self.shape_n != n:
+            self.context.set_input_shape(self.in_name, (n, *self.in_shape))
+            self.shape_n = n
         if not self.context.execute_async_v3(self.stream.ptr):
             raise RuntimeError("TensorRT execute_async_v3 failed")
         if use_graph and n not in self.graphs:
@@ -184,9 +186,7 @@ class TensorRTBackend(Backend):
         self._in_dtype = None
         self._buckets: list[int] = []        # batch sizes the engine runs at (see _bucket)
         self.top_k = 0                       # classes the engine's TopK output ranks (0: none)
-        self._host_arrays: list = []         # pinned stores handed out by host_array, freed by close
-        self._pinned: list[tuple[int, int]] = []  # (address, bytes) of the stores infer_rows reads in place:
-        #                                           those above, and those adopted from another lane
+        self._stores = cuda_runtime.PinnedStores()  # the stores infer_rows reads in place (own and adopted)
 
     def load(self, model, batch_size: int) -> None:
         trt = self.trt
@@ -284,21 +284,15 @@ class TensorRTBackend(Backend):
 
     def host_array(self, shape, dtype) -> np.ndarray:
         self.cr.set_device(self.device)
-        buf = self.cr.PinnedBuffer(shape, dtype)  # portable: the lanes of other GPUs may adopt it
-        self._host_arrays.append(buf)
-        self._pinned.append((buf.ptr, buf.nbytes))
-        return buf.array
+        return self._stores.allocate(shape, dtype)
 
     def adopt_host_array(self, array: np.ndarray) -> None:
         """A store another lane's ``host_array`` allocated (pinned, portable): read in place by
         ``infer_rows`` like this backend's own; its owner frees it."""
-        self._pinned.append((array.ctypes.data, array.nbytes))
+        self._stores.adopt(array)
 
     def _is_pinned_store(self, store: np.ndarray) -> bool:
-        if store.dtype != self._in_dtype or not store.flags.c_contiguous:
-            return False
-        start = store.ctypes.data
-        return any(ptr <= start and start + store.nbytes <= ptr + nbytes for ptr, nbytes in self._pinned)
+        return self._stores.holds(store, self._in_dtype)
 
     def infer(self, batch: np.ndarray) -> np.ndarray:
         self.cr.set_device(self.device)
@@ -353,6 +347,34 @@ class TensorRTBackend(Backend):
         finally:
             self._free.put(slot)
 
+    def classify_device(self, parts: list[tuple[int, int]], k: int = TOP_K) -> np.ndarray:
+        """The top-k classes of images already in this GPU's memory, in the engine's input type,
+        contiguous: ``parts`` is (device address, rows) of each run of them (a Triton server's requests
+        in CUDA shared memory). They go device to device into a slot's input, in order."""
+        if k > self.top_k:
+            raise ValueError(f"the engine ranks {self.top_k} classes, {k} asked (rank on the host: classify)")
+        return self._run_device(parts, top=True)[:, :k]
+
+    def infer_device(self, parts: list[tuple[int, int]]) -> np.ndarray:
+        """Scores of images already in this GPU's memory (as ``classify_device``)."""
+        return self._run_device(parts, top=False)
+
+    def _run_device(self, parts: list[tuple[int, int]], top: bool) -> np.ndarray:
+        self.cr.set_device(self.device)
+        n = sum(rows for _, rows in parts)
+        if n > self.max_batch:
+            raise ValueError(f"batch {n} exceeds max_batch {self.max_batch}")
+        slot = self._free.get()
+        try:
+            row_bytes = slot.host_in.array[0].nbytes
+            offset = 0
+            for address, rows in parts:
+                self.cr.copy_dtod_async(slot.dev_in.ptr + offset, address, rows * row_bytes, slot.stream)
+                offset += rows * row_bytes
+            return self._run(slot, n, top)
+        finally:
+            self._free.put(slot)
+
     def _run(self, slot: _Slot, n: int, top: bool = False) -> np.ndarray:
         """Run the engine on the n samples in the slot's device input; their scores (or, ``top``,
         their TopK class indices) on the host."""
@@ -391,12 +413,8 @@ class TensorRTBackend(Backend):
         return runs * batch / (time.perf_counter() - start)
 
     def close(self) -> None:
-        if self.slots or self._host_arrays:
-            self.cr.set_device(self.device)
+        self.cr.set_device(self.device)
         for slot in self.slots:
             slot.free()
         self.slots = []
-        for buf in self._host_arrays:  # after the slots: their streams are done with these
-            buf.free()
-        self._host_arrays = []
-        self._pinned = []
+        self._stores.free()  # after the slots: their streams are done with these

@@ -9,7 +9,9 @@ per server, each a worker thread's), sent with ``async_infer`` for the ``top_cla
 int32 per sample come back), and waited for with a deadline. Transport ``grpc`` puts the pixels in the
 request; ``shm`` (client and server on one host) gathers them straight into a system shared-memory
 region registered with the server, and the answer comes back through another, so no pixel crosses
-the socket. The server's model must be trtfuse's (``trtfuse.triton.model_io``): ``trtfuse serve``, or
+the socket; ``cuda`` (one host with a GPU) copies them from the QSL's page-locked store straight into
+GPU memory shared with the server (CUDA IPC), as the TensorRT backend copies them into its engine's
+input, so the server's model reads them on the GPU and no pixel is copied on the host at all. The server's model must be trtfuse's (``trtfuse.triton.model_io``): ``trtfuse serve``, or
 an engine exported with ``trtfuse triton export``; it is checked at load.
 
 A server that fails a request, dies, or does not answer within ``timeout_s`` fails the run with an
@@ -28,7 +30,7 @@ import numpy as np
 from trtfuse.backends import TOP_K, Backend, gather_rows
 from trtfuse.errors import UserError
 
-TRANSPORTS = ("grpc", "shm")
+TRANSPORTS = ("grpc", "shm", "cuda")
 _region_ids = itertools.count()
 
 
@@ -59,47 +61,92 @@ def parse_urls(urls) -> list[str]:
 
 
 class _Slot:
-    """One request in flight: its input array (or shared-memory region) and, with shm, its output region."""
+    """One request in flight: its input (an array, or a shared-memory region: ``in_name``) and, with
+    shm or cuda, its output region. With cuda, ``input`` is a page-locked staging array whose rows
+    ``upload`` copies to the device region (for batches that do not come from a page-locked store)."""
 
     def __init__(self, backend: TritonBackend, index: int, max_batch: int):
         spec = backend.spec
         self.input_shape = (max_batch, *spec.input.dims)
-        self.in_region = self.out_region = None
-        if backend.transport == "shm":
-            from tritonclient.utils import shared_memory as shm
-
-            self.row_bytes = int(np.prod(spec.input.dims)) * spec.input.numpy_dtype.itemsize
-            self.in_bytes, self.out_bytes = max_batch * self.row_bytes, max_batch * spec.top_k * 4
-            uid = f"trtfuse_{os.getpid()}_{next(_region_ids)}"
-            self.in_region = (f"{uid}_in", shm.create_shared_memory_region(f"{uid}_in", f"/{uid}_in", self.in_bytes))
-            self.out_region = (f"{uid}_out", shm.create_shared_memory_region(f"{uid}_out", f"/{uid}_out",
-                                                                              self.out_bytes))
-            self.input = shm.get_contents_as_numpy(self.in_region[1], spec.input.numpy_dtype, self.input_shape)
-            self.output = shm.get_contents_as_numpy(self.out_region[1], np.int32, (max_batch, spec.top_k))
-            for (name, _), nbytes in ((self.in_region, self.in_bytes), (self.out_region, self.out_bytes)):
-                backend.client.register_system_shared_memory(name, f"/{name}", nbytes)
-        else:
+        self.row_bytes = int(np.prod(spec.input.dims)) * spec.input.numpy_dtype.itemsize
+        self.in_bytes, self.out_bytes = max_batch * self.row_bytes, max_batch * spec.top_k * 4
+        self.in_name = self.system_regions = None
+        self.device = self.staging = self.device_in = self.stream = None
+        uid = f"trtfuse_{os.getpid()}_{next(_region_ids)}"
+        if backend.transport == "grpc":
             self.input = np.empty(self.input_shape, spec.input.numpy_dtype)
-
-    def free(self, client) -> None:
-        if self.in_region is None:
             return
         from tritonclient.utils import shared_memory as shm
 
-        for name, handle in (self.in_region, self.out_region):
+        regions = [(f"{uid}_out", self.out_bytes)]
+        if backend.transport == "shm":
+            regions.append((f"{uid}_in", self.in_bytes))
+        self.system_regions = {name: shm.create_shared_memory_region(name, f"/{name}", nbytes)
+                               for name, nbytes in regions}
+        self.output = shm.get_contents_as_numpy(self.system_regions[f"{uid}_out"], np.int32, (max_batch, spec.top_k))
+        for name, nbytes in regions:
+            backend.client.register_system_shared_memory(name, f"/{name}", nbytes)
+        self.out_name, self.in_name = f"{uid}_out", f"{uid}_in"
+        if backend.transport == "shm":
+            self.input = shm.get_contents_as_numpy(self.system_regions[self.in_name], spec.input.numpy_dtype,
+                                                   self.input_shape)
+            return
+        import base64
+
+        from trtfuse import cuda_runtime as cr
+
+        self.cr, self.device = cr, backend.cuda_device
+        cr.set_device(self.device)
+        self.device_in, self.stream = cr.DeviceBuffer(self.in_bytes), cr.Stream()
+        self.staging = cr.PinnedBuffer(self.input_shape, spec.input.numpy_dtype)
+        self.input = self.staging.array
+        backend.client.register_cuda_shared_memory(self.in_name, base64.b64encode(cr.ipc_handle(self.device_in)),
+                                                   self.device, self.in_bytes)
+
+    def upload(self, n: int) -> None:
+        """cuda: the first n staged rows to the device region (done when this returns)."""
+        if self.device_in is not None:
+            self.cr.set_device(self.device)
+            self.cr.copy_htod_async(self.device_in, self.staging, n * self.row_bytes, self.stream)
+            self.stream.synchronize()
+
+    def upload_rows(self, store: np.ndarray, rows: np.ndarray) -> None:
+        """cuda: rows of a page-locked store straight to the device region (done when this returns)."""
+        self.cr.set_device(self.device)
+        srcs = store.ctypes.data + np.asarray(rows, dtype=np.int64) * store.strides[0]
+        self.cr.copy_rows_htod_async(self.device_in, srcs, self.row_bytes, self.stream, self.device)
+        self.stream.synchronize()
+
+    def free(self, client) -> None:
+        if self.system_regions is None:
+            return
+        from tritonclient.utils import shared_memory as shm
+
+        names = [*self.system_regions, *([self.in_name] if self.device_in is not None else [])]
+        for name in names:
             try:
-                client.unregister_system_shared_memory(name)
+                if name in self.system_regions:
+                    client.unregister_system_shared_memory(name)
+                else:
+                    client.unregister_cuda_shared_memory(name)
             except Exception:  # noqa: BLE001 - a dead server has nothing to unregister
                 pass
+        for handle in self.system_regions.values():
             shm.destroy_shared_memory_region(handle)
-        self.in_region = self.out_region = None
+        if self.device_in is not None:
+            self.cr.set_device(self.device)
+            self.stream.synchronize()
+            for buf in (self.device_in, self.staging):
+                buf.free()
+            self.stream.destroy()
+        self.system_regions = self.device_in = self.staging = None
         self.input = self.output = None
 
 
 class TritonBackend(Backend):
-    """Options: url (gRPC HOST:PORT), model_name ("": the model's name), transport ("grpc" | "shm"),
-    inflight (requests in flight at once: worker threads feeding this server), timeout_s (a request's
-    deadline)."""
+    """Options: url (gRPC HOST:PORT), model_name ("": the model's name), transport ("grpc" | "shm" |
+    "cuda"), inflight (requests in flight at once: worker threads feeding this server), timeout_s (a
+    request's deadline), cuda_device (cuda: the GPU whose memory the requests' pixels go to)."""
 
     name = "triton"
 
@@ -114,7 +161,7 @@ class TritonBackend(Backend):
         return LanesBackend([cls(url=u, **options) for u in urls])
 
     def __init__(self, url: str = "localhost:8001", model_name: str = "", transport: str = "grpc",
-                 inflight: int = 2, timeout_s: float = 60.0, **_ignored):
+                 inflight: int = 2, timeout_s: float = 60.0, cuda_device: int = 0, **_ignored):
         self.grpc, self.ServerError = _import_client()
         (self.url,) = parse_urls(url)
         if transport not in TRANSPORTS:
@@ -124,6 +171,13 @@ class TritonBackend(Backend):
                             "e.g. --triton-inflight 2, triton.timeout_s = 60")
         self.model_name, self.transport = model_name, transport
         self.inflight, self.timeout_s = int(inflight), float(timeout_s)
+        self.cuda_device = int(cuda_device)
+        self._stores = None  # cuda: the page-locked sample stores host_array hands out (and adopted ones)
+        if transport == "cuda":
+            from trtfuse import cuda_runtime
+
+            cuda_runtime.require_gpu()
+            self._stores = cuda_runtime.PinnedStores()
         self.client = None
         self.spec = None
         self.server_version = ""
@@ -151,7 +205,7 @@ class TritonBackend(Backend):
             try:
                 served = "it has: " + (", ".join(m.name for m in self.client.get_model_repository_index().models)
                                        or "none")
-            except self.ServerError:  # the repository endpoint may be restricted (PyTriton's is)
+            except self.ServerError:  # the repository endpoint may be restricted
                 served = "its model list is not readable"
             raise UserError(f"Triton server {self.url} has no ready model {name!r} ({served})",
                             "serve it (trtfuse serve MODEL), or name the served model with --triton-model")
@@ -179,8 +233,23 @@ class TritonBackend(Backend):
                 self._free.put(slot)
         except self.ServerError as e:
             self.close()
-            raise UserError(f"Triton server {self.url} refused shared memory ({e.message()})",
-                            "transport shm needs client and server on one host; use --triton-transport grpc") from e
+            raise UserError(f"Triton server {self.url} refused {self.transport} shared memory ({e.message()})",
+                            f"transport {self.transport} needs client and server on one host"
+                            f"{' and a GPU both see' if self.transport == 'cuda' else ''}; "
+                            "use --triton-transport grpc") from e
+
+    def host_array(self, shape, dtype) -> np.ndarray:
+        """cuda: page-locked, so that a batch's rows go from it to the GPU directly."""
+        if self._stores is None:
+            return super().host_array(shape, dtype)
+        from trtfuse import cuda_runtime
+
+        cuda_runtime.set_device(self.cuda_device)
+        return self._stores.allocate(shape, dtype)
+
+    def adopt_host_array(self, array: np.ndarray) -> None:
+        if self._stores is not None:
+            self._stores.adopt(array)
 
     def to_input(self, images: np.ndarray) -> np.ndarray:
         """Images in the served input type: int8 pixels are quantized exactly as the network's first
@@ -191,26 +260,36 @@ class TritonBackend(Backend):
 
     # -- batches --------------------------------------------------------------------------------
     def classify_rows(self, store: np.ndarray, rows: np.ndarray, k: int = TOP_K) -> np.ndarray:
-        return self._on_a_slot(len(rows), lambda into: gather_rows(store, rows, into), k)
+        if self._stores is not None and self._stores.holds(store, self.spec.input.numpy_dtype):
+            return self._on_a_slot(len(rows), lambda slot, n: slot.upload_rows(store, rows), k)
+        return self._on_a_slot(len(rows), self._staged(lambda into: gather_rows(store, rows, into)), k)
 
     def classify(self, batch: np.ndarray, k: int = TOP_K) -> np.ndarray:
-        return self._on_a_slot(len(batch), self._copy_of(batch), k)
+        return self._on_a_slot(len(batch), self._staged(self._copy_of(batch)), k)
 
     def infer_rows(self, store: np.ndarray, rows: np.ndarray) -> np.ndarray:
         return self.infer(store[rows])
 
     def infer(self, batch: np.ndarray) -> np.ndarray:
         """Scores of a batch (the served model's scores output): for checks, not the serving path."""
-        return self._on_a_slot(len(batch), self._copy_of(batch), None)
+        return self._on_a_slot(len(batch), self._staged(self._copy_of(batch)), None)
 
     def _copy_of(self, batch: np.ndarray):
-        """A slot filler: ``batch`` in the served input type."""
+        """Fills rows: ``batch`` in the served input type."""
         def fill(into: np.ndarray) -> None:
             into[...] = self.to_input(batch)
         return fill
 
+    @staticmethod
+    def _staged(fill_rows):
+        """A slot filler from a filler of the first n rows of the slot's host input (then uploaded, with cuda)."""
+        def fill(slot: _Slot, n: int) -> None:
+            fill_rows(slot.input[:n])
+            slot.upload(n)
+        return fill
+
     def _on_a_slot(self, n: int, fill, k: int | None) -> np.ndarray:
-        """``fill`` the first n rows of a free slot's input, then one request: the top ``k`` classes,
+        """``fill(slot, n)`` a free slot's input with n rows, then one request: the top ``k`` classes,
         or (``k`` None) the scores."""
         if k is not None and k > self.spec.top_k:
             raise ValueError(f"the served model ranks {self.spec.top_k} classes, {k} asked")
@@ -218,7 +297,7 @@ class TritonBackend(Backend):
             raise ValueError(f"batch {n} exceeds max_batch {self.max_batch}")
         slot = self._free.get()
         try:
-            fill(slot.input[:n])
+            fill(slot, n)
             if k is None:
                 return self._request(slot, n, top=False).astype(np.float32)
             return self._request(slot, n, top=True)[:, :k]
@@ -232,13 +311,13 @@ class TritonBackend(Backend):
         inp = grpc.InferInput(spec.input.name, [n, *spec.input.dims], spec.input.dtype)
         out_name = spec.top_classes.name if top else spec.outputs[1].name
         out = grpc.InferRequestedOutput(out_name)
-        shm_out = top and slot.out_region is not None
-        if slot.in_region is not None:
-            inp.set_shared_memory(slot.in_region[0], n * slot.row_bytes)
+        shm_out = top and slot.system_regions is not None
+        if slot.in_name is not None:
+            inp.set_shared_memory(slot.in_name, n * slot.row_bytes)
         else:
             inp.set_data_from_numpy(slot.input[:n])
         if shm_out:
-            out.set_shared_memory(slot.out_region[0], n * spec.top_k * 4)
+            out.set_shared_memory(slot.out_name, n * spec.top_k * 4)
         done = threading.Event()
         answer: list = [None, None]
 
@@ -269,6 +348,8 @@ class TritonBackend(Backend):
         for slot in self._slots:
             slot.free(self.client)
         self._slots = []
+        if self._stores is not None:
+            self._stores.free()
         self._free = queue.Queue()
         if self.client is not None:
             self.client.close()

@@ -1,7 +1,7 @@
 """The Triton model trtfuse serves: its name, its one input, its outputs, and its config.pbtxt.
 
 One description for every path, so that they cannot drift apart: ``trtfuse triton export`` writes it
-for Triton's TensorRT backend, ``trtfuse serve`` binds it in PyTriton, and the harness's ``triton``
+for Triton's TensorRT backend, ``trtfuse serve`` writes it for Triton's Python backend, and the harness's ``triton``
 backend checks a server's model against it before a run.
 
 The model: ``input`` [C, H, W] (INT8: pixels already quantized with the network's input scale, a

@@ -1,5 +1,6 @@
 """``trtfuse serve`` as a child process: started on free ports, ready when its ready file appears,
-stopped whole (python, tritonserver and the Python backend stub share its process group).
+stopped whole (python, tritonserver and the Python backend stubs share its process group). Its log,
+and tritonserver's (``workspace/tritonserver.log``), stay in its folder.
 
 For scripts and tests that need a real Triton server beside the harness:
 
@@ -11,12 +12,10 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -37,14 +36,12 @@ class ServeProcess:
         self.folder.mkdir(parents=True, exist_ok=True)
         self.ready_file, self.log = self.folder / "ready.json", self.folder / "serve.log"
         self.ready_file.unlink(missing_ok=True)
-        # PyTriton's workspace holds a unix socket, whose path may not exceed ~107 bytes: a short
-        # folder of its own (a test's tmp_path is too long), removed at stop even after a crash.
-        self.workspace = os.path.join(tempfile.mkdtemp(prefix="trtfuse-serve-"), "w")  # PyTriton makes it
+        self.workspace = self.folder / "workspace"  # the model repository and tritonserver.log, kept
         self.grpc_port = free_port()
         self.url = f"localhost:{self.grpc_port}"
         cmd = [sys.executable, "-m", "trtfuse", "serve", *args, "--grpc-port", str(self.grpc_port),
                "--http-port", str(free_port()), "--metrics-port", str(free_port()),
-               "--ready-file", str(self.ready_file), "--workspace", self.workspace]
+               "--ready-file", str(self.ready_file), "--workspace", str(self.workspace)]
         with open(self.log, "wb") as log:
             self.proc = subprocess.Popen(cmd, env={**os.environ, **(env or {})}, stdout=log,
                                          stderr=subprocess.STDOUT, start_new_session=True)
@@ -61,10 +58,14 @@ class ServeProcess:
         return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
 
     def stop(self, sig: int = signal.SIGTERM) -> None:
-        """Signal the whole process group (SIGTERM: a clean stop; SIGKILL: a crash) and wait for it."""
+        """SIGTERM: a clean stop (serve stops tritonserver, which finalizes its model instances);
+        SIGKILL: a crash of the whole process group. Then wait for it."""
         if self.proc.poll() is None:
             try:
-                os.killpg(self.proc.pid, sig)
+                if sig == signal.SIGTERM:
+                    self.proc.send_signal(sig)
+                else:
+                    os.killpg(self.proc.pid, sig)
             except ProcessLookupError:
                 pass
         try:
@@ -72,7 +73,10 @@ class ServeProcess:
         except subprocess.TimeoutExpired:
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait(timeout=30)
-        shutil.rmtree(os.path.dirname(self.workspace), ignore_errors=True)
+        try:  # whatever of the group is left (a stub whose server was killed)
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
 
     def __enter__(self) -> ServeProcess:
         return self

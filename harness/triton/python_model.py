@@ -1,0 +1,144 @@
+"""trtfuse's model in Triton's Python backend: the ``TritonPythonModel`` that ``trtfuse serve`` puts in
+its model repository (``1/model.py`` imports it from here).
+
+Each model instance is one Python backend stub process: ``initialize`` loads a trtfuse backend there
+(TensorRT with the plugins on the instance's GPU, ONNX Runtime, or null) from the settings ``serve``
+wrote into config.pbtxt's ``trtfuse`` parameter; ``execute`` runs one dynamic batch of requests on it.
+A request's pixels reach ``execute`` as a numpy view of the stub's shared memory (the server's one
+copy), or, where the client sent them in CUDA shared memory and the backend reads GPU memory
+(``device_input``), on the GPU, read through DLPack and copied device to device into the engine's input.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import numpy as np
+
+PARAMETER = "trtfuse"  # config.pbtxt parameter holding ServedSettings as JSON
+
+
+def backend_input_dtype(backend, dims) -> np.dtype:
+    """The type the (loaded) backend computes on: what its ``to_input`` makes of float pixels."""
+    return np.asarray(backend.to_input(np.zeros((1, *dims), np.float32))).dtype
+
+
+class ServedModel:
+    """The served model's batches, run on a trtfuse backend."""
+
+    def __init__(self, backend, spec, scale: float | None):
+        self.backend, self.spec = backend, spec
+        self.scale = scale
+        # What the backend computes on: a float backend given int8 pixels gets them dequantized here,
+        # exactly as the network's first DequantizeLinear would (x * scale); an int8 backend takes
+        # either (its to_input quantizes float pixels as the QuantizeLinear would).
+        self.backend_dtype = backend_input_dtype(backend, spec.input.dims)
+        self.scores_name = spec.outputs[1].name
+        self.requests = self.samples = 0
+        self.device_requests = 0  # of them, read in GPU memory (run_device)
+        self._count = threading.Lock()
+
+    def _backend_input(self, images: np.ndarray) -> np.ndarray:
+        if images.dtype == np.int8 and self.backend_dtype != np.int8:
+            return images.astype(np.float32) * np.float32(self.scale)
+        return images
+
+    def run(self, arrays: list[np.ndarray], scores: bool) -> list[dict[str, np.ndarray]]:
+        """The outputs of each request of one dynamic batch (``arrays``: each request's images): its
+        top classes, and its scores when ``scores``."""
+        sizes = [len(a) for a in arrays]
+        # One request (an Offline client's full batch) is used as it came: no copy of its pixels.
+        images = self._backend_input(arrays[0] if len(arrays) == 1 else np.concatenate(arrays))
+        outputs = {self.spec.top_classes.name: self.backend.classify(images, self.spec.top_k)}
+        if scores:
+            outputs[self.scores_name] = self.backend.infer(images).astype(self.spec.outputs[1].numpy_dtype)
+        return self._split(outputs, sizes)
+
+    def run_device(self, parts: list[tuple[int, int]], scores: bool) -> list[dict[str, np.ndarray]]:
+        """As ``run``, for requests whose images are in GPU memory, in the backend's input type:
+        (device address, rows) each."""
+        outputs = {self.spec.top_classes.name: self.backend.classify_device(parts, self.spec.top_k)}
+        if scores:
+            outputs[self.scores_name] = self.backend.infer_device(parts).astype(self.spec.outputs[1].numpy_dtype)
+        with self._count:
+            self.device_requests += len(parts)
+        return self._split(outputs, [rows for _, rows in parts])
+
+    def _split(self, outputs: dict, sizes: list[int]) -> list[dict[str, np.ndarray]]:
+        with self._count:
+            self.requests += len(sizes)
+            self.samples += sum(sizes)
+        split, start = [], 0
+        for n in sizes:
+            split.append({k: v[start:start + n] for k, v in outputs.items()})
+            start += n
+        return split
+
+
+def settings(model_dir: str, backend: str, options: dict, scale: float | None) -> str:
+    """What an instance needs to load its backend, as the ``trtfuse`` parameter's JSON."""
+    return json.dumps({"model": model_dir, "backend": backend, "options": options, "scale": scale})
+
+
+class TritonPythonModel:
+    """Triton's Python backend calls these, in the stub process of each model instance."""
+
+    def initialize(self, args: dict) -> None:
+        import triton_python_backend_utils as pb_utils  # the stub provides it
+        from google.protobuf import json_format
+        from trtfuse.backends import create_backend
+        from trtfuse.cli import resolve_model
+        from trtfuse.triton.model_io import _schema, model_from_config
+
+        self.pb = pb_utils
+        self.name = args.get("model_instance_name", "instance")
+        config = json.loads(args["model_config"])
+        spec = model_from_config(json_format.ParseDict(config, _schema().ModelConfig(), ignore_unknown_fields=True))
+        wanted = json.loads(config["parameters"][PARAMETER]["string_value"])
+        options = dict(wanted["options"])
+        if args.get("model_instance_kind") == "GPU":
+            options["devices"] = str(args["model_instance_device_id"])  # the GPU of this instance's group
+        backend = create_backend(wanted["backend"], **options)
+        backend.load(resolve_model(wanted["model"]), spec.max_batch_size)
+        self.model = ServedModel(backend, spec, wanted["scale"])
+
+    def execute(self, requests) -> list:
+        pb, spec, model = self.pb, self.model.spec, self.model
+        try:
+            tensors = [pb.get_input_tensor_by_name(r, spec.input.name) for r in requests]
+            wanted = [set(r.requested_output_names()) for r in requests]
+            scores = any(model.scores_name in w for w in wanted)
+            outputs = self._run(tensors, scores)
+        except Exception as e:  # noqa: BLE001 - every request answers, with the error
+            return [pb.InferenceResponse(error=pb.TritonError(f"trtfuse: {type(e).__name__}: {e}"))
+                    for _ in requests]
+        return [pb.InferenceResponse(output_tensors=[pb.Tensor(k, np.ascontiguousarray(v))
+                                                    for k, v in out.items() if k in w])
+                for out, w in zip(outputs, wanted)]
+
+    def _run(self, tensors, scores: bool) -> list[dict[str, np.ndarray]]:
+        """Each request's outputs: those in GPU memory (only where ``device_input`` let them stay there)
+        run from the GPU, the others from the host, in their order."""
+        from trtfuse.triton import dlpack
+
+        on_gpu = [not t.is_cpu() for t in tensors]
+        outputs: list = [None] * len(tensors)
+        if any(on_gpu):
+            capsules = [t.to_dlpack() for t, g in zip(tensors, on_gpu) if g]  # alive while their memory is read
+            places = [dlpack.placement(c) for c in capsules]
+            answers = iter(self.model.run_device([(p.address, p.shape[0]) for p in places], scores))
+            for i in (i for i, g in enumerate(on_gpu) if g):
+                outputs[i] = next(answers)
+        if not all(on_gpu):
+            answers = iter(self.model.run([t.as_numpy() for t, g in zip(tensors, on_gpu) if not g], scores))
+            for i in (i for i, g in enumerate(on_gpu) if not g):
+                outputs[i] = next(answers)
+        return outputs
+
+    def finalize(self) -> None:
+        m = self.model
+        print(f"trtfuse: {self.name} ran {m.requests} requests ({m.device_requests} read in GPU memory), "
+              f"{m.samples} samples", flush=True)  # into tritonserver's log
+        m.backend.close()
+

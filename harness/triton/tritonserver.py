@@ -1,0 +1,176 @@
+"""The ``tritonserver`` binary that ``nvidia-pytriton`` bundles, run as a stock Triton server.
+
+PyTriton's wheel carries a real Triton Inference Server (the binary, its libraries, the Python
+backend and a Python backend stub per Python version). trtfuse runs that binary directly on a model
+repository it writes, with its own Python-backend model inside (``python_model``): no PyTriton proxy
+between the server and the model, so a request's pixels take the server's one copy into the stub's
+shared memory and nothing more.
+
+    server = TritonServer(repository, folder, grpc_port=8001, http_port=8000, metrics_port=8002)
+    server.wait_ready("resnet50", timeout_s=600)
+    ...
+    server.stop()
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import signal
+import subprocess
+import sys
+import sysconfig
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from trtfuse.errors import UserError
+
+
+@dataclass(frozen=True)
+class Distribution:
+    binary: Path     # bin/tritonserver
+    libs: Path       # the libraries it links (libtritonserver, libcudart, ...)
+    backends: Path   # backends/python: libtriton_python.so, triton_python_backend_utils.py
+    stubs: Path      # python_backend_stubs/<major.minor>/triton_python_backend_stub
+
+
+def bundled() -> Distribution:
+    """The tritonserver of the installed nvidia-pytriton, found without importing pytriton."""
+    spec = importlib.util.find_spec("pytriton")
+    if spec is None or not spec.submodule_search_locations:
+        raise UserError("nvidia-pytriton is not installed (it bundles the tritonserver binary trtfuse runs)",
+                        'pip install "trtfuse[triton]" (or: pip install nvidia-pytriton)')
+    root = Path(next(iter(spec.submodule_search_locations))) / "tritonserver"
+    libs = root / "external_libs"  # where a source install keeps them; a wheel keeps them beside the package
+    if not libs.is_dir():
+        libs = root.parent.parent / "nvidia_pytriton.libs"
+    dist = Distribution(root / "bin" / "tritonserver", libs, root / "backends", root / "python_backend_stubs")
+    for path in (dist.binary, dist.libs, dist.backends / "python"):
+        if not path.exists():
+            raise UserError(f"nvidia-pytriton's tritonserver is incomplete: {path} is missing",
+                            "reinstall it: pip install --force-reinstall nvidia-pytriton")
+    return dist
+
+
+def stub_for_this_python(dist: Distribution) -> Path:
+    version = f"{sys.version_info[0]}.{sys.version_info[1]}"
+    stub = dist.stubs / version / "triton_python_backend_stub"
+    if not stub.is_file():
+        have = sorted(p.name for p in dist.stubs.iterdir()) if dist.stubs.is_dir() else []
+        raise UserError(f"nvidia-pytriton has no Python backend stub for Python {version} (it has {have})",
+                        "run trtfuse serve with one of those Python versions")
+    return stub
+
+
+def backend_directory(dist: Distribution, folder: Path) -> Path:
+    """A backends folder for this run: the bundled Python backend, with the stub of this Python beside
+    it (the Python backend looks for its stub only in its own folder). Links, not copies."""
+    python = Path(folder) / "backends" / "python"
+    python.mkdir(parents=True, exist_ok=True)
+    links = {p.name: p for p in (dist.backends / "python").iterdir() if p.suffix in (".so", ".py")}
+    links["triton_python_backend_stub"] = stub_for_this_python(dist)
+    for name, target in links.items():
+        link = python / name
+        if link.is_symlink() or link.exists():
+            link.unlink()
+        link.symlink_to(target)
+    return python.parent
+
+
+def server_env(dist: Distribution) -> dict:
+    """The environment tritonserver and the stubs it starts run in: its own libraries, and this
+    interpreter's libpython first (the stub links libpython; the system's one of the same version
+    would not see this environment's packages)."""
+    env = dict(os.environ)
+    paths = [str(dist.libs)]
+    if sysconfig.get_config_var("Py_ENABLE_SHARED") and sysconfig.get_config_var("LIBDIR"):
+        paths.insert(0, sysconfig.get_config_var("LIBDIR"))
+    else:
+        print("note: this Python has no shared libpython; the Python backend stub will use the system's "
+              "libpython of the same version and may not find this environment's packages", file=sys.stderr)
+    if env.get("LD_LIBRARY_PATH"):
+        paths.append(env["LD_LIBRARY_PATH"])
+    env["LD_LIBRARY_PATH"] = ":".join(paths)
+    return env
+
+
+# tritonserver's error lines ("E1124 07:22:13.69 123 file.cc:642] ...") and model load failures.
+_ERROR = re.compile(r"^E\d{4} |failed to load|Failed to initialize|error:", re.IGNORECASE)
+
+
+class TritonServer:
+    """tritonserver on ``repository`` as a child process (same process group: a stop of the group
+    stops it), its output in ``folder/tritonserver.log``."""
+
+    def __init__(self, repository: Path, folder: Path, *, grpc_port: int, http_port: int, metrics_port: int,
+                 backend_config: dict[str, dict[str, str]] | None = None, flags: list[str] | None = None,
+                 log_verbose: int = 0, dist: Distribution | None = None):
+        dist = dist or bundled()
+        folder = Path(folder)
+        self.grpc_url = f"localhost:{grpc_port}"
+        self.log = folder / "tritonserver.log"
+        cmd = [str(dist.binary), "--model-repository", str(repository),
+               "--backend-directory", str(backend_directory(dist, folder)),
+               "--grpc-port", str(grpc_port), "--http-port", str(http_port), "--metrics-port", str(metrics_port),
+               "--exit-timeout-secs", "5", "--log-verbose", str(log_verbose)]
+        for backend, settings in (backend_config or {}).items():
+            cmd += [f"--backend-config={backend},{k}={v}" for k, v in settings.items()]
+        cmd += flags or []
+        self.command = cmd
+        with open(self.log, "wb") as log:
+            self.proc = subprocess.Popen(cmd, env=server_env(dist), stdout=log, stderr=subprocess.STDOUT)
+
+    def errors(self, lines: int = 12) -> str:
+        """The log's error lines (the last ``lines``), else its tail."""
+        text = self.log.read_text(errors="replace").splitlines() if self.log.is_file() else []
+        found = [line for line in text if _ERROR.search(line)]
+        return "\n".join((found or text)[-lines:])
+
+    def wait_ready(self, model: str, timeout_s: float) -> None:
+        """Until ``model`` is ready; a UserError with the server's errors if it exits or times out."""
+        import tritonclient.grpc as grpcclient
+
+        client = grpcclient.InferenceServerClient(self.grpc_url)
+        deadline = time.monotonic() + timeout_s
+        try:
+            while True:
+                if self.proc.poll() is not None:
+                    raise UserError(f"tritonserver exited (code {self.proc.returncode}) before {model!r} was "
+                                    f"ready:\n{self.errors()}", f"the whole log: {self.log}")
+                try:
+                    if client.is_model_ready(model):
+                        return
+                except Exception:  # noqa: BLE001 - not listening yet
+                    pass
+                if time.monotonic() > deadline:
+                    self.stop()
+                    raise UserError(f"tritonserver did not make {model!r} ready in {timeout_s:.0f} s:\n"
+                                    f"{self.errors()}", f"the whole log: {self.log}")
+                time.sleep(0.2)
+        finally:
+            client.close()
+
+    def statistics(self, model: str) -> dict | None:
+        """Requests and samples the server ran for ``model`` (None if it does not answer)."""
+        import tritonclient.grpc as grpcclient
+
+        try:
+            client = grpcclient.InferenceServerClient(self.grpc_url)
+            stats = client.get_inference_statistics(model, as_json=True, client_timeout=5)
+            client.close()
+        except Exception:  # noqa: BLE001 - stopping already
+            return None
+        s = stats.get("model_stats", [{}])[0]
+        return {"requests": int(s.get("inference_stats", {}).get("success", {}).get("count", 0)),
+                "samples": int(s.get("inference_count", 0)), "batches": int(s.get("execution_count", 0))}
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)  # in-flight requests finish (--exit-timeout-secs 5)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=30)
