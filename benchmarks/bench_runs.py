@@ -25,10 +25,12 @@ def loadgen_row(backend, model, dataset, scenario: str, batch: int, qps: float, 
     result = cli.run(config.load(None, overrides), progress=False, model=model, dataset=dataset,
                      backend=backend, run_dir=Path(runs) / f"{name}-{time.time():.0f}")
     lg, harness = result["loadgen"], result["harness"]
+    latency = lg.get("latency_ns", {})
     row = {"samples_per_s": lg.get("samples_per_s"), "valid": lg.get("valid"),
-           "p99_ms": round((lg.get("latency_ns", {}).get("99.00") or 0) / 1e6, 3),
+           "p99_ms": round((latency.get("99.00") or 0) / 1e6, 3), "p50_ms": round((latency.get("50.00") or 0) / 1e6, 3),
            "invalid_reasons": lg.get("invalid_reasons"), "mean_batch": harness["mean_batch"],
-           "cpu_per_wall": round(harness["cpu_s"] / harness["wall_s"], 2), "lanes": result.get("lanes")}
+           "cpu_per_wall": round(harness["cpu_s"] / harness["wall_s"], 2), "lanes": result.get("lanes"),
+           "stalls": harness.get("stalls")}
     log(f"{name} {scenario} batch {batch} target {qps:,.0f}: {row}")
     return row
 

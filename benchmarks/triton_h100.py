@@ -1,16 +1,18 @@
 """Direct vs Triton on the GPU machine (TensorRT 8.5): the same ResNet-50 int8 plugin engine run by the
-harness's TensorRT backend and through a real Triton server (`trtfuse serve`: PyTriton's tritonserver
-with the TensorRT backend of trtfuse inside), LoadGen Offline and Server back to back; and one lane per
-GPU (`--devices`) against today's direct path. A thin caller of the harness over the device bundle of
-tools/device_bundle.py (ResNet-50 with random weights: performance only).
+harness's TensorRT backend and through a real Triton server (`trtfuse serve`: the tritonserver that
+nvidia-pytriton bundles, its Python backend running trtfuse's TensorRT backend in each model instance),
+LoadGen Offline and Server back to back; and one lane per GPU (`--devices`) against today's direct path.
+A thin caller of the harness over the device bundle of tools/device_bundle.py (ResNet-50 with random
+weights: performance only).
 
     python3.10 benchmarks/triton_h100.py run [--stages direct,triton,lanes]   # GPU machine
 
 Stages (guarded and merged into --out like resnet50_e2e.py's, so they can be spread over calls):
 - direct: LoadGen Offline (batch 2048 engine) and the Server QPS search (batch 256 engine), TensorRT
   backend, as resnet50_e2e.py measures them;
-- triton: the same engines served by `trtfuse serve`, LoadGen through `--backend triton` (shared memory
-  and plain gRPC for Offline; the transport given for the Server search);
+- triton: the same engines served by `trtfuse serve`, LoadGen through `--backend triton`: Offline for
+  each transport of --offline-transports and model instance count of --instances, then the Server
+  search over --transport with the instance count that gave the best Offline;
 - lanes: Offline with `--devices all` (the product path; one GPU here) and with an explicit one-lane
   LanesBackend (the spreading wrapper's own cost), against the direct Offline.
 """
@@ -42,10 +44,18 @@ def main(argv=None) -> int:
     c.add_argument("--offline-batch", type=int, default=2048)
     c.add_argument("--server-batch", type=int, default=256)
     c.add_argument("--server-tries", type=int, default=5, help="Server runs per QPS search (~15 s each)")
-    c.add_argument("--transport", choices=["shm", "grpc"], default="shm", help="Triton transport for Server")
-    c.add_argument("--inflight", type=int, default=8, help="Triton requests in flight per server")
-    c.add_argument("--instances", type=int, default=8,
-                   help="the served model's instances (each a Python backend stub: its copies run beside the others')")
+    c.add_argument("--transport", choices=["cuda", "shm", "grpc"], default="cuda", help="Triton transport for Server")
+    c.add_argument("--offline-transports", default="cuda,shm", help="Triton transports measured Offline")
+    c.add_argument("--inflight", type=int, default=4, help="Triton requests in flight per server, Offline")
+    c.add_argument("--server-inflight", default="2,4",
+                   help="Triton requests in flight per server for the Server search, each value searched in turn "
+                        "(the served model runs one request at a time: more in flight means smaller requests "
+                        "queued behind each other; fewer, larger ones that wait less)")
+    c.add_argument("--server-instances", type=int, default=0,
+                   help="the served model's instances for the Server search (0: those of the best Offline)")
+    c.add_argument("--instances", default="1,2",
+                   help="the served model's instance counts to measure Offline (each instance a Python backend "
+                        "stub process with its own TensorRT engine context)")
     c.add_argument("--max-queue-delay-us", type=int, default=100, help="the served model's batcher delay")
     args = p.parse_args(argv)
     stages = [s for s in args.stages.split(",") if s]
@@ -79,16 +89,11 @@ def run(args, stages) -> int:
     def loadgen(backend, scenario: str, batch: int, qps: float, name: str) -> dict:
         return loadgen_row(backend, model, data, scenario, batch, qps, runs, name)
 
-    def search(make_backend, name: str, start: float) -> dict:
-        """The Server search, each try on a backend of its own from ``make_backend``."""
-        def run_at(qps: float) -> dict:
-            backend = make_backend()
-            try:
-                return loadgen(backend, "server", args.server_batch, qps, name)
-            finally:
-                backend.close()
-
-        return server_search(run_at, start, args.server_tries, res.save)
+    def search(backend, name: str, start: float) -> dict:
+        """The Server search, every try on the one loaded ``backend`` (as a submission runs it: loaded
+        once, then tested)."""
+        return server_search(lambda qps: loadgen(backend, "server", args.server_batch, qps, name), start,
+                             args.server_tries, res.save)
 
     def direct_backend(batch: int, **options):
         backend = TensorRTBackend(engine=str(engine(batch)), plugins=True, streams=2, **options)
@@ -105,19 +110,22 @@ def run(args, stages) -> int:
         res.data["direct"] = {"offline_samples_per_s": offline["samples_per_s"], "offline_valid": offline["valid"],
                               "engine_samples_per_s": round(engine_only, 1), "offline_batch": args.offline_batch}
         res.save()
-        found = search(lambda: direct_backend(args.server_batch), "direct",
-                               0.85 * offline["samples_per_s"])
+        backend = direct_backend(args.server_batch)
+        try:
+            found = search(backend, "direct", 0.85 * offline["samples_per_s"])
+        finally:
+            backend.close()
         res.data["direct"].update(server_qps=found["qps"], server_p99_ms=found["p99_ms"],
                                   server_batch=args.server_batch, server_tries=found["tries"])
 
-    def served(batch: int, folder: str) -> ServeProcess:
+    def served(batch: int, instances: int, folder: str) -> ServeProcess:
         return ServeProcess([str(model_dir), "--backend", "tensorrt", "--engine", str(engine(batch)),
-                             "--plugins", "tails", "--streams", "2", "--batch-size", str(batch),
-                             "--max-queue-delay-us", str(args.max_queue_delay_us), "--instances", str(args.instances)],
+                             "--plugins", "tails", "--batch-size", str(batch),
+                             "--max-queue-delay-us", str(args.max_queue_delay_us), "--instances", str(instances)],
                             runs / folder)
 
-    def client(url: str, batch: int, transport: str):
-        backend = create_backend("triton", url=url, transport=transport, inflight=args.inflight)
+    def client(url: str, batch: int, transport: str, inflight: int):
+        backend = create_backend("triton", url=url, transport=transport, inflight=inflight)
         backend.load(model, batch)
         return backend
 
@@ -125,32 +133,44 @@ def run(args, stages) -> int:
         direct_res = res.data.get("direct") or {}
         engine_only = direct_res.get("engine_samples_per_s") or 70000.0
         out = res.data["triton"] = {"transport_server": args.transport, "inflight": args.inflight,
-                                    "instances": args.instances, "max_queue_delay_us": args.max_queue_delay_us}
-        with served(args.offline_batch, "serve-offline") as server:
-            out["server_log_tail"] = server.tail(5)
-            for transport in ("shm", "grpc"):
-                backend = client(server.url, args.offline_batch, transport)
+                                    "max_queue_delay_us": args.max_queue_delay_us, "offline": []}
+        for instances in [int(i) for i in args.instances.split(",")]:
+            with served(args.offline_batch, instances, f"serve-offline-{instances}") as server:
+                for transport in args.offline_transports.split(","):
+                    backend = client(server.url, args.offline_batch, transport, args.inflight)
+                    try:
+                        out["triton_version"] = backend.server_version
+                        # LoadGen issues target x 10 s of samples, and a run that ends sooner is INVALID:
+                        # a first guess (0.8 of the direct engine), then, if that was too few, 1.1 x its rate.
+                        r = loadgen(backend, "offline", args.offline_batch, 0.8 * engine_only,
+                                    f"triton-{transport}-{instances}")
+                        if not r["valid"] and r["samples_per_s"]:
+                            r = loadgen(backend, "offline", args.offline_batch, 1.1 * r["samples_per_s"],
+                                        f"triton-{transport}-{instances}")
+                    finally:
+                        backend.close()
+                    out["offline"].append({"transport": transport, "instances": instances, **r})
+                    res.save()
+        best = max(out["offline"], key=lambda r: (r["valid"], r["samples_per_s"] or 0))
+        out.update(offline_samples_per_s=best["samples_per_s"], offline_transport=best["transport"],
+                   instances=best["instances"])
+        out.update(server_instances=args.server_instances or best["instances"], server_searches=[])
+        with served(args.server_batch, out["server_instances"], "serve-server") as server:
+            for inflight in [int(i) for i in args.server_inflight.split(",")]:
+                # Server cannot go past what Offline answered through the same server: start below it.
+                backend = client(server.url, args.server_batch, args.transport, inflight)
                 try:
-                    out["triton_version"] = backend.server_version
-                    # LoadGen issues target x 10 s of samples, and a run that ends sooner is INVALID: a
-                    # first guess (half the direct engine), then, if that was too few, 1.15 x its rate.
-                    r = loadgen(backend, "offline", args.offline_batch, 0.5 * engine_only, f"triton-{transport}")
-                    if not r["valid"] and r["samples_per_s"]:
-                        r = loadgen(backend, "offline", args.offline_batch, 1.15 * r["samples_per_s"],
-                                    f"triton-{transport}")
+                    found = search(backend, f"triton-inflight{inflight}",
+                                   0.8 * min(best["samples_per_s"] or 10000.0, direct_res.get("server_qps") or 1e9))
                 finally:
                     backend.close()
-                out[f"offline_{transport}"] = r
+                out["server_searches"].append({"inflight": inflight, **found})
                 res.save()
-        out["offline_samples_per_s"] = max(out[f"offline_{t}"]["samples_per_s"] or 0 for t in ("shm", "grpc"))
-        with served(args.server_batch, "serve-server") as server:
-            # Server cannot go past what Offline answered through the same server: start below it.
-            found = search(lambda: client(server.url, args.server_batch, args.transport), "triton",
-                                   0.8 * min(out["offline_samples_per_s"] or 10000.0,
-                                             direct_res.get("server_qps") or 1e9))
+        found = max(out["server_searches"], key=lambda f: (f["valid"], f["qps"] or 0))
         out.update(server_qps=found["qps"], p99_ms=found["p99_ms"], valid=found["valid"],
-                   server_tries=found["tries"])
+                   server_inflight=found["inflight"])
         res.data["triton_version"] = out.get("triton_version")
+        res.data["transport"] = args.transport
 
     def lanes():
         rows = []

@@ -1,10 +1,12 @@
 """What a Triton server's path costs per sample, apart from any model: `trtfuse serve --backend null`
-(PyTriton's tritonserver and Python backend, a model that answers at once) driven by the harness's
+(the bundled tritonserver and its Python backend, a model that answers at once) driven by the harness's
 `triton` backend, against the null backend called directly. Batches of real-sized images (int8 or
 float 3x224x224) go through `classify_rows` from `inflight` threads for a few seconds each, over
 plain gRPC and over system shared memory, with 1 and 2 model instances: samples/s and the pixel
-bytes per second they carry. On the GPU machine the same path limited `trtfuse serve` with TensorRT
-to ~10k samples/s (triton_h100.json); this measures the path alone, on any machine.
+bytes per second they carry. This measures the path alone, on any machine: 2-core CPU, shm 4.1-5.2k
+samples/s of 600 kB since `serve` runs the model in Triton's own Python backend, against 2.8-3.1k
+through PyTriton's proxy before (triton_transport_cpu.json). (On the GPU machine, transport cuda
+leaves the host out of the pixels' way altogether: triton_h100.json.)
 
     python benchmarks/triton_transport.py [--seconds 4] [--out benchmarks/results/triton_transport_cpu.json]
 """

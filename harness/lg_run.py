@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import mlperf_loadgen as lg
+from trtfuse import run_stalls
 from trtfuse.errors import UserError
 from trtfuse.lg_monitor import RunMonitor
 from trtfuse.lg_qsl import SampleLibrary
@@ -45,6 +46,7 @@ class LoadGenRun:
     effective: dict = field(default_factory=dict)
     mean_batch: float | None = None  # samples per backend call (Server: set by the load)
     timeline: list = field(default_factory=list)  # (s since StartTest, samples completed), every 0.5 s
+    stalls: dict = field(default_factory=dict)  # what took the CPU away during StartTest (run_stalls)
 
 
 def loadgen_settings(settings: dict, total_count: int, measured_qps: float | None) -> lg.TestSettings:
@@ -212,7 +214,7 @@ def run_loadgen(backend, model, dataset, settings: dict, run_dir: Path, progress
     start, cpu_start = time.perf_counter(), _cpu_seconds()
     monitor = RunMonitor(sut, stall_s=run["watchdog_s"], expected_s=expected_s, progress=progress)
     try:
-        with monitor:
+        with monitor, run_stalls.watch() as stalls:
             lg.StartTestWithLogSettings(lg_sut, lg_qsl, ts, log_settings, str(audit_config))
     finally:
         wall, cpu = time.perf_counter() - start, _cpu_seconds() - cpu_start
@@ -234,7 +236,7 @@ def run_loadgen(backend, model, dataset, settings: dict, run_dir: Path, progress
         run_dir=run_dir, warmup_samples_per_s=measured, issued=sut.ledger.issued,
         completed=sut.ledger.completed, qsl_load_calls=len(qsl.load_calls), mean_batch=sut.mean_batch(),
         qsl_loaded_samples=sum(len(c) for c in qsl.load_calls), wall_s=wall, cpu_s=cpu,
-        timeline=monitor.timeline + [(round(wall, 3), sut.ledger.completed)],
+        timeline=monitor.timeline + [(round(wall, 3), sut.ledger.completed)], stalls=stalls,
         effective={"offline_expected_qps": ts.offline_expected_qps,
                    "performance_sample_count": ts.performance_sample_count_override,
                    "min_duration_ms": ts.min_duration_ms, "min_query_count": ts.min_query_count,
