@@ -11,8 +11,10 @@ request; ``shm`` (client and server on one host) gathers them straight into a sy
 region registered with the server, and the answer comes back through another, so no pixel crosses
 the socket; ``cuda`` (one host with a GPU) copies them from the QSL's page-locked store straight into
 GPU memory shared with the server (CUDA IPC), as the TensorRT backend copies them into its engine's
-input, so the server's model reads them on the GPU and no pixel is copied on the host at all. The server's model must be trtfuse's (``trtfuse.triton.model_io``): ``trtfuse serve``, or
-an engine exported with ``trtfuse triton export``; it is checked at load.
+input, so the server's model reads them on the GPU and no pixel is copied on the host at all.
+
+The server's model must be trtfuse's (``trtfuse.triton.model_io``): ``trtfuse serve``, or an engine
+exported with ``trtfuse triton export``; it is checked at load.
 
 A server that fails a request, dies, or does not answer within ``timeout_s`` fails the run with an
 error naming its URL: the SUT records the error, finishes the run without inferring, and the run is
@@ -72,21 +74,31 @@ class _Slot:
         self.in_bytes, self.out_bytes = max_batch * self.row_bytes, max_batch * spec.top_k * 4
         self.in_name = self.system_regions = None
         self.device = self.staging = self.device_in = self.stream = None
-        uid = f"trtfuse_{os.getpid()}_{next(_region_ids)}"
         if backend.transport == "grpc":
             self.input = np.empty(self.input_shape, spec.input.numpy_dtype)
             return
+        try:
+            self._shared(backend, max_batch)
+        except BaseException:
+            self.free(backend.client)  # what was made so far: no region or buffer outlives a refusal
+            raise
+
+    def _shared(self, backend: TritonBackend, max_batch: int) -> None:
+        """The regions of transports shm and cuda, made and registered with the server."""
         from tritonclient.utils import shared_memory as shm
 
-        regions = [(f"{uid}_out", self.out_bytes)]
+        spec = backend.spec
+        uid = f"trtfuse_{os.getpid()}_{next(_region_ids)}"
+        self.out_name, self.in_name = f"{uid}_out", f"{uid}_in"
+        regions = [(self.out_name, self.out_bytes)]
         if backend.transport == "shm":
-            regions.append((f"{uid}_in", self.in_bytes))
-        self.system_regions = {name: shm.create_shared_memory_region(name, f"/{name}", nbytes)
-                               for name, nbytes in regions}
-        self.output = shm.get_contents_as_numpy(self.system_regions[f"{uid}_out"], np.int32, (max_batch, spec.top_k))
+            regions.append((self.in_name, self.in_bytes))
+        self.system_regions = {}
+        for name, nbytes in regions:
+            self.system_regions[name] = shm.create_shared_memory_region(name, f"/{name}", nbytes)
+        self.output = shm.get_contents_as_numpy(self.system_regions[self.out_name], np.int32, (max_batch, spec.top_k))
         for name, nbytes in regions:
             backend.client.register_system_shared_memory(name, f"/{name}", nbytes)
-        self.out_name, self.in_name = f"{uid}_out", f"{uid}_in"
         if backend.transport == "shm":
             self.input = shm.get_contents_as_numpy(self.system_regions[self.in_name], spec.input.numpy_dtype,
                                                    self.input_shape)
@@ -97,7 +109,8 @@ class _Slot:
 
         self.cr, self.device = cr, backend.cuda_device
         cr.set_device(self.device)
-        self.device_in, self.stream = cr.DeviceBuffer(self.in_bytes), cr.Stream()
+        self.stream = cr.Stream()
+        self.device_in = cr.DeviceBuffer(self.in_bytes)
         self.staging = cr.PinnedBuffer(self.input_shape, spec.input.numpy_dtype)
         self.input = self.staging.array
         backend.client.register_cuda_shared_memory(self.in_name, base64.b64encode(cr.ipc_handle(self.device_in)),
@@ -133,13 +146,14 @@ class _Slot:
                 pass
         for handle in self.system_regions.values():
             shm.destroy_shared_memory_region(handle)
-        if self.device_in is not None:
+        if self.stream is not None:
             self.cr.set_device(self.device)
             self.stream.synchronize()
             for buf in (self.device_in, self.staging):
-                buf.free()
+                if buf is not None:
+                    buf.free()
             self.stream.destroy()
-        self.system_regions = self.device_in = self.staging = None
+        self.system_regions = self.device_in = self.staging = self.stream = None
         self.input = self.output = None
 
 
