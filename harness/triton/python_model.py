@@ -16,7 +16,7 @@ import threading
 
 import numpy as np
 
-PARAMETER = "trtfuse"  # config.pbtxt parameter holding ServedSettings as JSON
+PARAMETER = "trtfuse"  # the config.pbtxt parameter holding settings() (JSON)
 
 
 def backend_input_dtype(backend, dims) -> np.dtype:
