@@ -105,7 +105,7 @@ def test_execute_answers_gpu_and_host_requests_in_order(tmp_path, monkeypatch):
     import types
 
     from trtfuse.triton import python_model
-    from trtfuse.triton.model_io import config_text, model_config
+    from trtfuse.triton.model_io import model_config
 
     model = tiny_model(tmp_path)
     spec = triton_model(model, "FP32", 16)

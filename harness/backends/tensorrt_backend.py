@@ -307,13 +307,19 @@ class TensorRTBackend(Backend):
         return self._run_batch(batch, top=True)[:, :k]
 
     def _run_batch(self, batch: np.ndarray, top: bool) -> np.ndarray:
-        n = len(batch)
+        def fill(slot: _Slot) -> None:  # through the slot's pinned input
+            slot.host_in.array[:len(batch)] = self.to_input(batch)
+            self.cr.copy_htod_async(slot.dev_in, slot.host_in, slot.host_in.array[:len(batch)].nbytes, slot.stream)
+        return self._on_a_slot(len(batch), fill, top)
+
+    def _on_a_slot(self, n: int, fill, top: bool) -> np.ndarray:
+        """``fill(slot)`` queues the copies of n samples into a free slot's device input; then the
+        engine runs on them (``_run``)."""
         if n > self.max_batch:
             raise ValueError(f"batch {n} exceeds max_batch {self.max_batch}")
         slot = self._free.get()
         try:
-            slot.host_in.array[:n] = self.to_input(batch)
-            self.cr.copy_htod_async(slot.dev_in, slot.host_in, slot.host_in.array[:n].nbytes, slot.stream)
+            fill(slot)
             return self._run(slot, n, top)
         finally:
             self._free.put(slot)
@@ -335,17 +341,10 @@ class TensorRTBackend(Backend):
         return self._run_rows(store, rows, top=True)[:, :k]
 
     def _run_rows(self, store: np.ndarray, rows: np.ndarray, top: bool) -> np.ndarray:
-        n = len(rows)
-        if n > self.max_batch:
-            raise ValueError(f"batch {n} exceeds max_batch {self.max_batch}")
-        row_bytes = store.strides[0]
-        slot = self._free.get()
-        try:
-            srcs = store.ctypes.data + np.asarray(rows, dtype=np.int64) * row_bytes
-            self.cr.copy_rows_htod_async(slot.dev_in, srcs, row_bytes, slot.stream, self.device)
-            return self._run(slot, n, top)
-        finally:
-            self._free.put(slot)
+        def fill(slot: _Slot) -> None:  # each row host -> device, straight from the pinned store
+            srcs = store.ctypes.data + np.asarray(rows, dtype=np.int64) * store.strides[0]
+            self.cr.copy_rows_htod_async(slot.dev_in, srcs, store.strides[0], slot.stream, self.device)
+        return self._on_a_slot(len(rows), fill, top)
 
     def classify_device(self, parts: list[tuple[int, int]], k: int = TOP_K) -> np.ndarray:
         """The top-k classes of images already in this GPU's memory, in the engine's input type,
@@ -361,19 +360,13 @@ class TensorRTBackend(Backend):
 
     def _run_device(self, parts: list[tuple[int, int]], top: bool) -> np.ndarray:
         self.cr.set_device(self.device)
-        n = sum(rows for _, rows in parts)
-        if n > self.max_batch:
-            raise ValueError(f"batch {n} exceeds max_batch {self.max_batch}")
-        slot = self._free.get()
-        try:
-            row_bytes = slot.host_in.array[0].nbytes
-            offset = 0
+
+        def fill(slot: _Slot) -> None:  # each request's run device -> device, one after another
+            row_bytes, offset = slot.host_in.array[0].nbytes, 0
             for address, rows in parts:
                 self.cr.copy_dtod_async(slot.dev_in.ptr + offset, address, rows * row_bytes, slot.stream)
                 offset += rows * row_bytes
-            return self._run(slot, n, top)
-        finally:
-            self._free.put(slot)
+        return self._on_a_slot(sum(rows for _, rows in parts), fill, top)
 
     def _run(self, slot: _Slot, n: int, top: bool = False) -> np.ndarray:
         """Run the engine on the n samples in the slot's device input; their scores (or, ``top``,
