@@ -5,14 +5,16 @@ LoadGen Offline and Server back to back; and one lane per GPU (`--devices`) agai
 A thin caller of the harness over the device bundle of tools/device_bundle.py (ResNet-50 with random
 weights: performance only).
 
-    python3.10 benchmarks/triton_h100.py run [--stages direct,triton,lanes]   # GPU machine
+    python3.10 benchmarks/triton_h100.py run [--stages direct,triton-offline,triton-server,lanes]   # GPU machine
 
 Stages (guarded and merged into --out like resnet50_e2e.py's, so they can be spread over calls):
 - direct: LoadGen Offline (batch 2048 engine) and the Server QPS search (batch 256 engine), TensorRT
   backend, as resnet50_e2e.py measures them;
-- triton: the same engines served by `trtfuse serve`, LoadGen through `--backend triton`: Offline for
-  each transport of --offline-transports and model instance count of --instances, then the Server
-  search over --transport with the instance count that gave the best Offline;
+- triton-offline: the batch-2048 engine served by `trtfuse serve`, LoadGen Offline through
+  `--backend triton`, for each served configuration of --served (INSTANCESxCONCURRENCY: model instances,
+  and batches each runs at once) and transport of --offline-transports;
+- triton-server: the batch-256 engine served so, the Server search over --transport for each
+  configuration of --server-served and requests in flight of --server-inflight;
 - lanes: Offline with `--devices all` (the product path; one GPU here) and with an explicit one-lane
   LanesBackend (the spreading wrapper's own cost), against the direct Offline.
 """
@@ -30,7 +32,7 @@ from device_bundle import STASH, BundleImages, log  # noqa: E402
 from bench_runs import loadgen_row, server_search  # noqa: E402
 from resnet50_e2e import Results  # noqa: E402
 
-STAGES = ("direct", "triton", "lanes")
+STAGES = ("direct", "triton-offline", "triton-server", "lanes")
 MODEL = "resnet50"
 
 
@@ -45,17 +47,15 @@ def main(argv=None) -> int:
     c.add_argument("--server-batch", type=int, default=256)
     c.add_argument("--server-tries", type=int, default=5, help="Server runs per QPS search (~15 s each)")
     c.add_argument("--transport", choices=["cuda", "shm", "grpc"], default="cuda", help="Triton transport for Server")
-    c.add_argument("--offline-transports", default="cuda,shm", help="Triton transports measured Offline")
+    c.add_argument("--offline-transports", default="cuda", help="Triton transports measured Offline")
     c.add_argument("--inflight", type=int, default=4, help="Triton requests in flight per server, Offline")
     c.add_argument("--server-inflight", default="2,4",
-                   help="Triton requests in flight per server for the Server search, each value searched in turn "
-                        "(the served model runs one request at a time: more in flight means smaller requests "
-                        "queued behind each other; fewer, larger ones that wait less)")
-    c.add_argument("--server-instances", type=int, default=0,
-                   help="the served model's instances for the Server search (0: those of the best Offline)")
-    c.add_argument("--instances", default="1,2",
-                   help="the served model's instance counts to measure Offline (each instance a Python backend "
-                        "stub process with its own TensorRT engine context)")
+                   help="Triton requests in flight per server for the Server search, each value searched in turn")
+    c.add_argument("--served", default="1x1,1x2",
+                   help="served configurations measured Offline, INSTANCESxCONCURRENCY each: model instances "
+                        "(Python backend stub processes, each its own CUDA context) and the batches each runs at "
+                        "once (trtfuse serve --concurrency: streams of its one context)")
+    c.add_argument("--server-served", default="1x1,1x2", help="served configurations searched for the Server")
     c.add_argument("--max-queue-delay-us", type=int, default=100, help="the served model's batcher delay")
     args = p.parse_args(argv)
     stages = [s for s in args.stages.split(",") if s]
@@ -118,58 +118,61 @@ def run(args, stages) -> int:
         res.data["direct"].update(server_qps=found["qps"], server_p99_ms=found["p99_ms"],
                                   server_batch=args.server_batch, server_tries=found["tries"])
 
-    def served(batch: int, instances: int, folder: str) -> ServeProcess:
+    def served(batch: int, config: str) -> ServeProcess:
+        """`trtfuse serve` of the batch's engine in a configuration INSTANCESxCONCURRENCY."""
+        instances, concurrency = config.split("x")
         return ServeProcess([str(model_dir), "--backend", "tensorrt", "--engine", str(engine(batch)),
                              "--plugins", "tails", "--batch-size", str(batch),
-                             "--max-queue-delay-us", str(args.max_queue_delay_us), "--instances", str(instances)],
-                            runs / folder)
+                             "--max-queue-delay-us", str(args.max_queue_delay_us), "--instances", instances,
+                             "--concurrency", concurrency], runs / f"serve-{batch}-{config}")
 
     def client(url: str, batch: int, transport: str, inflight: int):
         backend = create_backend("triton", url=url, transport=transport, inflight=inflight)
         backend.load(model, batch)
         return backend
 
-    def triton():
-        direct_res = res.data.get("direct") or {}
-        engine_only = direct_res.get("engine_samples_per_s") or 70000.0
-        out = res.data["triton"] = {"transport_server": args.transport, "inflight": args.inflight,
-                                    "max_queue_delay_us": args.max_queue_delay_us, "offline": []}
-        for instances in [int(i) for i in args.instances.split(",")]:
-            with served(args.offline_batch, instances, f"serve-offline-{instances}") as server:
+    def triton_offline():
+        engine_only = (res.data.get("direct") or {}).get("engine_samples_per_s") or 70000.0
+        out = res.data.setdefault("triton", {})
+        out.update(inflight=args.inflight, max_queue_delay_us=args.max_queue_delay_us, offline=[])
+        for config in args.served.split(","):
+            with served(args.offline_batch, config) as server:
                 for transport in args.offline_transports.split(","):
                     backend = client(server.url, args.offline_batch, transport, args.inflight)
                     try:
-                        out["triton_version"] = backend.server_version
+                        out["triton_version"] = res.data["triton_version"] = backend.server_version
                         # LoadGen issues target x 10 s of samples, and a run that ends sooner is INVALID:
                         # a first guess (0.8 of the direct engine), then, if that was too few, 1.1 x its rate.
-                        r = loadgen(backend, "offline", args.offline_batch, 0.8 * engine_only,
-                                    f"triton-{transport}-{instances}")
+                        name = f"triton-{transport}-{config}"
+                        r = loadgen(backend, "offline", args.offline_batch, 0.8 * engine_only, name)
                         if not r["valid"] and r["samples_per_s"]:
-                            r = loadgen(backend, "offline", args.offline_batch, 1.1 * r["samples_per_s"],
-                                        f"triton-{transport}-{instances}")
+                            r = loadgen(backend, "offline", args.offline_batch, 1.1 * r["samples_per_s"], name)
                     finally:
                         backend.close()
-                    out["offline"].append({"transport": transport, "instances": instances, **r})
+                    out["offline"].append({"transport": transport, "served": config, **r})
                     res.save()
         best = max(out["offline"], key=lambda r: (r["valid"], r["samples_per_s"] or 0))
         out.update(offline_samples_per_s=best["samples_per_s"], offline_transport=best["transport"],
-                   instances=best["instances"])
-        out.update(server_instances=args.server_instances or best["instances"], server_searches=[])
-        with served(args.server_batch, out["server_instances"], "serve-server") as server:
-            for inflight in [int(i) for i in args.server_inflight.split(",")]:
-                # Server cannot go past what Offline answered through the same server: start below it.
-                backend = client(server.url, args.server_batch, args.transport, inflight)
-                try:
-                    found = search(backend, f"triton-inflight{inflight}",
-                                   0.8 * min(best["samples_per_s"] or 10000.0, direct_res.get("server_qps") or 1e9))
-                finally:
-                    backend.close()
-                out["server_searches"].append({"inflight": inflight, **found})
-                res.save()
+                   offline_served=best["served"])
+
+    def triton_server():
+        direct_res, out = res.data.get("direct") or {}, res.data.setdefault("triton", {})
+        # Server cannot go past what Offline answered through a server, nor (much) past the direct Server.
+        start = 0.8 * min(out.get("offline_samples_per_s") or 60000.0, direct_res.get("server_qps") or 1e9)
+        out.update(transport_server=args.transport, server_searches=[])
+        for config in args.server_served.split(","):
+            with served(args.server_batch, config) as server:
+                for inflight in [int(i) for i in args.server_inflight.split(",")]:
+                    backend = client(server.url, args.server_batch, args.transport, inflight)
+                    try:
+                        found = search(backend, f"triton-{config}-inflight{inflight}", start)
+                    finally:
+                        backend.close()
+                    out["server_searches"].append({"served": config, "inflight": inflight, **found})
+                    res.save()
         found = max(out["server_searches"], key=lambda f: (f["valid"], f["qps"] or 0))
         out.update(server_qps=found["qps"], p99_ms=found["p99_ms"], valid=found["valid"],
-                   server_inflight=found["inflight"])
-        res.data["triton_version"] = out.get("triton_version")
+                   server_served=found["served"], server_inflight=found["inflight"])
         res.data["transport"] = args.transport
 
     def lanes():
@@ -193,7 +196,8 @@ def run(args, stages) -> int:
             res.data["lanes"] = rows
             res.save()
 
-    for name, fn in (("direct", direct), ("triton", triton), ("lanes", lanes)):
+    for name, fn in (("direct", direct), ("triton-offline", triton_offline), ("triton-server", triton_server),
+                     ("lanes", lanes)):
         res.stage(name, fn, stages)
     log(f"wrote {args.out}; errors: {res.data['errors'] or 'none'}")
     return 0 if not res.data["errors"] else 1

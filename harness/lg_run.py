@@ -17,6 +17,7 @@ import resource
 import shutil
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -132,12 +133,14 @@ def audit_config_path(run_dir: Path, given: str) -> Path:
     return path
 
 
-def warm_up(backend, qsl: SampleLibrary, batch_size: int, batches: int) -> float | None:
+def warm_up(backend, qsl: SampleLibrary, batch_size: int, batches: int, threads: int = 1) -> float | None:
     """Run ``batches`` batches through the serving path: the first samples loaded into the QSL's store
     (the backend's memory, its input type), answered by ``classify_rows`` as the SUT will; then
     unloaded, leaving the store for LoadGen. Samples/s of all but the first batch (which pays
-    one-time setup). Timing plain ``infer`` instead counted a host conversion no query pays, and an
-    Offline run sized by it ended before its min duration."""
+    one-time setup), run as the SUT runs them: ``threads`` at once, at least one batch each.
+    Timing plain ``infer`` instead counted a host conversion no query pays, and timing one batch at a
+    time a backend that runs several at once (streams, lanes, servers): Offline runs sized by either
+    ended before their min duration."""
     if batches == 0:
         return None
     indices = list(range(min(batch_size, qsl.total_count)))
@@ -147,10 +150,12 @@ def warm_up(backend, qsl: SampleLibrary, batch_size: int, batches: int) -> float
         backend.classify_rows(qsl.store, rows)
         if batches == 1:
             return None
+        timed = max(batches - 1, threads)
         start = time.perf_counter()
-        for _ in range(batches - 1):
-            backend.classify_rows(qsl.store, rows)
-        return len(rows) * (batches - 1) / (time.perf_counter() - start)
+        with ThreadPoolExecutor(threads) as pool:
+            for _ in pool.map(lambda _: backend.classify_rows(qsl.store, rows), range(timed)):
+                pass
+        return len(rows) * timed / (time.perf_counter() - start)
     finally:
         qsl.unload(indices)
         qsl.load_calls.clear()  # the record is of what LoadGen asked for
@@ -175,14 +180,14 @@ def run_loadgen(backend, model, dataset, settings: dict, run_dir: Path, progress
     audit_config = audit_config_path(run_dir, run["audit_config"])
     ts = loadgen_settings(settings, total, None)
     qsl = SampleLibrary(dataset, ts.performance_sample_count_override, backend)
-    measured = warm_up(backend, qsl, run["batch_size"], run["warmup_batches"])
+    threads = run["threads"] or backend.concurrency
+    measured = warm_up(backend, qsl, run["batch_size"], run["warmup_batches"], threads)
     if scenario == "offline":
         ts.offline_expected_qps = offline_expected_qps(settings["offline"], measured)
     (run_dir / USER_CONF).write_text(
         "# What this run set on top of LoadGen's built-in mlperf.conf (written by trtfuse).\n"
         + "\n".join(user_conf_lines(settings, ts)) + "\n")
 
-    threads = run["threads"] or backend.concurrency
     common = {"batch_size": run["batch_size"], "threads": threads, "label_offset": model.label_offset}
     if scenario == "offline":
         sut = OfflineSUT(backend, qsl, **common)

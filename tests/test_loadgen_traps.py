@@ -235,3 +235,22 @@ def test_warm_up_times_the_serving_path_not_plain_infer(tmp_path):
     rate = warm_up(backend, qsl, 8, 4)
     assert rate > 8 / 0.02 * 5  # at least 5x what plain infer could reach
     assert qsl.loaded_indices.size == 0 and qsl.load_calls == []  # nothing left for LoadGen to trip on
+
+
+def test_warm_up_runs_batches_as_the_sut_does_several_at_once(tmp_path):
+    # A backend that runs 4 batches at once (streams, lanes, servers), each taking 50 ms: timed one at a
+    # time it looks 4x slower than it serves, and an Offline run sized by that ended before its min
+    # duration (INVALID).
+    class FourAtOnce(NullBackend):
+        concurrency = 4
+
+        def infer_rows(self, store, rows):
+            time.sleep(0.05)
+            return self._answer[: len(rows)]
+
+    model = tiny_model(tmp_path)
+    backend = FourAtOnce()
+    backend.load(model, 8)
+    qsl = SampleLibrary(SyntheticDataset(16), 16, backend)
+    rate = warm_up(backend, qsl, 8, 2, threads=4)
+    assert rate > 2.5 * 8 / 0.05  # one at a time gives at most 8 / 0.05

@@ -1,6 +1,7 @@
 """`trtfuse serve` with TensorRT on a GPU, against the harness's `triton` backend over each transport:
 every batch's top classes through Triton equal the engine's own, direct; with transport cuda the
-images are read by the served engine in GPU memory (no host copy), as the server's log counts."""
+images are read by the served engine in GPU memory (no host copy), as the server's log counts. Served
+one batch at a time per instance, and two at once (``--concurrency 2``: decoupled, over a gRPC stream)."""
 
 import importlib.util
 import re
@@ -17,7 +18,8 @@ if importlib.util.find_spec("pytriton") is None:
     pytest.skip("nvidia-pytriton (its tritonserver) is not installed", allow_module_level=True)
 
 
-def test_every_transport_answers_as_the_engine_direct(model_dir, tmp_path):  # noqa: F811
+@pytest.mark.parametrize("concurrency", [1, 2], ids=["unary", "stream"])
+def test_every_transport_answers_as_the_engine_direct(model_dir, tmp_path, concurrency):  # noqa: F811
     from trtfuse.backends import create_backend
     from trtfuse.backends.tensorrt_backend import TensorRTBackend
     from trtfuse.models import load_prepared
@@ -33,13 +35,15 @@ def test_every_transport_answers_as_the_engine_direct(model_dir, tmp_path):  # n
         direct.close()
 
     with ServeProcess([str(model_dir), "--backend", "tensorrt", "--input-format", "int8", "--batch-size", "8",
-                       "--instances", "2"], tmp_path / "serve") as server:
+                       "--instances", "2", "--concurrency", str(concurrency)], tmp_path / "serve") as server:
         assert server.ready["device_input"] and server.ready["input"] == "INT8"
+        assert server.ready["decoupled"] == (concurrency > 1)
         for transport in ("cuda", "shm", "grpc"):
-            client = create_backend("triton", url=server.url, transport=transport, inflight=2)
+            client = create_backend("triton", url=server.url, transport=transport, inflight=4)
             client.load(model, 8)
+            assert client.decoupled == (concurrency > 1)
             try:
-                got = _classify_through_a_store(client, x, _BATCHES, threads=2)
+                got = _classify_through_a_store(client, x, _BATCHES, threads=4)
                 for rows, a, b in zip(_BATCHES, got, expected):
                     np.testing.assert_array_equal(a, b, err_msg=f"{transport}: rows {rows}")
                 # A batch from anywhere (staged, then uploaded with cuda) answers the same.

@@ -115,10 +115,12 @@ def test_execute_answers_gpu_and_host_requests_in_order(tmp_path, monkeypatch):
     pb = types.SimpleNamespace(
         get_input_tensor_by_name=lambda r, name: r["tensors"][name],
         InferenceResponse=lambda output_tensors=None, error=None: {"outputs": output_tensors, "error": error},
-        Tensor=lambda name, array: (name, array), TritonError=str)
+        Tensor=lambda name, array: (name, array), TritonError=str,
+        using_decoupled_model_transaction_policy=lambda cfg: cfg.get("model_transaction_policy", {}).get("decoupled",
+                                                                                                     False))
     monkeypatch.setitem(sys.modules, "triton_python_backend_utils", pb)
     instance = python_model.TritonPythonModel.__new__(python_model.TritonPythonModel)
-    instance.pb, instance.name = pb, "tiny_0"
+    instance.pb, instance.name, instance.workers = pb, "tiny_0", None
     instance.model = python_model.ServedModel(backend, spec, None)
 
     class Request(dict):
@@ -187,3 +189,73 @@ def test_dlpack_placement_is_the_array_memory():
     assert placement(np.zeros((5, 2), np.float32).__dlpack__()).itemsize == 4
     with pytest.raises(ValueError, match="not C-contiguous"):
         placement(a[:, :, ::2].__dlpack__())
+
+
+def test_a_decoupled_instance_runs_batches_at_once_and_answers_each_request_once(tmp_path, monkeypatch):
+    """``serve --concurrency 2``: execute hands each batch to a worker and returns None; two batches run
+    at the same time (each waits for the other at a barrier: one at a time would time out); every
+    request gets exactly one response, flagged final, its own answer or its batch's error."""
+    import json
+    import sys
+    import types
+
+    import onnx
+    from google.protobuf import json_format
+    from trtfuse.models.prepared import write_prepared
+    from trtfuse.triton import python_model
+    from trtfuse.triton.model_io import model_config
+
+    FINAL = 1
+    pb = types.SimpleNamespace(
+        get_input_tensor_by_name=lambda r, name: r.tensor,
+        InferenceResponse=lambda output_tensors=None, error=None: {"outputs": output_tensors, "error": error},
+        Tensor=lambda name, array: (name, array), TritonError=str, TRITONSERVER_RESPONSE_COMPLETE_FINAL=FINAL,
+        using_decoupled_model_transaction_policy=lambda cfg: cfg["model_transaction_policy"]["decoupled"])
+    monkeypatch.setitem(sys.modules, "triton_python_backend_utils", pb)
+
+    class Request:
+        def __init__(self, array):
+            self.tensor, self.sent = FakeTensor(array), []
+
+        def requested_output_names(self):
+            return ["top_classes"]
+
+        def get_response_sender(self):
+            return types.SimpleNamespace(send=lambda response, flags=0: self.sent.append((response, flags)))
+
+    model = tiny_model(tmp_path)
+    spec = triton_model(model, "FP32", 16)
+    prepared = write_prepared(onnx.load(model.onnx_path), model, tmp_path / "prepared")
+    cfg = model_config(spec, backend="python")
+    cfg.model_transaction_policy.decoupled = True
+    cfg.parameters[python_model.PARAMETER].string_value = python_model.settings(
+        str(prepared.dir), "onnxruntime", {}, None, concurrency=2)
+    instance = python_model.TritonPythonModel()
+    instance.initialize({"model_config": json.dumps(json_format.MessageToDict(cfg, preserving_proto_field_name=True)),
+                         "model_instance_kind": "CPU", "model_instance_name": "tiny_0"})
+    import threading
+
+    both_running = threading.Barrier(2, timeout=10)
+    classify = instance.model.backend.classify
+
+    def classify_when_both_run(images, k=5):
+        if np.isnan(images).any():
+            raise RuntimeError("this batch fails")
+        both_running.wait()
+        return classify(images, k)
+
+    monkeypatch.setattr(instance.model.backend, "classify", classify_when_both_run)
+    rng = np.random.default_rng(3)
+    arrays = [rng.standard_normal((n, *model.input_shape)).astype(np.float32) for n in (2, 3, 4)]
+    first, second = [Request(arrays[0]), Request(arrays[1])], [Request(arrays[2])]
+    assert instance.execute(first) is None and instance.execute(second) is None
+    failing = [Request(np.full((1, *model.input_shape), np.nan, np.float32)), Request(arrays[0])]
+    instance.execute(failing)  # one batch: both requests get its error
+    instance.finalize()  # waits for the workers: every batch handed out is answered
+    for request, a in zip(first + second, arrays):
+        ((response, flags),) = request.sent
+        assert flags == FINAL and response["error"] is None
+        np.testing.assert_array_equal(response["outputs"][0][1], top_k_classes(a.mean(axis=(2, 3)), 5))
+    for request in failing:
+        ((response, flags),) = request.sent
+        assert flags == FINAL and response["error"] == "trtfuse: RuntimeError: this batch fails"

@@ -1,7 +1,8 @@
 """The harness against real Triton servers: `trtfuse serve` (the tritonserver nvidia-pytriton bundles) serving
 EfficientNet-Lite0 on ONNX Runtime, LoadGen driving it through the `triton` backend on the sample
 photos. Offline and Server VALID at CPU-sized targets, two servers behind one run, a server killed
-in the middle of a run, accuracy through Triton equal to accuracy direct.
+in the middle of a run, accuracy through Triton equal to accuracy direct. The second server runs two
+batches at once (``--concurrency 2``: a decoupled model, which the harness reaches over a gRPC stream).
 
 Every server is a separate process group (python + tritonserver + the Python backend stub), started
 on free ports and stopped whole at the end (``trtfuse.triton.process``), so nothing outlives the test.
@@ -31,10 +32,11 @@ SAMPLES = 24  # photos of ../shared/data/imagenet-sample in every run
 BATCH = 8
 
 
-def server(home: Path, folder: Path) -> ServeProcess:
+def server(home: Path, folder: Path, concurrency: int = 1) -> ServeProcess:
     """`trtfuse serve` of EfficientNet-Lite0 on ONNX Runtime (one intra-op thread: two servers and
     the harness share two cores)."""
-    return ServeProcess([MODEL, "--backend", "onnxruntime", "--batch-size", str(BATCH)], folder,
+    return ServeProcess([MODEL, "--backend", "onnxruntime", "--batch-size", str(BATCH),
+                         "--concurrency", str(concurrency)], folder,
                         env={"TRTFUSE_HOME": str(home), "OMP_NUM_THREADS": "1"})
 
 
@@ -59,8 +61,8 @@ def servers(home, tmp_path_factory):
     folder = tmp_path_factory.mktemp("servers")
     started = []
     try:
-        for name in ("a", "b"):
-            started.append(server(home, folder / name))
+        for name, concurrency in (("a", 1), ("b", 2)):
+            started.append(server(home, folder / name, concurrency))
         yield started
     finally:
         for s in started:
@@ -120,20 +122,22 @@ def test_two_servers_behind_one_run_share_the_queries(servers, imagenet_sample, 
     backend.load(model, BATCH)
     try:
         assert backend.concurrency == 2 * s["triton"]["inflight"]
+        assert [lane.decoupled for lane in backend.lanes] == [False, True]  # unary and streamed requests
         result = cli.run(s, progress=False, model=model, backend=backend)
         stats = backend.lane_stats()
     finally:
         backend.close()
-    assert result["loadgen"]["valid"]
+    assert result["loadgen"]["valid"], result["loadgen"]
     assert len(stats) == 2 and all(lane["batches"] > 0 for lane in stats), stats
     done = sum(lane["samples"] for lane in stats)
     assert done >= result["harness"]["completed"]  # the warm-up's batches went through them too
 
 
-def test_a_server_killed_mid_run_fails_the_run_naming_it(home, imagenet_sample, tmp_path, servers):
+@pytest.mark.parametrize("concurrency", [1, 2], ids=["unary", "stream"])
+def test_a_server_killed_mid_run_fails_the_run_naming_it(home, imagenet_sample, tmp_path, servers, concurrency):
     """Kill one of two servers while LoadGen is running: the run ends soon (no hang), raises an error
     that names the dead server's URL, and no report is written (so it is never VALID)."""
-    victim = server(home, tmp_path / "victim")
+    victim = server(home, tmp_path / "victim", concurrency)
     s = settings(tmp_path, imagenet_sample, **{"triton.url": f"{servers[0].url},{victim.url}",
                                                "offline.min_duration_ms": 60000, "run.watchdog_s": 60.0,
                                                "triton.timeout_s": 20.0})

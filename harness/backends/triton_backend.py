@@ -6,7 +6,9 @@ several hosts. LoadGen, the QSL and the SUTs are the same as for every backend.
 
 A batch: the rows of the QSL's store are gathered into one of this backend's request slots (``inflight``
 per server, each a worker thread's), sent with ``async_infer`` for the ``top_classes`` output only (k
-int32 per sample come back), and waited for with a deadline. Transport ``grpc`` puts the pixels in the
+int32 per sample come back), and waited for with a deadline. A decoupled model (``trtfuse serve
+--concurrency N``: Triton's unary infer refuses those) gets its requests over one gRPC stream per server
+instead (``async_stream_infer``), each answered by id. Transport ``grpc`` puts the pixels in the
 request; ``shm`` (client and server on one host) gathers them straight into a system shared-memory
 region registered with the server, and the answer comes back through another, so no pixel crosses
 the socket; ``cuda`` (one host with a GPU) copies them from the QSL's page-locked store straight into
@@ -34,6 +36,18 @@ from trtfuse.errors import UserError
 
 TRANSPORTS = ("grpc", "shm", "cuda")
 _region_ids = itertools.count()
+
+
+class _Answer:
+    """A request's answer, set by the client's callback (any thread): (result, error), once."""
+
+    def __init__(self):
+        self.done = threading.Event()
+        self.result = self.error = None
+
+    def set(self, result, error) -> None:
+        self.result, self.error = result, error
+        self.done.set()
 
 
 def _import_client():
@@ -198,6 +212,10 @@ class TritonBackend(Backend):
         self._slots: list[_Slot] = []
         self._free: queue.Queue = queue.Queue()
         self._scale = None
+        self.decoupled = False  # the model answers through a stream: requests go over one (_stream)
+        self._streamed: dict[str, _Answer] = {}  # by request id, those sent over the stream and not answered
+        self._stream_lock = threading.Lock()
+        self._stream_ids = itertools.count()
 
     # -- load: the server's model, checked against ours ----------------------------------------
     def load(self, model, batch_size: int) -> None:
@@ -223,7 +241,8 @@ class TritonBackend(Backend):
                 served = "its model list is not readable"
             raise UserError(f"Triton server {self.url} has no ready model {name!r} ({served})",
                             "serve it (trtfuse serve MODEL), or name the served model with --triton-model")
-        self.spec = spec = model_from_config(self.client.get_model_config(name).config)
+        config = self.client.get_model_config(name).config
+        self.spec = spec = model_from_config(config)
         if spec.input.dims != tuple(model.input_shape) or spec.input.dtype not in ("INT8", "FP32"):
             raise UserError(f"Triton model {name!r} at {self.url} takes {spec.input.dtype} {list(spec.input.dims)}, "
                             f"but {model.name} takes {list(model.input_shape)} images",
@@ -240,6 +259,9 @@ class TritonBackend(Backend):
             self._scale = np.float32(input_scale(Path(model.onnx_path).parent))
         self.max_batch = batch_size
         self.concurrency = self.inflight
+        self.decoupled = config.model_transaction_policy.decoupled
+        if self.decoupled:
+            self.client.start_stream(callback=self._stream_answer)
         try:
             for i in range(self.inflight):
                 slot = _Slot(self, i, batch_size)
@@ -332,27 +354,51 @@ class TritonBackend(Backend):
             inp.set_data_from_numpy(slot.input[:n])
         if shm_out:
             out.set_shared_memory(slot.out_name, n * spec.top_k * 4)
-        done = threading.Event()
-        answer: list = [None, None]
-
-        def callback(result, error):
-            answer[0], answer[1] = result, error
-            done.set()
-
-        try:
-            self.client.async_infer(spec.name, [inp], callback, outputs=[out],
-                                    client_timeout=self.timeout_s)
-        except self.ServerError as e:
-            raise self._failed(e.message()) from e
+        answer = self._send(inp, out)
         # The client's own deadline fires first; this one guards against a callback never coming.
-        if not done.wait(self.timeout_s + 5):
+        if not answer.done.wait(self.timeout_s + 5):
             raise self._failed(f"no answer in {self.timeout_s + 5:.0f} s")
-        result, error = answer
+        result, error = answer.result, answer.error
         if error is not None:
             raise self._failed(error.message() if hasattr(error, "message") else str(error))
         if shm_out:
             return slot.output[:n].copy()
         return result.as_numpy(out_name)[:n].reshape(n, -1).copy()
+
+    def _send(self, inp, out) -> _Answer:
+        """One request, unary (``async_infer``) or, to a decoupled model, over this server's stream."""
+        answer = _Answer()
+        if not self.decoupled:
+            try:
+                self.client.async_infer(self.spec.name, [inp], answer.set, outputs=[out],
+                                        client_timeout=self.timeout_s)
+            except self.ServerError as e:
+                raise self._failed(e.message()) from e
+            return answer
+        with self._stream_lock:
+            request_id = str(next(self._stream_ids))
+            self._streamed[request_id] = answer
+        try:
+            self.client.async_stream_infer(self.spec.name, [inp], outputs=[out], request_id=request_id)
+        except self.ServerError as e:  # the stream broke before (its callback has said why)
+            with self._stream_lock:
+                self._streamed.pop(request_id, None)
+            raise self._failed(e.message()) from e
+        return answer
+
+    def _stream_answer(self, result, error) -> None:
+        """The stream's callback. An answer names its request; an error does not (the client drops the
+        id), and a broken stream fails every request on it: both fail all those waiting, the run with them."""
+        if error is None:
+            with self._stream_lock:
+                answer = self._streamed.pop(result.get_response().id, None)
+            if answer is not None:
+                answer.set(result, None)
+            return
+        with self._stream_lock:
+            waiting, self._streamed = list(self._streamed.values()), {}
+        for answer in waiting:
+            answer.set(None, error)
 
     def _failed(self, why: str) -> UserError:
         return UserError(f"Triton server {self.url} failed during the run: {why}",
@@ -366,5 +412,7 @@ class TritonBackend(Backend):
             self._stores.free()
         self._free = queue.Queue()
         if self.client is not None:
+            if self.decoupled:
+                self.client.stop_stream(cancel_requests=True)  # nothing is waiting for an answer now
             self.client.close()
             self.client = None

@@ -7,12 +7,19 @@ wrote into config.pbtxt's ``trtfuse`` parameter; ``execute`` runs one dynamic ba
 A request's pixels reach ``execute`` as a numpy view of the stub's shared memory (the server's one
 copy), or, where the client sent them in CUDA shared memory and the backend reads GPU memory
 (``device_input``), on the GPU, read through DLPack and copied device to device into the engine's input.
+
+An instance runs one dynamic batch at a time unless ``serve --concurrency N`` made the model decoupled:
+then ``execute`` hands each batch to one of N worker threads and returns at once, so that N batches
+run at the same time in the one stub (on N CUDA streams of one context, where separate instances would
+be separate, time-sliced contexts); a worker answers each request through its response sender.
 """
 
 from __future__ import annotations
 
 import json
+import sys
 import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
@@ -76,9 +83,11 @@ class ServedModel:
         return split
 
 
-def settings(model_dir: str, backend: str, options: dict, scale: float | None) -> str:
-    """What an instance needs to load its backend, as the ``trtfuse`` parameter's JSON."""
-    return json.dumps({"model": model_dir, "backend": backend, "options": options, "scale": scale})
+def settings(model_dir: str, backend: str, options: dict, scale: float | None, concurrency: int = 1) -> str:
+    """What an instance needs to load its backend, and how many batches it runs at once (more than one:
+    the model is decoupled), as the ``trtfuse`` parameter's JSON."""
+    return json.dumps({"model": model_dir, "backend": backend, "options": options, "scale": scale,
+                       "concurrency": concurrency})
 
 
 class TritonPythonModel:
@@ -102,8 +111,36 @@ class TritonPythonModel:
         backend = create_backend(wanted["backend"], **options)
         backend.load(resolve_model(wanted["model"]), spec.max_batch_size)
         self.model = ServedModel(backend, spec, wanted["scale"])
+        self.workers = None
+        if pb_utils.using_decoupled_model_transaction_policy(config):
+            self.workers = ThreadPoolExecutor(int(wanted.get("concurrency", 1)), thread_name_prefix="trtfuse")
 
-    def execute(self, requests) -> list:
+    def execute(self, requests) -> list | None:
+        """The responses of one dynamic batch; decoupled, none: a worker sends them when it has run it."""
+        if self.workers is None:
+            return self._answers(requests)
+        senders = [r.get_response_sender() for r in requests]
+        self.workers.submit(self._send, requests, senders)
+        return None
+
+    def _send(self, requests, senders) -> None:
+        """A worker's: run a batch, and send each request its one (final) response."""
+        final = self.pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+        try:
+            responses = self._answers(requests)
+        except BaseException as e:  # noqa: BLE001 - an unanswered request would hang its client
+            responses = [self._error(e) for _ in requests]
+        for sender, response in zip(senders, responses):
+            try:
+                sender.send(response, flags=final)
+            except Exception as e:  # noqa: BLE001 - a client gone is not the others' problem
+                print(f"trtfuse: {self.name} could not answer a request: {e}", file=sys.stderr, flush=True)
+
+    def _error(self, e: BaseException):
+        return self.pb.InferenceResponse(error=self.pb.TritonError(f"trtfuse: {type(e).__name__}: {e}"))
+
+    def _answers(self, requests) -> list:
+        """Each request's response: its outputs, or (the batch failed) the error."""
         pb, spec, model = self.pb, self.model.spec, self.model
         try:
             tensors = [pb.get_input_tensor_by_name(r, spec.input.name) for r in requests]
@@ -111,8 +148,7 @@ class TritonPythonModel:
             scores = any(model.scores_name in w for w in wanted)
             outputs = self._run(tensors, scores)
         except Exception as e:  # noqa: BLE001 - every request answers, with the error
-            return [pb.InferenceResponse(error=pb.TritonError(f"trtfuse: {type(e).__name__}: {e}"))
-                    for _ in requests]
+            return [self._error(e) for _ in requests]
         return [pb.InferenceResponse(output_tensors=[pb.Tensor(k, np.ascontiguousarray(v))
                                                     for k, v in out.items() if k in w])
                 for out, w in zip(outputs, wanted)]
@@ -137,6 +173,8 @@ class TritonPythonModel:
         return outputs
 
     def finalize(self) -> None:
+        if self.workers is not None:
+            self.workers.shutdown(wait=True)  # the batches handed out are answered first
         m = self.model
         print(f"trtfuse: {self.name} ran {m.requests} requests ({m.device_requests} read in GPU memory), "
               f"{m.samples} samples", flush=True)  # into tritonserver's log

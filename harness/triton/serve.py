@@ -49,7 +49,12 @@ def add_parser(sub) -> None:
     p.add_argument("--name", help="the Triton model name (default: the model's name)")
     p.add_argument("--instances", type=int, default=1,
                    help="model instances per GPU (or on the CPU): each a Python backend stub process with its "
-                        "own backend, running one dynamic batch at a time (default 1)")
+                        "own backend (default 1)")
+    p.add_argument("--concurrency", type=int, default=1,
+                   help="dynamic batches each instance runs at once (default 1). More than 1 makes the model "
+                        "decoupled: N worker threads in the one stub (TensorRT: N streams of one CUDA context), "
+                        "answering through Triton's streaming API (gRPC ModelStreamInfer), which the harness's "
+                        "triton backend uses by itself; Triton's unary infer refuses decoupled models")
     p.add_argument("--max-queue-delay-us", type=int, default=100,
                    help="how long Triton's dynamic batcher waits to fill a batch")
     p.add_argument("--grpc-port", type=int, default=8001)
@@ -83,6 +88,7 @@ class Plan:
     backend: str                 # its name
     gpus: list[int] | None       # TensorRT: one instance group per GPU
     device_input: bool           # inputs in CUDA shared memory stay on the GPU (the backend reads them there)
+    concurrency: int             # batches an instance runs at once (more than 1: a decoupled model)
 
 
 def plan(args) -> Plan:
@@ -98,8 +104,12 @@ def plan(args) -> Plan:
         raise UserError(f"--batch-size {args.batch_size} is impossible", "use 1 or more, e.g. --batch-size 64")
     if args.instances < 1:
         raise UserError(f"--instances {args.instances} is impossible", "use 1 or more model instances")
+    if args.concurrency < 1:
+        raise UserError(f"--concurrency {args.concurrency} is impossible", "use 1 or more batches at once")
     prepared = resolve_model(args.model)
-    backend = create_backend(args.backend, **_backend_options(args))  # on GPU 0: the instances go to --devices
+    # On GPU 0 (the instances go to --devices); a TensorRT engine built here gets a profile per stream of
+    # an instance (2 at least, the direct backend's default, so that both find it in the cache).
+    backend = create_backend(args.backend, **_backend_options(args), streams=max(2, args.concurrency))
     backend.load(prepared, args.batch_size)
     try:
         probe_dtype = backend_input_dtype(backend, prepared.input_shape)
@@ -119,14 +129,20 @@ def plan(args) -> Plan:
             from trtfuse import cuda_runtime
             from trtfuse.backends.tensorrt_backend import parse_devices
 
-            # One stream per instance: an instance runs one dynamic batch at a time (more instances overlap).
-            options.update(engine=str(backend.engine_path), streams=1)
+            # One stream per batch an instance runs at once.
+            if args.concurrency > backend.engine.num_optimization_profiles:
+                raise UserError(f"--concurrency {args.concurrency} needs as many optimization profiles, but "
+                                f"{backend.engine_path} has {backend.engine.num_optimization_profiles}",
+                                "serve with a smaller --concurrency, or without --engine (one is built with "
+                                "a profile per stream)")
+            options.update(engine=str(backend.engine_path), streams=args.concurrency)
             gpus = parse_devices(args.devices, cuda_runtime.device_count())
         elif args.devices:
             raise UserError(f"--devices is for the TensorRT backend, not {backend.name}",
                             "leave --devices out, or serve with --backend tensorrt")
-        return Plan(spec, settings(str(prepared.dir), backend.name, options, scale), backend.name, gpus,
-                    device_input=gpus is not None and spec.input.numpy_dtype == probe_dtype)
+        return Plan(spec, settings(str(prepared.dir), backend.name, options, scale, args.concurrency),
+                    backend.name, gpus, device_input=gpus is not None and spec.input.numpy_dtype == probe_dtype,
+                    concurrency=args.concurrency)
     finally:
         backend.close()
 
@@ -141,6 +157,8 @@ def write_repository(folder: Path, served: Plan, instances: int, max_queue_delay
     cfg = model_config(spec, backend="python", gpus=served.gpus, instances_per_gpu=instances,
                        max_queue_delay_us=max_queue_delay_us)
     cfg.parameters[PARAMETER].string_value = served.settings
+    if served.concurrency > 1:  # execute hands batches to workers, which answer later
+        cfg.model_transaction_policy.decoupled = True
     if served.device_input:  # the Python backend's default is to bring every input to the host
         cfg.parameters["FORCE_CPU_ONLY_INPUT_TENSORS"].string_value = "no"
     repo = Path(folder) / "repository"
@@ -163,13 +181,14 @@ def _server_options(served: Plan, instances: int) -> tuple[dict, list[str]]:
     The Python backend's shared memory with its stubs: room for a full batch from the start (its
     default of 1 MB grows 1 MB at a time), named per server so that several on one host do not meet.
     Inputs that stay on the GPU reach the stubs through Triton's CUDA memory pool: room for every
-    instance's batch in flight on each GPU (its default is 64 MB)."""
+    batch in flight on each GPU, and one more per instance (its default is 64 MB)."""
     batch = _batch_bytes(served.spec)
     python = {"shm-default-byte-size": str(batch), "shm-growth-byte-size": str(batch),
               "shm-region-prefix-name": f"trtfuse{os.getpid()}_"}
     flags = []
     if served.device_input:
-        flags = [f"--cuda-memory-pool-byte-size={gpu}:{2 * instances * batch}" for gpu in served.gpus]
+        in_flight = instances * (served.concurrency + 1)
+        flags = [f"--cuda-memory-pool-byte-size={gpu}:{in_flight * batch}" for gpu in served.gpus]
     return {"python": python}, flags
 
 
@@ -200,7 +219,8 @@ def serve(args, stop: threading.Event | None = None) -> dict:
         ready = {"grpc_url": server.grpc_url, "http_url": f"localhost:{args.http_port}",
                  "model": spec.name, "backend": served.backend, "input": spec.input.dtype,
                  "max_batch_size": spec.max_batch_size, "instances": instances, "gpus": served.gpus,
-                 "device_input": served.device_input, "pid": os.getpid()}
+                 "device_input": served.device_input, "concurrency": served.concurrency,
+                 "decoupled": served.concurrency > 1, "pid": os.getpid()}
         print(f"trtfuse serve: Triton serving {spec.name!r} ({served.backend}, {spec.input.dtype} input, "
               f"max batch {spec.max_batch_size}, {instances} instance(s)) at grpc {ready['grpc_url']}, "
               f"http {ready['http_url']}; ready in {time.perf_counter() - t0:.1f} s; log {server.log}; "
