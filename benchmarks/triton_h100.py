@@ -159,7 +159,8 @@ def run(args, stages) -> int:
         direct_res, out = res.data.get("direct") or {}, res.data.setdefault("triton", {})
         # Server cannot go past what Offline answered through a server, nor (much) past the direct Server.
         start = 0.8 * min(out.get("offline_samples_per_s") or 60000.0, direct_res.get("server_qps") or 1e9)
-        out.update(transport_server=args.transport, server_searches=[])
+        out["transport_server"] = args.transport
+        searches = out.setdefault("server_searches", [])  # a later call adds configurations (or redoes them)
         for config in args.server_served.split(","):
             with served(args.server_batch, config) as server:
                 for inflight in [int(i) for i in args.server_inflight.split(",")]:
@@ -168,9 +169,10 @@ def run(args, stages) -> int:
                         found = search(backend, f"triton-{config}-inflight{inflight}", start)
                     finally:
                         backend.close()
-                    out["server_searches"].append({"served": config, "inflight": inflight, **found})
+                    searches[:] = [f for f in searches if (f["served"], f["inflight"]) != (config, inflight)]
+                    searches.append({"served": config, "inflight": inflight, **found})
                     res.save()
-        found = max(out["server_searches"], key=lambda f: (f["valid"], f["qps"] or 0))
+        found = max(searches, key=lambda f: (f["valid"], f["qps"] or 0))
         out.update(server_qps=found["qps"], p99_ms=found["p99_ms"], valid=found["valid"],
                    server_served=found["served"], server_inflight=found["inflight"])
         res.data["transport"] = args.transport
