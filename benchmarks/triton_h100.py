@@ -15,6 +15,11 @@ Stages (guarded and merged into --out like resnet50_e2e.py's, so they can be spr
   and batches each runs at once) and transport of --offline-transports;
 - triton-server: the batch-256 engine served so, the Server search over --transport for each
   configuration of --server-served and requests in flight of --server-inflight;
+- triton-cost: what one request costs, stage by stage: requests of --cost-batches samples sent one
+  after another (no queueing) to the batch-256 engine served in each configuration of --served, over
+  --transport: the client's round trip against the same call on the direct backend, split by Triton's
+  own statistics (queue, compute input/infer/output, the server's whole request) and the served model's
+  busy time (what the stub spent running batches, from the server's log);
 - lanes: Offline with `--devices all` (the product path; one GPU here) and with an explicit one-lane
   LanesBackend (the spreading wrapper's own cost), against the direct Offline.
 """
@@ -22,8 +27,12 @@ Stages (guarded and merged into --out like resnet50_e2e.py's, so they can be spr
 from __future__ import annotations
 
 import argparse
+import re
 import sys
+import time
 from pathlib import Path
+
+import numpy as np
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tools"))
@@ -32,7 +41,7 @@ from device_bundle import STASH, BundleImages, log  # noqa: E402
 from bench_runs import loadgen_row, server_search  # noqa: E402
 from resnet50_e2e import Results  # noqa: E402
 
-STAGES = ("direct", "triton-offline", "triton-server", "lanes")
+STAGES = ("direct", "triton-offline", "triton-server", "triton-cost", "lanes")
 MODEL = "resnet50"
 
 
@@ -56,6 +65,8 @@ def main(argv=None) -> int:
                         "(Python backend stub processes, each its own CUDA context) and the batches each runs at "
                         "once (trtfuse serve --concurrency: streams of its one context)")
     c.add_argument("--server-served", default="1x1,1x2", help="served configurations searched for the Server")
+    c.add_argument("--cost-batches", default="8,64,256", help="triton-cost: samples per request")
+    c.add_argument("--cost-requests", type=int, default=200, help="triton-cost: requests timed per batch size")
     c.add_argument("--max-queue-delay-us", type=int, default=100, help="the served model's batcher delay")
     args = p.parse_args(argv)
     stages = [s for s in args.stages.split(",") if s]
@@ -177,6 +188,64 @@ def run(args, stages) -> int:
                    server_served=found["served"], server_inflight=found["inflight"])
         res.data["transport"] = args.transport
 
+    def request_times(backend, store, batch: int) -> list[float]:
+        """Seconds of each of --cost-requests ``classify_rows`` calls of ``batch`` rows, one after another."""
+        rows, times = np.arange(batch), []
+        for _ in range(10):  # warm: connections, graphs, caches
+            backend.classify_rows(store, rows)
+        for _ in range(args.cost_requests):
+            t0 = time.perf_counter()
+            backend.classify_rows(store, rows)
+            times.append(time.perf_counter() - t0)
+        return times
+
+    def ms(times, q: float) -> float:
+        return round(float(np.percentile(times, q)) * 1e3, 3)
+
+    def triton_cost():
+        batches = [int(b) for b in args.cost_batches.split(",")]
+        out = res.data["request_cost"] = {"transport": args.transport, "engine_batch": args.server_batch,
+                                          "requests_each": args.cost_requests, "direct": [], "served": []}
+        backend = direct_backend(args.server_batch)
+        try:
+            store = backend.host_array((args.server_batch, *model.input_shape), np.int8)
+            store[:] = data.array[:args.server_batch]
+            for batch in batches:
+                t = request_times(backend, store, batch)
+                out["direct"].append({"batch": batch, "p50_ms": ms(t, 50), "p99_ms": ms(t, 99)})
+        finally:
+            backend.close()
+        res.save()
+        for config in args.served.split(","):
+            with served(args.server_batch, config) as server:
+                backend = client(server.url, args.server_batch, args.transport, 1)
+                try:
+                    store = backend.host_array((args.server_batch, *model.input_shape), np.int8)
+                    store[:] = data.array[:args.server_batch]
+                    for batch in batches:
+                        before = server_stats(backend)
+                        t = request_times(backend, store, batch)
+                        after = server_stats(backend)
+                        n = after["success"]["count"] - before["success"]["count"]
+                        server_ms = {k: round((after[k]["ns"] - before[k]["ns"]) / max(n, 1) / 1e6, 3) for k in after}
+                        out["served"].append({"served": config, "batch": batch, "p50_ms": ms(t, 50),
+                                              "p99_ms": ms(t, 99), "server_mean_ms": server_ms})
+                        res.save()
+                finally:
+                    backend.close()
+            busy = [(int(r), float(b)) for r, b in re.findall(r"ran (\d+) requests .* busy ([\d.]+) s",
+                                                             (server.workspace / "tritonserver.log").read_text())]
+            out.setdefault("stub_busy_mean_ms", {})[config] = round(
+                1e3 * sum(b for _, b in busy) / max(sum(r for r, _ in busy), 1), 3)
+            res.save()
+
+    def server_stats(backend) -> dict:
+        """Triton's cumulative statistics of the served model: {success, queue, compute_*: {count, ns}}."""
+        stats = backend.client.get_inference_statistics(backend.spec.name, as_json=True)
+        inference = stats["model_stats"][0]["inference_stats"]
+        return {k: {"count": int(v.get("count", 0)), "ns": int(v.get("ns", 0))} for k, v in inference.items()
+                if k in ("success", "queue", "compute_input", "compute_infer", "compute_output")}
+
     def lanes():
         rows = []
         direct_res = res.data.get("direct") or {}
@@ -199,7 +268,7 @@ def run(args, stages) -> int:
             res.save()
 
     for name, fn in (("direct", direct), ("triton-offline", triton_offline), ("triton-server", triton_server),
-                     ("lanes", lanes)):
+                     ("triton-cost", triton_cost), ("lanes", lanes)):
         res.stage(name, fn, stages)
     log(f"wrote {args.out}; errors: {res.data['errors'] or 'none'}")
     return 0 if not res.data["errors"] else 1

@@ -31,8 +31,17 @@ def test_every_transport_answers_as_the_engine_direct(model_dir, tmp_path, concu
     direct.load(model, 8)
     try:
         expected = _classify_through_a_store(direct, x, _BATCHES)
+        scores = direct.infer(x)
     finally:
         direct.close()
+
+    def assert_same_ranking(got, want, rows, why):
+        """The same top classes, in the same order, but for classes whose scores tie: the engine's
+        TopK may order those differently on another optimization profile (a stream of its own)."""
+        s = scores[np.asarray(rows)]
+        np.testing.assert_array_equal(np.take_along_axis(s, got, 1), np.take_along_axis(s, want, 1), err_msg=why)
+
+    assert (np.ptp(scores, axis=1) > 0).all()  # scores that rank: not all tied
 
     with ServeProcess([str(model_dir), "--backend", "tensorrt", "--input-format", "int8", "--batch-size", "8",
                        "--instances", "2", "--concurrency", str(concurrency)], tmp_path / "serve") as server:
@@ -45,9 +54,9 @@ def test_every_transport_answers_as_the_engine_direct(model_dir, tmp_path, concu
             try:
                 got = _classify_through_a_store(client, x, _BATCHES, threads=4)
                 for rows, a, b in zip(_BATCHES, got, expected):
-                    np.testing.assert_array_equal(a, b, err_msg=f"{transport}: rows {rows}")
+                    assert_same_ranking(a, b, rows, f"{transport}: rows {rows}")
                 # A batch from anywhere (staged, then uploaded with cuda) answers the same.
-                np.testing.assert_array_equal(client.classify(x[:8]), expected[-1])
+                assert_same_ranking(client.classify(x[:8]), expected[-1], _BATCHES[-1], f"{transport}: classify")
             finally:
                 client.close()
     log = (server.workspace / "tritonserver.log").read_text()

@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import sys
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -44,6 +45,7 @@ class ServedModel:
         self.scores_name = spec.outputs[1].name
         self.requests = self.samples = 0
         self.device_requests = 0  # of them, read in GPU memory (run_device)
+        self.busy_s = 0.0  # time spent running batches (summed over the workers running them at once)
         self._count = threading.Lock()
 
     def _backend_input(self, images: np.ndarray) -> np.ndarray:
@@ -54,28 +56,30 @@ class ServedModel:
     def run(self, arrays: list[np.ndarray], scores: bool) -> list[dict[str, np.ndarray]]:
         """The outputs of each request of one dynamic batch (``arrays``: each request's images): its
         top classes, and its scores when ``scores``."""
-        sizes = [len(a) for a in arrays]
+        t0, sizes = time.perf_counter(), [len(a) for a in arrays]
         # One request (an Offline client's full batch) is used as it came: no copy of its pixels.
         images = self._backend_input(arrays[0] if len(arrays) == 1 else np.concatenate(arrays))
         outputs = {self.spec.top_classes.name: self.backend.classify(images, self.spec.top_k)}
         if scores:
             outputs[self.scores_name] = self.backend.infer(images).astype(self.spec.outputs[1].numpy_dtype)
-        return self._split(outputs, sizes)
+        return self._split(outputs, sizes, t0)
 
     def run_device(self, parts: list[tuple[int, int]], scores: bool) -> list[dict[str, np.ndarray]]:
         """As ``run``, for requests whose images are in GPU memory, in the backend's input type:
         (device address, rows) each."""
+        t0 = time.perf_counter()
         outputs = {self.spec.top_classes.name: self.backend.classify_device(parts, self.spec.top_k)}
         if scores:
             outputs[self.scores_name] = self.backend.infer_device(parts).astype(self.spec.outputs[1].numpy_dtype)
         with self._count:
             self.device_requests += len(parts)
-        return self._split(outputs, [rows for _, rows in parts])
+        return self._split(outputs, [rows for _, rows in parts], t0)
 
-    def _split(self, outputs: dict, sizes: list[int]) -> list[dict[str, np.ndarray]]:
+    def _split(self, outputs: dict, sizes: list[int], started: float) -> list[dict[str, np.ndarray]]:
         with self._count:
             self.requests += len(sizes)
             self.samples += sum(sizes)
+            self.busy_s += time.perf_counter() - started
         split, start = [], 0
         for n in sizes:
             split.append({k: v[start:start + n] for k, v in outputs.items()})
@@ -177,6 +181,6 @@ class TritonPythonModel:
             self.workers.shutdown(wait=True)  # the batches handed out are answered first
         m = self.model
         print(f"trtfuse: {self.name} ran {m.requests} requests ({m.device_requests} read in GPU memory), "
-              f"{m.samples} samples", flush=True)  # into tritonserver's log
+              f"{m.samples} samples, busy {m.busy_s:.3f} s", flush=True)  # into tritonserver's log
         m.backend.close()
 
