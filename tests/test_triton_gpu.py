@@ -13,9 +13,25 @@ from test_quantize import calib_batches
 from test_tensorrt_backend import _BATCHES, _OPTIONS, _classify_through_a_store
 
 pytestmark = pytest.mark.tensorrt
+
 pytest.importorskip("tritonclient")
 if importlib.util.find_spec("pytriton") is None:
     pytest.skip("nvidia-pytriton (its tritonserver) is not installed", allow_module_level=True)
+
+
+def _classify_on_each_slot(backend, x, batches) -> list[list[np.ndarray]]:
+    """The answers of ``batches`` on each of the backend's slots (streams) alone, one list per slot."""
+    slots = [backend._free.get() for _ in backend.slots]  # all taken: then each is put back alone
+    answers = []
+    try:
+        for slot in slots:
+            backend._free.put(slot)
+            answers.append(_classify_through_a_store(backend, x, batches))
+            assert backend._free.get() is slot
+    finally:
+        for slot in slots:
+            backend._free.put(slot)
+    return answers
 
 
 @pytest.mark.parametrize("concurrency", [1, 2], ids=["unary", "stream"])
@@ -30,18 +46,15 @@ def test_every_transport_answers_as_the_engine_direct(model_dir, tmp_path, concu
     direct = TensorRTBackend(**{**_OPTIONS, "input_format": "int8"})
     direct.load(model, 8)
     try:
-        expected = _classify_through_a_store(direct, x, _BATCHES)
-        scores = direct.infer(x)
+        # Each stream of the engine is an optimization profile of its own, whose kernels TensorRT picks
+        # separately: answers may differ from one to the other (the last bits of a score, the order of
+        # two close classes). A served batch runs on any of them, so it must equal one of theirs.
+        expected = _classify_on_each_slot(direct, x, _BATCHES)
     finally:
         direct.close()
 
-    def assert_same_ranking(got, want, rows, why):
-        """The same top classes, in the same order, but for classes whose scores tie: the engine's
-        TopK may order those differently on another optimization profile (a stream of its own)."""
-        s = scores[np.asarray(rows)]
-        np.testing.assert_array_equal(np.take_along_axis(s, got, 1), np.take_along_axis(s, want, 1), err_msg=why)
-
-    assert (np.ptp(scores, axis=1) > 0).all()  # scores that rank: not all tied
+    def assert_answers(got, rows, i, why):
+        assert any(np.array_equal(got, on_slot[i]) for on_slot in expected), f"{why}: rows {rows}"
 
     with ServeProcess([str(model_dir), "--backend", "tensorrt", "--input-format", "int8", "--batch-size", "8",
                        "--instances", "2", "--concurrency", str(concurrency)], tmp_path / "serve") as server:
@@ -53,10 +66,10 @@ def test_every_transport_answers_as_the_engine_direct(model_dir, tmp_path, concu
             assert client.decoupled == (concurrency > 1)
             try:
                 got = _classify_through_a_store(client, x, _BATCHES, threads=4)
-                for rows, a, b in zip(_BATCHES, got, expected):
-                    assert_same_ranking(a, b, rows, f"{transport}: rows {rows}")
+                for i, (rows, a) in enumerate(zip(_BATCHES, got)):
+                    assert_answers(a, rows, i, transport)
                 # A batch from anywhere (staged, then uploaded with cuda) answers the same.
-                assert_same_ranking(client.classify(x[:8]), expected[-1], _BATCHES[-1], f"{transport}: classify")
+                assert_answers(client.classify(x[:8]), _BATCHES[-1], len(_BATCHES) - 1, f"{transport} classify")
             finally:
                 client.close()
     log = (server.workspace / "tritonserver.log").read_text()
