@@ -92,11 +92,14 @@ class DeviceRecording(Recording):
         self.device_parts.append([n for _, n in parts])
         return np.concatenate(rows)
 
-    def classify_device(self, parts, k=5):
-        return self.classify(self._gather(parts), k)
+    def stage_device(self, parts):  # the rows copied, as into an engine's input
+        return self._gather(parts)
 
-    def infer_device(self, parts):
-        return self.infer(self._gather(parts))
+    def run_staged(self, staged, top, release=True):
+        return self.classify(staged, 5) if top else self.infer(staged)
+
+    def release_staged(self, staged):
+        pass
 
 
 def test_execute_answers_gpu_and_host_requests_in_order(tmp_path, monkeypatch):
@@ -193,8 +196,10 @@ def test_dlpack_placement_is_the_array_memory():
 
 def test_a_decoupled_instance_runs_batches_at_once_and_answers_each_request_once(tmp_path, monkeypatch):
     """``serve --concurrency 2``: execute hands each batch to a worker and returns None; two batches run
-    at the same time (each waits for the other at a barrier: one at a time would time out); every
-    request gets exactly one response, flagged final, its own answer or its batch's error."""
+    at the same time (each waits for the other at a barrier: one at a time would time out); the batches
+    run on copies made before execute returned (Triton may reuse the requests' memory from then on:
+    poisoned here); every request gets exactly one response, flagged final, its own answer or its
+    batch's error."""
     import json
     import sys
     import types
@@ -235,13 +240,14 @@ def test_a_decoupled_instance_runs_batches_at_once_and_answers_each_request_once
                          "model_instance_kind": "CPU", "model_instance_name": "tiny_0"})
     import threading
 
-    both_running = threading.Barrier(2, timeout=10)
+    both_running, poisoned = threading.Barrier(2, timeout=10), threading.Event()
     classify = instance.model.backend.classify
 
     def classify_when_both_run(images, k=5):
         if np.isnan(images).any():
             raise RuntimeError("this batch fails")
         both_running.wait()
+        assert poisoned.wait(10)
         return classify(images, k)
 
     monkeypatch.setattr(instance.model.backend, "classify", classify_when_both_run)
@@ -249,10 +255,14 @@ def test_a_decoupled_instance_runs_batches_at_once_and_answers_each_request_once
     arrays = [rng.standard_normal((n, *model.input_shape)).astype(np.float32) for n in (2, 3, 4)]
     first, second = [Request(arrays[0]), Request(arrays[1])], [Request(arrays[2])]
     assert instance.execute(first) is None and instance.execute(second) is None
-    failing = [Request(np.full((1, *model.input_shape), np.nan, np.float32)), Request(arrays[0])]
+    originals = [a.copy() for a in arrays]
+    for a in arrays:
+        a[...] = np.nan  # the requests' memory, reused by Triton after execute returned
+    poisoned.set()
+    failing = [Request(np.full((1, *model.input_shape), np.nan, np.float32)), Request(originals[0])]
     instance.execute(failing)  # one batch: both requests get its error
     instance.finalize()  # waits for the workers: every batch handed out is answered
-    for request, a in zip(first + second, arrays):
+    for request, a in zip(first + second, originals):
         ((response, flags),) = request.sent
         assert flags == FINAL and response["error"] is None
         np.testing.assert_array_equal(response["outputs"][0][1], top_k_classes(a.mean(axis=(2, 3)), 5))

@@ -23,6 +23,7 @@ import queue
 import sys
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -131,6 +132,13 @@ class _Slot:
                 b.free()
         self.computed.destroy()
         self.stream.destroy()
+
+
+@dataclass(frozen=True)
+class StagedBatch:
+    """A batch copied into a slot's input by ``stage_device``, waiting for ``run_staged``."""
+    slot: _Slot
+    n: int
 
 
 class TensorRTBackend(Backend):
@@ -352,21 +360,46 @@ class TensorRTBackend(Backend):
         in CUDA shared memory). They go device to device into a slot's input, in order."""
         if k > self.top_k:
             raise ValueError(f"the engine ranks {self.top_k} classes, {k} asked (rank on the host: classify)")
-        return self._run_device(parts, top=True)[:, :k]
+        return self.run_staged(self.stage_device(parts), top=True)[:, :k]
 
     def infer_device(self, parts: list[tuple[int, int]]) -> np.ndarray:
         """Scores of images already in this GPU's memory (as ``classify_device``)."""
-        return self._run_device(parts, top=False)
+        return self.run_staged(self.stage_device(parts), top=False)
 
-    def _run_device(self, parts: list[tuple[int, int]], top: bool) -> np.ndarray:
+    def stage_device(self, parts: list[tuple[int, int]]) -> StagedBatch:
+        """Images in this GPU's memory (as ``classify_device`` takes them) copied into a free slot's
+        input, the copies done when this returns: the memory they came from may be reused from then on
+        (a decoupled Triton model's inputs, once its ``execute`` has returned). The slot is the
+        batch's until ``run_staged`` has run it (waits while every slot is taken)."""
         self.cr.set_device(self.device)
-
-        def fill(slot: _Slot) -> None:  # each request's run device -> device, one after another
+        n = sum(rows for _, rows in parts)
+        if n > self.max_batch:
+            raise ValueError(f"batch {n} exceeds max_batch {self.max_batch}")
+        slot = self._free.get()
+        try:
             row_bytes, offset = slot.host_in.array[0].nbytes, 0
-            for address, rows in parts:
+            for address, rows in parts:  # each request's run device -> device, one after another
                 self.cr.copy_dtod_async(slot.dev_in.ptr + offset, address, rows * row_bytes, slot.stream)
                 offset += rows * row_bytes
-        return self._on_a_slot(sum(rows for _, rows in parts), fill, top)
+            slot.stream.synchronize()
+        except BaseException:
+            self._free.put(slot)
+            raise
+        return StagedBatch(slot, n)
+
+    def run_staged(self, staged: StagedBatch, top: bool, release: bool = True) -> np.ndarray:
+        """Run the engine on a staged batch: its TopK classes (``top``) or its scores. ``release``
+        False keeps the slot, and its input, for one more run of the same batch."""
+        self.cr.set_device(self.device)
+        try:
+            return self._run(staged.slot, staged.n, top)
+        finally:
+            if release:
+                self._free.put(staged.slot)
+
+    def release_staged(self, staged: StagedBatch) -> None:
+        """Give a staged batch's slot back without running it."""
+        self._free.put(staged.slot)
 
     def _run(self, slot: _Slot, n: int, top: bool = False) -> np.ndarray:
         """Run the engine on the n samples in the slot's device input; their scores (or, ``top``,

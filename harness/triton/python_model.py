@@ -9,9 +9,10 @@ copy), or, where the client sent them in CUDA shared memory and the backend read
 (``device_input``), on the GPU, read through DLPack and copied device to device into the engine's input.
 
 An instance runs one dynamic batch at a time unless ``serve --concurrency N`` made the model decoupled:
-then ``execute`` hands each batch to one of N worker threads and returns at once, so that N batches
-run at the same time in the one stub (on N CUDA streams of one context, where separate instances would
-be separate, time-sliced contexts); a worker answers each request through its response sender.
+then ``execute`` stages each batch (copies its inputs: Triton may reuse their memory once ``execute``
+has returned, and on the H100 did) and hands it to one of N worker threads, so that N batches run at
+the same time in the one stub (on N CUDA streams of one context, where separate instances would be
+separate, time-sliced contexts); a worker answers each request through its response sender.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -64,16 +66,27 @@ class ServedModel:
             outputs[self.scores_name] = self.backend.infer(images).astype(self.spec.outputs[1].numpy_dtype)
         return self._split(outputs, sizes, t0)
 
-    def run_device(self, parts: list[tuple[int, int]], scores: bool) -> list[dict[str, np.ndarray]]:
-        """As ``run``, for requests whose images are in GPU memory, in the backend's input type:
-        (device address, rows) each."""
+    def stage_device(self, parts: list[tuple[int, int]]):
+        """Requests whose images are in GPU memory, in the backend's input type ((device address, rows)
+        each), copied into the backend's own input: done when this returns. ``run_device`` runs them."""
+        return self.backend.stage_device(parts), [rows for _, rows in parts]
+
+    def run_device(self, staged, scores: bool) -> list[dict[str, np.ndarray]]:
+        """As ``run``, for requests staged by ``stage_device``."""
+        batch, sizes = staged
         t0 = time.perf_counter()
-        outputs = {self.spec.top_classes.name: self.backend.classify_device(parts, self.spec.top_k)}
+        top = self.backend.run_staged(batch, top=True, release=not scores)  # the same batch again, for scores
+        outputs = {self.spec.top_classes.name: top[:, :self.spec.top_k]}
         if scores:
-            outputs[self.scores_name] = self.backend.infer_device(parts).astype(self.spec.outputs[1].numpy_dtype)
+            outputs[self.scores_name] = self.backend.run_staged(batch, top=False).astype(
+                self.spec.outputs[1].numpy_dtype)
         with self._count:
-            self.device_requests += len(parts)
-        return self._split(outputs, [rows for _, rows in parts], t0)
+            self.device_requests += len(sizes)
+        return self._split(outputs, sizes, t0)
+
+    def drop_staged(self, staged) -> None:
+        """Give back what ``stage_device`` took, unrun (its batch failed before it ran)."""
+        self.backend.release_staged(staged[0])
 
     def _split(self, outputs: dict, sizes: list[int], started: float) -> list[dict[str, np.ndarray]]:
         with self._count:
@@ -92,6 +105,16 @@ def settings(model_dir: str, backend: str, options: dict, scale: float | None, c
     the model is decoupled), as the ``trtfuse`` parameter's JSON."""
     return json.dumps({"model": model_dir, "backend": backend, "options": options, "scale": scale,
                        "concurrency": concurrency})
+
+
+@dataclass
+class _Batch:
+    """A dynamic batch, staged (``TritonPythonModel._stage``): what each request wants, where its images
+    were, those from GPU memory copied into the backend's input, and those from the host."""
+    wanted: list[set[str]]
+    on_gpu: list[bool]
+    staged: object | None     # ServedModel.stage_device's
+    host: list[np.ndarray]
 
 
 class TritonPythonModel:
@@ -120,20 +143,31 @@ class TritonPythonModel:
             self.workers = ThreadPoolExecutor(int(wanted.get("concurrency", 1)), thread_name_prefix="trtfuse")
 
     def execute(self, requests) -> list | None:
-        """The responses of one dynamic batch; decoupled, none: a worker sends them when it has run it."""
+        """The responses of one dynamic batch; decoupled, none: a worker runs the batch and sends them.
+        Its inputs are staged here first (``_stage``): Triton may reuse their memory once this returns."""
         if self.workers is None:
-            return self._answers(requests)
+            try:
+                batch = self._stage(requests, own=False)
+            except Exception as e:  # noqa: BLE001 - every request answers, with the error
+                return [self._error(e) for _ in requests]
+            return self._answers(batch)
         senders = [r.get_response_sender() for r in requests]
-        self.workers.submit(self._send, requests, senders)
+        try:
+            batch = self._stage(requests, own=True)
+        except Exception as e:  # noqa: BLE001 - every request answers, with the error
+            batch = e
+        self.workers.submit(self._send, batch, senders)
         return None
 
-    def _send(self, requests, senders) -> None:
-        """A worker's: run a batch, and send each request its one (final) response."""
+    def _send(self, batch, senders) -> None:
+        """A worker's: run a staged batch, and send each request its one (final) response."""
         final = self.pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL
         try:
-            responses = self._answers(requests)
+            if isinstance(batch, Exception):  # it could not be staged
+                raise batch
+            responses = self._answers(batch)
         except BaseException as e:  # noqa: BLE001 - an unanswered request would hang its client
-            responses = [self._error(e) for _ in requests]
+            responses = [self._error(e) for _ in senders]
         for sender, response in zip(senders, responses):
             try:
                 sender.send(response, flags=final)
@@ -143,38 +177,49 @@ class TritonPythonModel:
     def _error(self, e: BaseException):
         return self.pb.InferenceResponse(error=self.pb.TritonError(f"trtfuse: {type(e).__name__}: {e}"))
 
-    def _answers(self, requests) -> list:
-        """Each request's response: its outputs, or (the batch failed) the error."""
-        pb, spec, model = self.pb, self.model.spec, self.model
-        try:
-            tensors = [pb.get_input_tensor_by_name(r, spec.input.name) for r in requests]
-            wanted = [set(r.requested_output_names()) for r in requests]
-            scores = any(model.scores_name in w for w in wanted)
-            outputs = self._run(tensors, scores)
-        except Exception as e:  # noqa: BLE001 - every request answers, with the error
-            return [self._error(e) for _ in requests]
-        return [pb.InferenceResponse(output_tensors=[pb.Tensor(k, np.ascontiguousarray(v))
-                                                    for k, v in out.items() if k in w])
-                for out, w in zip(outputs, wanted)]
-
-    def _run(self, tensors, scores: bool) -> list[dict[str, np.ndarray]]:
-        """Each request's outputs: those in GPU memory (only where ``device_input`` let them stay there)
-        run from the GPU, the others from the host, in their order."""
+    def _stage(self, requests, own: bool) -> _Batch:
+        """A dynamic batch ready to run. Images in GPU memory (only where ``device_input`` let them stay
+        there) are copied into the backend's input now (``stage_device``); images on the host are kept
+        as arrays, copied into arrays of the model's ``own`` for a worker that runs them after
+        ``execute`` has returned."""
         from trtfuse.triton import dlpack
 
+        pb, spec = self.pb, self.model.spec
+        tensors = [pb.get_input_tensor_by_name(r, spec.input.name) for r in requests]
+        wanted = [set(r.requested_output_names()) for r in requests]
         on_gpu = [not t.is_cpu() for t in tensors]
-        outputs: list = [None] * len(tensors)
+        staged = None
         if any(on_gpu):
-            capsules = [t.to_dlpack() for t, g in zip(tensors, on_gpu) if g]  # alive while their memory is read
-            places = [dlpack.placement(c) for c in capsules]
-            answers = iter(self.model.run_device([(p.address, p.shape[0]) for p in places], scores))
-            for i in (i for i, g in enumerate(on_gpu) if g):
-                outputs[i] = next(answers)
-        if not all(on_gpu):
-            answers = iter(self.model.run([t.as_numpy() for t, g in zip(tensors, on_gpu) if not g], scores))
-            for i in (i for i, g in enumerate(on_gpu) if not g):
-                outputs[i] = next(answers)
-        return outputs
+            places = [dlpack.placement(t.to_dlpack()) for t, g in zip(tensors, on_gpu) if g]
+            staged = self.model.stage_device([(p.address, p.shape[0]) for p in places])
+        try:
+            host = [np.array(t.as_numpy()) if own else t.as_numpy() for t, g in zip(tensors, on_gpu) if not g]
+        except BaseException:
+            if staged is not None:
+                self.model.drop_staged(staged)
+            raise
+        return _Batch(wanted, on_gpu, staged, host)
+
+    def _answers(self, batch: _Batch) -> list:
+        """Each request's response: its outputs, or (the batch failed) the error. The requests in GPU
+        memory run first, so that their slot is free again before the others need one."""
+        pb, model = self.pb, self.model
+        scores = any(model.scores_name in w for w in batch.wanted)
+        outputs: list = [None] * len(batch.on_gpu)
+        try:
+            if batch.staged is not None:
+                answers = iter(model.run_device(batch.staged, scores))
+                for i in (i for i, g in enumerate(batch.on_gpu) if g):
+                    outputs[i] = next(answers)
+            if batch.host:
+                answers = iter(model.run(batch.host, scores))
+                for i in (i for i, g in enumerate(batch.on_gpu) if not g):
+                    outputs[i] = next(answers)
+        except Exception as e:  # noqa: BLE001 - every request answers, with the error
+            return [self._error(e) for _ in batch.on_gpu]
+        return [pb.InferenceResponse(output_tensors=[pb.Tensor(k, np.ascontiguousarray(v))
+                                                    for k, v in out.items() if k in w])
+                for out, w in zip(outputs, batch.wanted)]
 
     def finalize(self) -> None:
         if self.workers is not None:
