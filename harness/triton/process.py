@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 from trtfuse.errors import UserError
+from trtfuse.triton.tritonserver import EXIT_TIMEOUT_S
 
 
 def free_port() -> int:
@@ -69,7 +70,7 @@ class ServeProcess:
             except ProcessLookupError:
                 pass
         try:
-            self.proc.wait(timeout=30)
+            self.proc.wait(timeout=EXIT_TIMEOUT_S + 20)  # serve waits for tritonserver, which waits for its instances
         except subprocess.TimeoutExpired:
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait(timeout=30)

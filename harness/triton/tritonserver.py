@@ -27,6 +27,7 @@ from pathlib import Path
 
 from trtfuse.errors import UserError
 
+EXIT_TIMEOUT_S = 20  # tritonserver's --exit-timeout-secs
 
 @dataclass(frozen=True)
 class Distribution:
@@ -114,7 +115,9 @@ class TritonServer:
         cmd = [str(dist.binary), "--model-repository", str(repository),
                "--backend-directory", str(backend_directory(dist, folder)),
                "--grpc-port", str(grpc_port), "--http-port", str(http_port), "--metrics-port", str(metrics_port),
-               "--exit-timeout-secs", "5", "--log-verbose", str(log_verbose)]
+               # Room at the stop for every instance to finalize (close its engine, log what it ran):
+               # on the H100 one of two TensorRT instances once needed more than 5 s.
+               "--exit-timeout-secs", str(EXIT_TIMEOUT_S), "--log-verbose", str(log_verbose)]
         for backend, settings in (backend_config or {}).items():
             cmd += [f"--backend-config={backend},{k}={v}" for k, v in settings.items()]
         cmd += flags or []
@@ -168,9 +171,9 @@ class TritonServer:
 
     def stop(self) -> None:
         if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)  # in-flight requests finish (--exit-timeout-secs 5)
+            self.proc.send_signal(signal.SIGTERM)  # in-flight requests finish, instances finalize
             try:
-                self.proc.wait(timeout=30)
+                self.proc.wait(timeout=EXIT_TIMEOUT_S + 10)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait(timeout=30)
