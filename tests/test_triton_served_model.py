@@ -269,3 +269,25 @@ def test_a_decoupled_instance_runs_batches_at_once_and_answers_each_request_once
     for request in failing:
         ((response, flags),) = request.sent
         assert flags == FINAL and response["error"] == "trtfuse: RuntimeError: this batch fails"
+
+
+def test_a_failed_run_gives_its_staged_slot_back(tmp_path):
+    """A batch staged on a backend slot whose run fails (the scores asked too: the slot was kept for a
+    second run) gives the slot back: one leaked slot and every later batch would wait forever."""
+    model = tiny_model(tmp_path)
+    returned = []
+
+    class FailingRun(DeviceRecording):
+        def run_staged(self, staged, top, release=True):
+            raise RuntimeError("engine failed")
+
+        def release_staged(self, staged):
+            returned.append(staged)
+
+    backend = FailingRun()
+    backend.load(model, 16)
+    served = ServedModel(backend, triton_model(model, "FP32", 16), scale=None)
+    staged = ("slot", [2])
+    with pytest.raises(RuntimeError, match="engine failed"):
+        served.run_device(staged, scores=True)
+    assert returned == ["slot"]

@@ -75,7 +75,12 @@ class ServedModel:
         """As ``run``, for requests staged by ``stage_device``."""
         batch, sizes = staged
         t0 = time.perf_counter()
-        top = self.backend.run_staged(batch, top=True, release=not scores)  # the same batch again, for scores
+        try:
+            top = self.backend.run_staged(batch, top=True, release=not scores)  # kept: run again, for scores
+        except BaseException:
+            if scores:
+                self.backend.release_staged(batch)
+            raise
         outputs = {self.spec.top_classes.name: top[:, :self.spec.top_k]}
         if scores:
             outputs[self.scores_name] = self.backend.run_staged(batch, top=False).astype(
