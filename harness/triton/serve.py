@@ -54,7 +54,9 @@ def add_parser(sub) -> None:
                    help="dynamic batches each instance runs at once (default 1). More than 1 makes the model "
                         "decoupled: N worker threads in the one stub (TensorRT: N streams of one CUDA context), "
                         "answering through Triton's streaming API (gRPC ModelStreamInfer), which the harness's "
-                        "triton backend uses by itself; Triton's unary infer refuses decoupled models")
+                        "triton backend uses by itself; Triton's unary infer refuses decoupled models. On the "
+                        "H100: Offline 0.996 of direct with 2 against 0.955 with 1; Server worse (a small batch "
+                        "pays the hand-off to a worker)")
     p.add_argument("--max-queue-delay-us", type=int, default=100,
                    help="how long Triton's dynamic batcher waits to fill a batch")
     p.add_argument("--grpc-port", type=int, default=8001)
