@@ -199,6 +199,12 @@ def run(args, stages) -> int:
             times.append(time.perf_counter() - t0)
         return times
 
+    def samples_in(backend):
+        """The first images of the bundle (int8) in the backend's own (page-locked) sample store."""
+        store = backend.host_array((args.server_batch, *model.input_shape), np.int8)
+        store[:] = data.array[:args.server_batch]
+        return store
+
     def ms(times, q: float) -> float:
         return round(float(np.percentile(times, q)) * 1e3, 3)
 
@@ -208,8 +214,7 @@ def run(args, stages) -> int:
                                           "requests_each": args.cost_requests, "direct": [], "served": []}
         backend = direct_backend(args.server_batch)
         try:
-            store = backend.host_array((args.server_batch, *model.input_shape), np.int8)
-            store[:] = data.array[:args.server_batch]
+            store = samples_in(backend)
             for batch in batches:
                 t = request_times(backend, store, batch)
                 out["direct"].append({"batch": batch, "p50_ms": ms(t, 50), "p99_ms": ms(t, 99)})
@@ -220,8 +225,7 @@ def run(args, stages) -> int:
             with served(args.server_batch, config) as server:
                 backend = client(server.url, args.server_batch, args.transport, 1)
                 try:
-                    store = backend.host_array((args.server_batch, *model.input_shape), np.int8)
-                    store[:] = data.array[:args.server_batch]
+                    store = samples_in(backend)
                     for batch in batches:
                         before = server_stats(backend)
                         t = request_times(backend, store, batch)
