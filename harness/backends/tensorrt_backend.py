@@ -323,14 +323,24 @@ class TensorRTBackend(Backend):
     def _on_a_slot(self, n: int, fill, top: bool) -> np.ndarray:
         """``fill(slot)`` queues the copies of n samples into a free slot's device input; then the
         engine runs on them (``_run``)."""
+        staged = self._staged(n, fill)
+        try:
+            return self._run(staged.slot, n, top)
+        finally:
+            self._free.put(staged.slot)
+
+    def _staged(self, n: int, fill) -> StagedBatch:
+        """A free slot (waits for one) with ``fill(slot)`` queued on its stream: the copies of n samples
+        into its device input. The slot is the caller's until it puts it back."""
         if n > self.max_batch:
             raise ValueError(f"batch {n} exceeds max_batch {self.max_batch}")
         slot = self._free.get()
         try:
             fill(slot)
-            return self._run(slot, n, top)
-        finally:
+        except BaseException:
             self._free.put(slot)
+            raise
+        return StagedBatch(slot, n)
 
     def infer_rows(self, store: np.ndarray, rows: np.ndarray) -> np.ndarray:
         """Rows of a store from ``host_array`` go host -> device directly, one batched copy per
@@ -360,11 +370,21 @@ class TensorRTBackend(Backend):
         in CUDA shared memory). They go device to device into a slot's input, in order."""
         if k > self.top_k:
             raise ValueError(f"the engine ranks {self.top_k} classes, {k} asked (rank on the host: classify)")
-        return self.run_staged(self.stage_device(parts), top=True)[:, :k]
+        self.cr.set_device(self.device)
+        return self._on_a_slot(sum(rows for _, rows in parts), self._device_fill(parts), top=True)[:, :k]
 
     def infer_device(self, parts: list[tuple[int, int]]) -> np.ndarray:
         """Scores of images already in this GPU's memory (as ``classify_device``)."""
-        return self.run_staged(self.stage_device(parts), top=False)
+        self.cr.set_device(self.device)
+        return self._on_a_slot(sum(rows for _, rows in parts), self._device_fill(parts), top=False)
+
+    def _device_fill(self, parts: list[tuple[int, int]]):
+        def fill(slot: _Slot) -> None:  # each request's run device -> device, one after another
+            row_bytes, offset = slot.host_in.array[0].nbytes, 0
+            for address, rows in parts:
+                self.cr.copy_dtod_async(slot.dev_in.ptr + offset, address, rows * row_bytes, slot.stream)
+                offset += rows * row_bytes
+        return fill
 
     def stage_device(self, parts: list[tuple[int, int]]) -> StagedBatch:
         """Images in this GPU's memory (as ``classify_device`` takes them) copied into a free slot's
@@ -372,20 +392,13 @@ class TensorRTBackend(Backend):
         (a decoupled Triton model's inputs, once its ``execute`` has returned). The slot is the
         batch's until ``run_staged`` has run it (waits while every slot is taken)."""
         self.cr.set_device(self.device)
-        n = sum(rows for _, rows in parts)
-        if n > self.max_batch:
-            raise ValueError(f"batch {n} exceeds max_batch {self.max_batch}")
-        slot = self._free.get()
+        staged = self._staged(sum(rows for _, rows in parts), self._device_fill(parts))
         try:
-            row_bytes, offset = slot.host_in.array[0].nbytes, 0
-            for address, rows in parts:  # each request's run device -> device, one after another
-                self.cr.copy_dtod_async(slot.dev_in.ptr + offset, address, rows * row_bytes, slot.stream)
-                offset += rows * row_bytes
-            slot.stream.synchronize()
+            staged.slot.stream.synchronize()
         except BaseException:
-            self._free.put(slot)
+            self.release_staged(staged)
             raise
-        return StagedBatch(slot, n)
+        return staged
 
     def run_staged(self, staged: StagedBatch, top: bool, release: bool = True) -> np.ndarray:
         """Run the engine on a staged batch: its TopK classes (``top``) or its scores. ``release``

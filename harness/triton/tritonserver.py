@@ -29,6 +29,7 @@ from trtfuse.errors import UserError
 
 EXIT_TIMEOUT_S = 20  # tritonserver's --exit-timeout-secs
 
+
 @dataclass(frozen=True)
 class Distribution:
     binary: Path     # bin/tritonserver
