@@ -9,7 +9,7 @@ status=0
 step() { echo "=== $* ($(date +%T))"; }
 
 step build
-# sm_90a: the wgmma configurations (wg*_) exist only in an sm_90a cubin (the driver loads it on the H100 also when an
+# sm_90a: the sm90 configurations (wgw_*) exist only in an sm_90a cubin (the driver loads it on the H100 also when an
 # sm_90 one is present); SKIP_BUILD=1 uses a library built elsewhere (e.g. carried to the device machine)
 [ "${SKIP_BUILD:-0}" = 1 ] || { python3 -m trtfuse.plugin_build build --kernels-only --archs 90a 2>&1 | tail -3 || exit 1; }
 LIB=build/plugins/libtrtfuse_kernels.so
@@ -18,16 +18,9 @@ export TRTFUSE_EXPECT_WGMMA=1   # the GPU tests fail (not skip) if the wgmma con
 step sass
 {
   nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,clocks.mem,power.draw,temperature.gpu --format=csv
-  cuobjdump -res-usage "$LIB" 2>&1 | grep -A1 residual_conv_kernel | grep -oE "(TileConfigILi[0-9A-Za-z]*|REG:[0-9]+|STACK:[0-9]+|LOCAL:[0-9]+)" | paste - - - -
-  # v5 64x64 s3, v5 128x128 s3 b1, v5 128x128 s2 (the default), its v6 twin, v6 128x128x128 s3 (res4/res5),
-  # v6 PERM 128x128 s2
-  # + wgmma: streamed 128x256, weight-stationary 128x256 s4 r2, independent warpgroups 64x256 s4 r2,
-  # warp specialized 64x256 s4 r2
-  for k in kernelINS0_10TileConfigILi64ELi64ELi64ELi32ELi32ELi3ELi4 kernelINS0_10TileConfigILi128ELi128ELi64ELi64ELi32ELi3ELi1 \
-           kernelINS0_10TileConfigILi128ELi128ELi64ELi64ELi32ELi2ELi2 v6INS0_10TileConfigILi128ELi128ELi64ELi64ELi32ELi2ELi2ELb1ELb0 \
-           v6INS0_10TileConfigILi128ELi128ELi128ELi64ELi32ELi3ELi1ELb1ELb0 v6INS0_10TileConfigILi128ELi128ELi64ELi64ELi32ELi2ELi2ELb1ELb1 \
-           wgmmaINS0_12WgTileConfigILi128ELi256ELi64ELi3ELi1ELb0 wgmmaINS0_12WgTileConfigILi128ELi256ELi64ELi4ELi1ELb1ELi2 \
-           wgmma_wgiINS0_13WgiTileConfigILi256ELi64ELi4ELi2 wgmma_wsINS0_13WgwTileConfigILi256ELi64ELi4ELi2; do
+  cuobjdump -res-usage "$LIB" 2>&1 | grep -A1 conv_kernel_sm | grep -oE "(conv_kernel_sm[0-9]+I[0-9A-Za-z_]*|REG:[0-9]+|STACK:[0-9]+|LOCAL:[0-9]+)" | paste - - - -
+  # every kernel of the library (residual_conv.cu's kConfigs): instruction mix of its sm_90a SASS
+  for k in $(cuobjdump -sass "$LIB" | grep -oE "Function : _ZN7trtfuse5rconv[0-9]+conv_kernel_sm[0-9A-Za-z_]+" | sort -u | cut -d' ' -f3); do
     echo "-- $k"; cuobjdump -sass "$LIB" | awk -v k="$k" '/Function :/{f=index($0,k)>0} f' \
       | grep -oE "\b(MUFU[.A-Z0-9]*|IMMA[.A-Z0-9]*|IGMMA[.A-Z0-9x]*|WARPGROUP[.A-Z]*|FENCE[.A-Z]*|LDSM[.A-Z0-9]*|LDGSTS[.A-Z0-9]*|STG[.A-Z0-9]*|LDS[.A-Z0-9]*|STS[.A-Z0-9]*|LDG[.A-Z0-9]*|LDL[.A-Z0-9]*|STL[.A-Z0-9]*|BAR[.A-Z0-9]*)" | sort | uniq -c
   done
@@ -44,25 +37,17 @@ K="small_every_config or (small_auto_config and (1x144 or 3x128 or 1x32)) or rej
 { $SAN --tool memcheck python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_residual_conv.py -k "$K" 2>&1; echo "memcheck rc=$?";
   $SAN --tool racecheck --racecheck-report analysis python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_residual_conv.py -k "small_every_config and 3x128" 2>&1; echo "racecheck rc=$?";
   $SAN --tool synccheck python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_residual_conv.py -k "small_every_config and 3x128" 2>&1; echo "synccheck rc=$?";
-  # v6 with several tiles per block (residual-buffer rotation, k-stage counters): cfg13 = v6 twin of the
-  # default (2 stages, 2 residual buffers), cfg19 = v6 BK 128, 3 stages, cfg23 = PERM twin of cfg13 (4 channels
-  # per thread in the epilogue). Time-capped (rc 124 = ran out of
-  # time, reported, not a failure) so a slow sanitizer cannot eat the tuner's and the benchmark's time.
-  timeout 45 $SAN --tool memcheck python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_residual_conv.py -k "persistent_every_config and (cfg13 or cfg19 or cfg23)" 2>&1; echo "memcheck-persistent rc=$?";
-  timeout 45 $SAN --tool racecheck --racecheck-report analysis python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_residual_conv.py -k "persistent_every_config and 8x64 and cfg13" 2>&1; echo "racecheck-persistent rc=$?";
-  # wgmma: cfg28 streamed, cfg30 weight stationary (128x256 s4 r2), cfg35 independent warpgroups (64x256 s4 r2),
-  # cfg36 (64x256 s3 r3, the one that fits res2), cfg38-45 warp specialized (mbarrier rings; cfg44-45 one shared
-  # x ring) on the persistent shapes (several tiles per block / warpgroup; 42x512 and 136x512: extra blocks that
-  # reload the weight slice, on 132 SMs)
-  timeout 60 $SAN --tool memcheck python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_residual_conv.py -k "persistent_every_config and (cfg28 or cfg30 or cfg35 or cfg36)" 2>&1; echo "memcheck-wgmma rc=$?";
-  timeout 60 $SAN --tool racecheck --racecheck-report analysis python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_residual_conv.py -k "persistent_every_config and 16x256 and (cfg30 or cfg35)" 2>&1; echo "racecheck-wgmma rc=$?";
-  timeout 240 $SAN --tool memcheck python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_residual_conv.py -k "(persistent_every_config or small_every_config) and (cfg38 or cfg39 or cfg40 or cfg41 or cfg42 or cfg43 or cfg44 or cfg45)" 2>&1; echo "memcheck-wgw rc=$?";
-  timeout 240 $SAN --tool racecheck --racecheck-report analysis python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_residual_conv.py -k "persistent_every_config and (cfg38 or cfg39 or cfg40 or cfg41 or cfg42 or cfg43 or cfg44 or cfg45)" 2>&1; echo "racecheck-wgw rc=$?";
-  timeout 60 $SAN --tool synccheck python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_residual_conv.py -k "persistent_every_config and (16x256 or 42x512) and (cfg38 or cfg40 or cfg42 or cfg45)" 2>&1; echo "synccheck-wgw rc=$?";
+  # every config on the persistent shapes (several tiles per block: residual-buffer rotation, k-stage counters, the
+  # sm90 kernel's mbarrier rings and, at 42x512 and 136x512 on 132 SMs, extra blocks that reload the weight slice).
+  # Time-capped (rc 124 = ran out of time, reported, not a failure) so a slow sanitizer cannot eat the tuner's and
+  # the benchmark's time.
+  timeout 240 $SAN --tool memcheck python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_residual_conv.py -k "persistent_every_config" 2>&1; echo "memcheck-persistent rc=$?";
+  timeout 240 $SAN --tool racecheck --racecheck-report analysis python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_residual_conv.py -k "persistent_every_config and (8x64 or 42x512)" 2>&1; echo "racecheck-persistent rc=$?";
+  timeout 90 $SAN --tool synccheck python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_residual_conv.py -k "persistent_every_config and (16x256 or 42x512) and (cfg2 or cfg3 or cfg4)" 2>&1; echo "synccheck-persistent rc=$?";
 } > "$OUT/sanitizer.log"
 grep -E "ERROR SUMMARY|RACECHECK SUMMARY|rc=|passed|failed" "$OUT/sanitizer.log"
 # any non-zero rc fails the run, except a time-capped persistent step that ran out of time (124)
-grep -E "^[a-z-]+ rc=[1-9]" "$OUT/sanitizer.log" | grep -vE "^(memcheck|racecheck|synccheck)-(persistent|wgmma|wgw) rc=124( |$)" | grep -q . && status=1
+grep -E "^[a-z-]+ rc=[1-9]" "$OUT/sanitizer.log" | grep -vE "^(memcheck|racecheck|synccheck)-persistent rc=124( |$)" | grep -q . && status=1
 
 step tune
 python3 -m trtfuse.tuning --out "$OUT/residual_conv_tuning_h100.json" ${1:+--reps 30} 2>&1 | tee "$OUT/tune.log" | cut -c1-400

@@ -10,9 +10,9 @@
 #include <cstdlib>
 #include <vector>
 
-#include "residual_conv/residual_conv_out_map.h"
-#include "residual_conv/residual_conv_wgmma_ws.cuh"
-#include "residual_conv/residual_conv_wgw_tiles.h"
+#include "residual_conv/kernel_sm90.cuh"
+#include "residual_conv/out_map.h"
+#include "residual_conv/schedule_sm90.h"
 
 using namespace trtfuse;
 using namespace trtfuse::rconv;
@@ -84,7 +84,7 @@ void run(char const* name, int cin, int cout, int hw, int batch) {
     CK(cudaMemset(w, 1, wb));
     CK(cudaMemset(f, 0, Npad * 24));
     Params p{};
-    p.x = x; p.r = r; p.out = o; p.w = w; p.w_perm = w; p.a = f; p.b = f + Npad; p.s = f + 2 * Npad;
+    p.x = x; p.r = r; p.out = o; p.w = w; p.a = f; p.b = f + Npad; p.s = f + 2 * Npad;
     p.a8 = f + 3 * Npad; p.b8 = f + 4 * Npad; p.s8 = f + 5 * Npad;
     p.lo = 0; p.small_acc = cin <= 258; p.sat = 1;   // ReLU: the saturating epilogue
     p.M = batch * hw; p.HW = hw; p.Kc = Kc; p.Kpad = Kpad; p.Nc = Nc;
@@ -113,7 +113,7 @@ void run(char const* name, int cin, int cout, int hw, int batch) {
     CK(cudaMalloc(&span, size_t(grid) * 4 * 8));
     CK(cudaMemset(span, 0, size_t(grid) * 4 * 8));
     CK(cudaMemcpyToSymbol(g_wgw_span, &span, sizeof(span)));
-    auto kernel = residual_conv_kernel_wgmma_ws<Cfg>;
+    auto kernel = conv_kernel_sm90<Cfg>;
     CK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     cudaEvent_t e0, e1;
     CK(cudaEventCreate(&e0));
@@ -158,38 +158,21 @@ void run(char const* name, int cin, int cout, int hw, int batch) {
 }
 
 int main() {
-    // the offered wgw configs (residual_conv.cu)
-    using Q0 = WgwTileConfig<256, 64, 4, 2>;
-    using Q1 = WgwTileConfig<256, 128, 2, 2>;
-    using Q2 = WgwTileConfig<256, 64, 4, 2, true>;
-    using Q3 = WgwTileConfig<256, 128, 2, 2, true>;
-    using Q4 = WgwTileConfig<256, 64, 4, 2, true, true>;
-    using Q5 = WgwTileConfig<256, 128, 2, 3, true>;
-    using Q6 = WgwTileConfig<256, 64, 8, 2, true, true, true, true>;
-    using Q7 = WgwTileConfig<256, 128, 4, 2, true, true, true, true>;
+    // the offered wgw configs (residual_conv.cu: W0, W1, W2)
+    using W0 = WgwConfig<128, 2, 2, false, false>;
+    using W1 = WgwConfig<128, 2, 3, true, false>;
+    using W2 = WgwConfig<128, 4, 2, true, true>;
     int const shapes[4][3] = {{512, 2048, 49}, {256, 1024, 196}, {128, 512, 784}, {64, 256, 3136}};
 #ifdef TRTFUSE_WGW_TRACE_GLOBALTIMER
-    for (auto const& s : shapes)
-        for (int batch : {256, 2048}) {
-            run<Q2>("wgw_64x256x64_s4_r2_p2", s[0], s[1], s[2], batch);
-            run<Q3>("wgw_64x256x128_s2_r2_p2", s[0], s[1], s[2], batch);
-            run<Q4>("wgw_64x256x64_s4_r2_p2_pp", s[0], s[1], s[2], batch);
-            if (s[0] < 512) run<Q5>("wgw_64x256x128_s2_r3_p2", s[0], s[1], s[2], batch);
-            run<Q6>("wgw_64x256x64_s8_r2_p2_pp_sh", s[0], s[1], s[2], batch);
-            run<Q7>("wgw_64x256x128_s4_r2_p2_pp_sh", s[0], s[1], s[2], batch);
-        }
+    for (int batch : {256, 2048})
 #else
-    for (auto const& s : shapes) {
-        run<Q0>("wgw_64x256x64_s4_r2", s[0], s[1], s[2], 2048);
-        run<Q1>("wgw_64x256x128_s2_r2", s[0], s[1], s[2], 2048);
-        run<Q2>("wgw_64x256x64_s4_r2_p2", s[0], s[1], s[2], 2048);
-        run<Q3>("wgw_64x256x128_s2_r2_p2", s[0], s[1], s[2], 2048);
-        run<Q4>("wgw_64x256x64_s4_r2_p2_pp", s[0], s[1], s[2], 2048);
-        if (s[0] < 512)   // res5's weight slice leaves no room for a third residual buffer
-            run<Q5>("wgw_64x256x128_s2_r3_p2", s[0], s[1], s[2], 2048);
-        run<Q6>("wgw_64x256x64_s8_r2_p2_pp_sh", s[0], s[1], s[2], 2048);
-        run<Q7>("wgw_64x256x128_s4_r2_p2_pp_sh", s[0], s[1], s[2], 2048);
-    }
+    for (int batch : {2048})
 #endif
+        for (auto const& s : shapes) {
+            run<W0>("wgw_64x256x128_s2_r2", s[0], s[1], s[2], batch);
+            if (s[0] < 512)   // res5's weight slice leaves no room for a third residual buffer
+                run<W1>("wgw_64x256x128_s2_r3_p2", s[0], s[1], s[2], batch);
+            run<W2>("wgw_64x256x128_s4_r2_p2_pp_sh", s[0], s[1], s[2], batch);
+        }
     return 0;
 }

@@ -4,7 +4,7 @@
 //   nvcc -std=c++17 -O3 -arch=sm_90a -Iplugins -o /tmp/wgmma_rate benchmarks/wgmma_rate.cu && /tmp/wgmma_rate
 #include <cstdio>
 #include <cstdint>
-#include "residual_conv/residual_conv_wgmma.cuh"
+#include "residual_conv/ptx_sm90.cuh"
 using namespace trtfuse::rconv;
 #define CK(x) do { cudaError_t e = (x); if (e != cudaSuccess) { printf("%s: %s\n", #x, cudaGetErrorString(e)); return 1; } } while (0)
 

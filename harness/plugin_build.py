@@ -28,9 +28,9 @@ from pathlib import Path
 from trtfuse.errors import UserError
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-# 90a: the wgmma kernels of plugins/residual_conv (residual_conv_wgmma.cuh) exist only in the sm_90a cubin; on an
+# 90a: the wgmma kernel of plugins/residual_conv (kernel_sm90.cuh) exists only in the sm_90a cubin; on an
 # H100/H200 the driver loads the sm_90a cubin when both it and the sm_90 one are present (checked on the H100 with
-# CUDA 13.0). 90: the PTX for newer GPUs (which run the mma.sync kernels). 80: A100.
+# CUDA 13.0). 90: the PTX for newer GPUs (which run the mma.sync kernel). 80: A100.
 DEFAULT_ARCHS = ("80", "90", "90a")
 KERNELS_LIB = "libtrtfuse_kernels.so"
 PLUGINS_LIB = "libtrtfuse_plugins.so"

@@ -77,16 +77,17 @@ def tune_shape(cin: int, cout: int, hw: int, batch: int, reps: int = 60, only: l
     names = op.config_names()
     # only: name prefixes of the candidates to time (quick device iterations); config 0 is always the gate
     skipped = [n for n in names if only and not n.startswith(tuple(only)) and n != names[0]]
-    # wgmma configurations ("wg_*") run only from an sm_90a build on a compute capability 9.0 GPU: skip the others
+    # sm90 configurations ("wgw_*") run only from an sm_90a build on a compute capability 9.0 GPU: skip the others
     unsupported = [name for c, name in enumerate(names) if not op.config_supported(c)]
-    # weight-stationary configurations ("wgs_*") that cannot hold this layer's weight slice: not candidates
+    # sm90 configurations that cannot hold this layer's weight slice in shared memory: not candidates
     unfit = [name for c, name in enumerate(names) if not op.config_fits(c, cin, cout)]
     if unsupported:
         print(f"tune {cin}->{cout} {hw}x{hw} batch {batch}: skipping {len(unsupported)} configs this build/GPU "
               f"cannot run ({', '.join(unsupported)}): they need the library built with sm_90a (--archs 90a) "
               "on a compute capability 9.0 GPU", flush=True)
     # Bit-exactness gate at the full shape: every candidate must reproduce, byte for byte, the output of
-    # config 0 (a v5 config whose exactness the GPU tests establish against the reference) on input set 0.
+    # config 0 (an sm80 config: it runs on every GPU) on input set 0, whose exactness the GPU tests establish
+    # against the reference.
     # A candidate that differs is reported and never becomes the cached choice: a fast but wrong kernel
     # (say, a new config with an indexing bug only large shapes reach) cannot win the tuning.
     x0, r0, o0 = bufs[0]
@@ -128,8 +129,8 @@ def tune_shape(cin: int, cout: int, hw: int, batch: int, reps: int = 60, only: l
         "ms": times[best],
         "candidates_ms": times,
         "mismatched": mismatched,  # configs whose output differed from config 0's (not timed, never chosen)
-        "unsupported": unsupported,  # configs this build/GPU cannot run (wgmma without sm_90a; not timed)
-        "unfit": unfit,  # weight-stationary configs that cannot hold this layer (not timed)
+        "unsupported": unsupported,  # configs this build/GPU cannot run (sm90 without sm_90a; not timed)
+        "unfit": unfit,  # sm90 configs that cannot hold this layer's weight slice (not timed)
     }
 
 

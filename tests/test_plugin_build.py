@@ -45,8 +45,8 @@ def test_plugins_compile_against_tensorrt_headers(version, tmp_path):
 @needs_nvcc
 @pytest.mark.slow
 def test_kernels_compile_for_sm90a(tmp_path):
-    # The wgmma kernels of residual_conv (residual_conv_wgmma.cuh) are compiled only in the sm_90a pass (the sm_90
-    # pass above compiles them out): assemble them here so that CI sees their inline PTX. Kernels only, no TensorRT.
+    # The wgmma kernel of residual_conv (kernel_sm90.cuh) is compiled only in the sm_90a pass (the sm_90
+    # pass above compiles it out): assemble it here so that CI sees its inline PTX. Kernels only, no TensorRT.
     plan = plugin_build.BuildPlan(
         source_dir=plugin_build.plugins_source_dir(), build_dir=tmp_path, archs=("90a",)
     )

@@ -306,21 +306,19 @@ def test_small_auto_config(cuda, shape, relu):
     )
 
 
-NUM_CONFIGS = 46  # 13 v5 tile configurations + 10 v6 + 5 v6 PERM + 18 wgmma ones (residual_conv.cu's kConfigs)
-NUM_WGMMA = 18  # 2 streamed ("wg_") + 5 weight-stationary ("wgs_") + 3 independent-warpgroup ("wgi_")
-# + 8 warp-specialized ("wgw_")
-WGMMA_PREFIXES = ("wg_", "wgs_", "wgi_", "wgw_")
+NUM_CONFIGS = 5  # 2 on the sm80 kernel + 3 on the sm90 one (residual_conv.cu's kConfigs)
+SM90_PREFIX = "wgw_"  # the sm90 kernel's configurations (need the sm_90a build on a compute capability 9.0 GPU)
 
 
 def _skip_unless_supported(op, config, cin=None, cout=None):
-    # wgmma ("wg_*") configurations need the sm_90a build on a compute capability 9.0 GPU; the device script
+    # sm90 ("wgw_*") configurations need the sm_90a build on a compute capability 9.0 GPU; the device script
     # sets TRTFUSE_EXPECT_WGMMA=1 so that a build without sm_90a fails there instead of skipping them.
     if not op.config_supported(config):
         if os.environ.get("TRTFUSE_EXPECT_WGMMA") == "1":
             pytest.fail(f"config {op.config_names()[config]} is not supported by this build/GPU")
-        pytest.skip("wgmma config: needs the sm_90a build on a compute capability 9.0 GPU")
+        pytest.skip("sm90 config: needs the sm_90a build on a compute capability 9.0 GPU")
     if cin is not None and not op.config_fits(config, cin, cout):
-        pytest.skip("weight-stationary config: this layer's weight slice does not fit (forward returns -9)")
+        pytest.skip("sm90 config: this layer's weight slice does not fit in shared memory (forward returns -9)")
 
 
 @pytest.mark.gpu
@@ -338,32 +336,28 @@ def test_small_every_config(cuda, shape, config):
 
 
 def test_config_list_is_covered():
-    # CPU (needs only the built library): the GPU parametrizations must reach every configuration offered,
-    # and the v6 ones are the opt-in ones (named "v6_"/"v6p_", never the heuristic's pick, see residual_conv.cu)
+    # CPU (needs only the built library): the GPU parametrizations must reach every configuration offered; the
+    # sm80 ones come first (config 0 is the tuner's exactness gate and must run on every GPU)
     op = _kernels_lib()
     names = op.config_names()
     assert len(names) == NUM_CONFIGS
-    assert sum(n.startswith("v6_") for n in names) == 10
-    assert sum(n.startswith("v6p_") for n in names) == 5
-    assert sum(n.startswith(WGMMA_PREFIXES) for n in names) == NUM_WGMMA
-    assert all(n.startswith(WGMMA_PREFIXES) for n in names[-NUM_WGMMA:])
-    # weight-stationary fit rule (no GPU): the ResNet-50 stages fit the 128x256 4-stage one except res2
-    # (K = 64: one k stage per tile, too few for 2 residual buffers); 1152 input channels do not fit
-    s0 = names.index("wgs_128x256x64_s4_r2")
-    assert [op.config_fits(s0, cin, cout) for cin, cout in [(64, 256), (128, 512), (256, 1024), (512, 2048)]] == [
-        False, False, True, True]
-    assert not op.config_fits(s0, 1152, 192)
-    assert not op.config_fits(names.index("wgi_64x256x64_s4_r2"), 128, 512)  # 2 residual buffers, 2 k stages
-    assert op.config_fits(names.index("wgi_64x256x64_s3_r3"), 64, 256)
-    w0 = names.index("wgw_64x256x64_s4_r2")  # rings per consumer, independent of K: every stage fits
-    assert [op.config_fits(w0, cin, cout) for cin, cout in [(64, 256), (128, 512), (256, 1024), (512, 2048)]] == [
-        True] * 4
-    assert not op.config_fits(w0, 1152, 192)
-    assert all(op.config_fits(c, 1152, 192) for c in range(len(names))
-               if not names[c].startswith(("wgs_", "wgi_", "wgw_")))
-    if not os.environ.get("TRTFUSE_RESIDUAL_CONV_CACHE"):  # no cache: the heuristic, which stays on v5
-        for cin, cout, hw in [(64, 256, 3136), (128, 512, 784), (256, 1024, 196), (512, 2048, 49), (32, 64, 9)]:
-            assert not names[op.select_config(cin, cout, 2048, hw)].startswith(("v6", "wg"))
+    assert [n.startswith(SM90_PREFIX) for n in names] == [False, False, True, True, True]
+    # fit rule (no GPU): the sm90 kernel keeps a 256 x Cin weight slice in shared memory besides its rings: every
+    # ResNet-50 stage fits, except res5 (Cin 512) with 3 residual buffers; EfficientNet-Lite0's 1152 input
+    # channels never do. The sm80 kernel streams weights and takes any Cin.
+    stages = [(64, 256), (128, 512), (256, 1024), (512, 2048)]
+    for c, name in enumerate(names):
+        sm90 = name.startswith(SM90_PREFIX)
+        want = [True, True, True, name != "wgw_64x256x128_s2_r3_p2"]
+        assert [op.config_fits(c, cin, cout) for cin, cout in stages] == want, name
+        assert op.config_fits(c, 1152, 192) == (not sm90), name
+    if not os.environ.get("TRTFUSE_RESIDUAL_CONV_CACHE"):
+        # no cache: the heuristic, on the sm90 kernel's turn-taking configuration where it runs and holds the layer
+        pingpong = names.index("wgw_64x256x128_s4_r2_p2_pp_sh")
+        for cin, cout, hw in [(64, 256, 3136), (512, 2048, 49), (1152, 192, 49), (32, 64, 9)]:
+            sm90 = op.config_supported(pingpong) and op.config_fits(pingpong, cin, cout)
+            want = "wgw_64x256x128_s4_r2_p2_pp_sh" if sm90 else "sm80_128x128x128_s2_b2"
+            assert names[op.select_config(cin, cout, 2048, hw)] == want
 
 
 # Shapes with more tiles than any configuration has resident blocks (132 SMs x up to 6), so every block
@@ -468,8 +462,8 @@ def test_resnet_stages_batch_8(cuda, stage):
 
 
 @pytest.mark.gpu
-def test_wgmma_configs_refused_without_sm90a(cuda):
-    # Where the loaded library has no sm_90a code (or the GPU is not 9.0) a wgmma config is refused with -8,
+def test_sm90_configs_refused_without_sm90a(cuda):
+    # Where the loaded library has no sm_90a code (or the GPU is not 9.0) an sm90 config is refused with -8,
     # never launched as an empty kernel; where it has, forward runs (exactness: the tests above).
     rng = np.random.default_rng()
     L = ref.random_layer(rng, 64, 64)
@@ -480,7 +474,7 @@ def test_wgmma_configs_refused_without_sm90a(cuda):
     try:
         names = cuda.op.config_names()
         for c in range(len(names)):
-            if not names[c].startswith(WGMMA_PREFIXES):
+            if not names[c].startswith(SM90_PREFIX):
                 assert cuda.op.config_supported(c)
             elif not cuda.op.config_supported(c):
                 with pytest.raises(RuntimeError, match=r"\(-8\).*sm_90a"):

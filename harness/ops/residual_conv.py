@@ -77,14 +77,14 @@ def config_names() -> list[str]:
 
 
 def config_supported(config: int) -> bool:
-    """Whether `config` runs on the current device: the wgmma ("wg_*") configurations need the library built
+    """Whether `config` runs on the current device: the sm90 ("wgw_*") configurations need the library built
     for sm_90a (``plugin_build --archs ...,90a``) and a compute capability 9.0 GPU; False without a GPU."""
     return bool(library().trtfuse_residual_conv_config_supported(config))
 
 
 def config_fits(config: int, cin: int, cout: int) -> bool:
-    """Whether `config` can hold a layer of this shape (weight-stationary "wgs_*" configurations keep a BN x Cin
-    weight slice in shared memory); no GPU needed."""
+    """Whether `config` can hold a layer of this shape (the sm90 "wgw_*" configurations keep a 256 x Cin weight
+    slice in shared memory); no GPU needed."""
     return bool(library().trtfuse_residual_conv_config_fits(config, cin, cout))
 
 
@@ -94,7 +94,7 @@ def select_config(cin: int, cout: int, n: int, hw: int) -> int:
 
 def wgw_schedule(m_blocks: int, n_blocks: int, resident: int, balance: bool) -> list[list[tuple[int, int]]]:
     """The wgw_* configs' tile schedule, as the kernel walks it: per block, its (M block, N block) tiles in order.
-    No GPU needed (residual_conv_wgw_tiles.h)."""
+    No GPU needed (schedule_sm90.h)."""
     lib = library()
     grid = lib.trtfuse_residual_conv_wgw_schedule(m_blocks, n_blocks, resident, int(balance), -1, 0, None, None)
     _raise(min(grid, 0), "wgw_schedule")

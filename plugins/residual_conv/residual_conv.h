@@ -12,8 +12,8 @@
 #define TRTFUSE_RCONV_ERR_CONFIG (-5)      /* unknown tile configuration */
 #define TRTFUSE_RCONV_ERR_ALIGN (-6)       /* x, r or out not 16-byte aligned */
 #define TRTFUSE_RCONV_ERR_CACHE (-7)       /* tuning cache unreadable or malformed */
-#define TRTFUSE_RCONV_ERR_ARCH (-8)        /* wgmma config without sm_90a code for this GPU */
-#define TRTFUSE_RCONV_ERR_FIT (-9)         /* weight-stationary config cannot hold this layer (K too large) */
+#define TRTFUSE_RCONV_ERR_ARCH (-8)        /* sm90 (wgw_*) config without sm_90a code for this GPU */
+#define TRTFUSE_RCONV_ERR_FIT (-9)         /* sm90 config cannot hold this layer's weight slice (K too large) */
 
 #ifdef __cplusplus
 extern "C" {
@@ -37,11 +37,11 @@ int trtfuse_residual_conv_forward(void const* handle, void const* x, void const*
                                   int w, int config, void* stream);
 
 int trtfuse_residual_conv_num_configs(void);
-/* 1 if config can run on the current device (the wgmma "wg_*" configs need the library built for sm_90a and a
+/* 1 if config can run on the current device (the sm90 "wgw_*" configs need the library built for sm_90a and a
    compute capability 9.0 GPU; forward() returns TRTFUSE_RCONV_ERR_ARCH otherwise), else 0. */
 int trtfuse_residual_conv_config_supported(int config);
-/* 1 if config can hold a layer of this shape (the weight-stationary "wgs_*" configs keep a BN x Cin weight slice
-   in shared memory; forward() returns TRTFUSE_RCONV_ERR_FIT otherwise), else 0. Needs no GPU. */
+/* 1 if config can hold a layer of this shape (the sm90 "wgw_*" configs keep a 256 x Cin weight slice in shared
+   memory; forward() returns TRTFUSE_RCONV_ERR_FIT otherwise), else 0. Needs no GPU. */
 int trtfuse_residual_conv_config_fits(int config, int cin, int cout);
 char const* trtfuse_residual_conv_config_name(int config);
 /* The configuration forward(config=-1) would use on the current device; -1 on error. */
@@ -50,7 +50,7 @@ int trtfuse_residual_conv_select_config(int cin, int cout, int n, int hw);
    for this GPU (>= 0) or a negative error. Without a call, the first forward(config=-1) loads it. */
 int trtfuse_residual_conv_load_cache(char const* path);
 char const* trtfuse_residual_conv_error_string(int status);
-/* The wgw_* configs' tile schedule (residual_conv_wgw_tiles.h), for tests (needs no GPU): a layer of m_blocks x
+/* The wgw_* configs' tile schedule (schedule_sm90.h), for tests (needs no GPU): a layer of m_blocks x
    n_blocks tiles on `resident` block slots, balance = 1 for the PINGPONG configs. block = -1: returns the grid.
    Else: returns the number of tiles of that block and writes the first `cap` of them, in order, to m_out/n_out
    (M block, N block). Negative on bad arguments. */

@@ -1,7 +1,7 @@
-// Warp-specialized Hopper (sm_90a) variant of the fused int8 1x1 conv + BN + residual Add (+ReLU) ("wgw_*"
-// configs): the wgi kernel's math (residual_conv_wgmma.cuh: weight stationary, two consumer warpgroups that each
-// own 64-row tiles, wgmma m64nNk32 from shared memory, the shared epilogue) with the loads taken off the
-// consumers. 384 threads:
+// The Hopper (sm_90a) kernel ("wgw_*" configs): warp specialized, weight stationary. A block keeps one N block's
+// 256 x K weight slice in shared memory (it walks M tiles of that N block, schedule_sm90.h); two consumer
+// warpgroups each own 64-row tiles and run wgmma m64n256k32 from shared memory, then the shared epilogue
+// (epilogue.cuh); a producer warpgroup does the loads. 384 threads:
 //   warpgroups 0 and 1 (consumers): wgmma over the k stages, then the epilogue, then the output stores.
 //     Consumer c takes the block's tiles c, c + 2, ...; its k stages are waited for on mbarriers and released as
 //     soon as the wgmmas that read them are done (wgmma.wait_group 1: the next stage's wgmmas are already
@@ -26,8 +26,7 @@
 // 0.64, res4 0.37, res5 0.26 (Version 9: 1.30 / 0.72 / 0.43 / 0.33); res5 batch 256 0.042. Per-tile phases (clock64,
 // benchmarks/residual_conv_wgw_phases.cu): the epilogue, 3.3-4.1k cycles, is the largest at every stage.
 // Variants measured and not kept: one x and one residual warp for both consumers, without turns (1.3-1.5x slower
-// than wgi);
-// the residual by bulk copies into linear buffers (res5 0.41 ms, res2 1.75 ms); 8 x slots and 1 residual buffer
+// than the earlier kernel with independent warpgroups and no producers); the residual by bulk copies into linear buffers (res5 0.41 ms, res2 1.75 ms); 8 x slots and 1 residual buffer
 // (res5 0.361); the output stores by the residual warp instead of the consumers (res2 1.83 vs 1.55 ms); SPLIT
 // with x stage 0 before the residual (a parity race, see load_residual).
 //
@@ -42,20 +41,25 @@
 // racecheck does not follow a release by lane 0 after __syncwarp), except lane 0 of a warp whose rows left by TMA:
 // it arrives after the next tile's wgmmas, once the engine has read them (bulk wait_group.read).
 // The weight slice arrives by bulk copies (TMA) of Params::w_img, the weights packed on the host in this kernel's
-// shared-memory layout (wgw_pack_weights), issued by thread 0 at block start ahead of every other load; k chunk kt
+// shared-memory layout (tile_layout.h: pack_weight_slices), issued by thread 0 at block start ahead of every other load; k chunk kt
 // has a barrier of its own (w_full, expect_tx), waited for by each consumer's first tile with that slice. Before,
 // the x warps copied it by cp.async, one k chunk ahead of each of the first tile's stages (res5 batch 256: first
 // tile stored 14 us after block start, steady period 5.4 us); TMA boxes of 32 bytes x BN rows from a 2-d tensor
-// map of w_perm were tried too (first tile stored 12.3 us after block start; 10.3 with the bulk copies).
-// Extra blocks (residual_conv_wgw_tiles.h) reload it where their run of tiles crosses into the next N block.
+// map of the weights were tried too (first tile stored 12.3 us after block start; 10.3 with the bulk copies).
+// Extra blocks (schedule_sm90.h) reload it where their run of tiles crosses into the next N block.
 //
-// Compiled only in the sm_90a pass, like the other wgmma kernels (kHasWgmma guards the launch).
+// Compiled only in the sm_90a pass (ptx_sm90.cuh; kHasWgmma guards the launch).
 #pragma once
 #include <cstdint>
+#include <type_traits>
 #include <cuda_runtime.h>
 
-#include "residual_conv/residual_conv_wgmma.cuh"
-#include "residual_conv/residual_conv_wgw_tiles.h"
+#include "residual_conv/epilogue.cuh"
+#include "residual_conv/params.h"
+#include "residual_conv/ptx_sm80.cuh"
+#include "residual_conv/ptx_sm90.cuh"
+#include "residual_conv/schedule_sm90.h"
+#include "residual_conv/tile_layout.h"
 
 namespace trtfuse {
 namespace rconv {
@@ -86,114 +90,21 @@ __device__ __forceinline__ long long wgw_clock() {
 #define WGW_SPAN(i)
 #endif
 
-template <int REGS>
-__device__ __forceinline__ void setmaxnreg_inc() {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(REGS));
-#endif
-}
-template <int REGS>
-__device__ __forceinline__ void setmaxnreg_dec() {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(REGS));
-#endif
-}
-
-// ---- mbarrier (shared::cta) ----
-__device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
-#endif
-}
-__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.shared::cta.b64 st, [%0];\n}\n" ::"r"(bar) : "memory");
-#endif
-}
-// Arrives on `bar` when every cp.async this thread issued so far has completed (the expected count covers it).
-__device__ __forceinline__ void mbar_arrive_on_cp_async(uint32_t bar) {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
-#endif
-}
-// cp_async_16 with the source size given: 16, or 0 to zero-fill without reading
-__device__ __forceinline__ void cp_async_16_zfill(uint32_t dst, void const* src, int src_bytes) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
-}
-// Arrives on `bar` and adds `bytes` to the transaction count its phase waits for (the TMA loads' complete_tx)
-__device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
-#endif
-}
-// Makes this thread's mbarrier.inits visible to the async proxy (the TMA unit's complete_tx)
-__device__ __forceinline__ void fence_mbarrier_init() {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-#endif
-}
-// Bulk copy (TMA, one contiguous run of `bytes`, a multiple of 16) from global src to shared dst; the bytes count
-// against `bar`'s transaction count
-__device__ __forceinline__ void bulk_load(uint32_t dst, void const* src, uint32_t bytes, uint32_t bar) {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n"
-                 ::"r"(dst), "l"(src), "r"(bytes), "r"(bar) : "memory");
-#endif
-}
-// TMA (bulk tensor) store of a shared-memory box to the 4-d tensor `map` describes, at coordinates (c0..c3);
-// out-of-bounds parts of the box are not written. Completion is tracked per thread by bulk async-groups.
-__device__ __forceinline__ void tma_store_4d(CUtensorMap const* map, uint32_t src, int c0, int c1, int c2, int c3) {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    asm volatile("cp.async.bulk.tensor.4d.global.shared::cta.bulk_group [%0, {%2, %3, %4, %5}], [%1];\n"
-                 ::"l"(reinterpret_cast<uint64_t>(map)), "r"(src), "r"(c0), "r"(c1), "r"(c2), "r"(c3) : "memory");
-#endif
-}
-__device__ __forceinline__ void bulk_commit() {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
-#endif
-}
-// waits until this thread's bulk groups but the newest N have finished reading shared memory (READ) or completed
-template <int N, bool READ>
-__device__ __forceinline__ void bulk_wait() {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    if constexpr (READ) asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(N) : "memory");
-    else asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(N) : "memory");
-#endif
-}
-
-// Whether the phase of `bar` with this parity has completed (does not wait)
-__device__ __forceinline__ uint32_t mbar_test(uint32_t bar, uint32_t parity) {
-    uint32_t done = 0;
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    asm volatile(
-        "{\n.reg .pred p;\nmbarrier.test_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(done) : "r"(bar), "r"(parity) : "memory");
-#endif
-    return done;
-}
-// Waits until the phase of `bar` with this parity has completed (a fresh barrier: parity 1 passes at once).
-__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    asm volatile(
-        "{\n.reg .pred p;\nWAIT:\n"
-        "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
-        "@!p bra WAIT;\n}\n" ::"r"(bar), "r"(parity) : "memory");
-#endif
-}
-
-// Tile configuration: BN (wgmma N), BK (k bytes per x stage), STAGES x slots and RBUF residual buffers per
-// consumer, PERM (the v6 PERM epilogue), SHARED (one ring of STAGES x slots that the two consumers walk in turn).
-// Shared memory: [weights BN x k_tiles*BK][X_SLOTS x 64 x BK][2 x RBUF x 64 x BN][mbarriers]; the weight slice
+// Tile configuration: BK (k bytes per x stage), STAGES x slots and RBUF residual buffers per consumer, and the
+// producers' schedule:
+//   SPLIT = false: producer warp c copies consumer c's x stages, warp 2 + c its residual tiles;
+//   SPLIT = true: warps c and 2 + c each copy half of the rows of both;
+//   PINGPONG (needs SPLIT): the consumers take turns on the tensor cores, and share one x ring of STAGES slots
+//     (SHARED), filled by warps 0 and 1 in turn order, the residuals by warps 2 and 3.
+// BN is 256 (one wgmma m64n256 per k32 step): the only N the tuner ever picked (docs/residual_conv.md, Version 12).
+// Shared memory: [weights 256 x k_tiles*BK][X_SLOTS x 64 x BK][2 x RBUF x 64 x 256][mbarriers]; the weight slice
 // depends on K (wgw_smem_bytes).
-template <int BN_, int BK_, int STAGES_, int RBUF_, bool SPLIT_ = false, bool PINGPONG_ = false, bool PERM_ = true,
-          bool SHARED_ = false>
-struct WgwTileConfig {
-    static constexpr int BM = 64, BN = BN_, BK = BK_, STAGES = STAGES_, RBUF = RBUF_;
-    static constexpr bool SPLIT = SPLIT_, PINGPONG = PINGPONG_, PERM = PERM_, SHARED = SHARED_;
-    // SHARED needs the strict turns of PINGPONG (a ring is walked in order) and two producer warps per role
-    static_assert(!SHARED || (PINGPONG && SPLIT), "a shared x ring is walked in turns");
-    static_assert(PERM, "Params::w_img holds the PERM rows");
+template <int BK_, int STAGES_, int RBUF_, bool SPLIT_, bool PINGPONG_>
+struct WgwConfig {
+    static constexpr int BM = 64, BN = 256, BK = BK_, STAGES = STAGES_, RBUF = RBUF_;
+    static constexpr bool SPLIT = SPLIT_, PINGPONG = PINGPONG_;
+    static constexpr bool SHARED = PINGPONG;   // one x ring for both consumers: they walk it in turns
+    static_assert(!PINGPONG || SPLIT, "the shared x ring is filled by two producer warps");
     static constexpr int X_SLOTS = SHARED ? STAGES : 2 * STAGES;
     static constexpr int THREADS = 3 * 128;
     // setmaxnreg moves registers from the producers (they need few) to the consumers (128 accumulators at BN
@@ -210,7 +121,6 @@ struct WgwTileConfig {
     static constexpr int MAX_K_TILES = 227 * 1024 / (BN * BK) + 1;
     static constexpr int BARRIERS = 2 * X_SLOTS + 4 * RBUF + MAX_K_TILES + 4;
     static constexpr int SMEM = X_SLOTS * A_STAGE + 2 * RBUF * R_TILE + BARRIERS * 8;   // + the weight slice
-    static_assert(BN == 128 || BN == 256, "n128 or n256 per wgmma");
     static_assert(BK % 32 == 0 && 128 % BK == 0, "packing pads K to 128");
     static_assert(STAGES >= 2 && RBUF >= 1 && SMEM <= 227 * 1024, "rings, shared memory");
     static_assert(CONSUMER_REGS >= LAUNCH_REGS && CONSUMER_REGS <= 240 &&
@@ -223,23 +133,9 @@ constexpr int wgw_smem_bytes(int k_tiles) {
     return Cfg::BN * k_tiles * Cfg::BK + Cfg::SMEM;
 }
 
-// Params::w_img for a BN: w_perm [npad][kpad] (row pitch kpad) as the kernel's weight slices in shared memory, one
-// after the other: N block nb at nb * bn * kpad, [kpad / 32 chunks][bn rows][32 bytes] (swz_offset). A slice's k
-// chunk then is one contiguous run, which one bulk copy moves (host side).
-inline void wgw_pack_weights(int8_t const* w_perm, int npad, int kpad, int bn, int8_t* img) {
-    for (int nb = 0; nb < npad / bn; ++nb) {
-        int8_t* slice = img + static_cast<int64_t>(nb) * bn * kpad;
-        for (int row = 0; row < bn; ++row)
-            for (int k = 0; k < kpad; k += 16)
-                for (int i = 0; i < 16; ++i)
-                    slice[swz_offset(k >> 5, bn, row, (k & 31) + i)] =
-                        w_perm[static_cast<int64_t>(nb * bn + row) * kpad + k + i];
-    }
-}
-
 template <class Cfg>
 __global__ void __launch_bounds__(Cfg::THREADS, 1)
-residual_conv_kernel_wgmma_ws(const __grid_constant__ Params p) {
+conv_kernel_sm90(const __grid_constant__ Params p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     constexpr int BM = Cfg::BM, BN = Cfg::BN, BK = Cfg::BK, STAGES = Cfg::STAGES, RBUF = Cfg::RBUF;
     constexpr int KCH = Cfg::KCH, NI = BN / 8;
@@ -271,7 +167,7 @@ residual_conv_kernel_wgmma_ws(const __grid_constant__ Params p) {
     int const tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     int64_t const slab_bytes = static_cast<int64_t>(p.HW) * 32;
     int const m_blocks = static_cast<int>((p.M + BM - 1) / BM);
-    // This block's tiles (residual_conv_wgw_tiles.h): a regular block keeps one N block; an extra block's run may
+    // This block's tiles (schedule_sm90.h): a regular block keeps one N block; an extra block's run may
     // cross into the next N blocks, and the consumer of the first tile with a new N block reloads the weight slice
     // (safe only with the PINGPONG turns; the host schedules extra blocks for no other config).
     WgwTiles const tiles(blockIdx.x, gridDim.x, m_blocks, p.n_blocks, p.wgw_regular, p.wgw_quota, p.wgw_rest);
@@ -329,7 +225,7 @@ residual_conv_kernel_wgmma_ws(const __grid_constant__ Params p) {
                 int8_t const* base = src + (ok ? s0 + sl : 0) * slab_bytes;
 #pragma unroll
                 for (int i = 0; i < ROWS; ++i)
-                    cp_async_16_zfill(dst + sl * slab_step + i * row_step, base + off[i], ok ? bytes[i] : 0);
+                    cp_async_16(dst + sl * slab_step + i * row_step, base + off[i], ok ? bytes[i] : 0);
             }
         };
         // per tile: the byte offsets of this lane's rows (slab 0, its half) in a kCHW32 tensor with `slabs` slabs,
@@ -387,17 +283,17 @@ residual_conv_kernel_wgmma_ws(const __grid_constant__ Params p) {
     int const c = warp >> 2, t128 = tid & 127, warp_in_wg = warp & 3;
     int const g = lane >> 2, tig = lane & 3;
     int const init = p.small_acc ? kMagicBits : 0;
-    uint64_t const descA0 = smem_desc<true>(smem_u32(sA));
-    uint64_t const descB0 = smem_desc<true>(smem_u32(sW));
+    uint64_t const descA0 = smem_desc(smem_u32(sA));
+    uint64_t const descB0 = smem_desc(smem_u32(sW));
     // the output pieces this thread stores (16-byte path): row lane / 2 of its warp's block, half lane % 2, every slab
     int const my_row = lane >> 1, my_half = lane & 1;
 #ifdef TRTFUSE_WGW_TRACE
     long long* const wgw_trace = g_wgw_trace;
 #endif
 
-    int acc[BN / 2];
+    int acc[1][BN / 2];   // the warp's m64n256 fragment: one 16-row group of the epilogue
 #pragma unroll
-    for (int i = 0; i < BN / 2; ++i) acc[i] = init;
+    for (int i = 0; i < BN / 2; ++i) acc[0][i] = init;
     // lane 0 of a warp: the buffer of its last TMA store, whose r_empty arrival it owes until the engine has read it
     int owed = -1;
     auto pay_owed = [&] {
@@ -450,7 +346,7 @@ residual_conv_kernel_wgmma_ws(const __grid_constant__ Params p) {
                 if (wait_w) mbar_wait(w_full(kt), w_parity);
                 fence_proxy_async_smem();   // the landed cp.async bytes, visible to this thread's wgmmas
                 wgmma_fence();
-                wgmma_stage<BM, BN, KCH>(acc, descA0 + ((slot * Cfg::A_STAGE) >> 4),
+                wgmma_stage<BM, KCH>(acc[0], descA0 + ((slot * Cfg::A_STAGE) >> 4),
                                          descB0 + ((kt * KCH * BN * 32) >> 4));
                 wgmma_commit();
                 if (prev >= 0) {   // the previous stage's wgmmas are done: release its slot
@@ -477,13 +373,13 @@ residual_conv_kernel_wgmma_ws(const __grid_constant__ Params p) {
             if (lane == 0) pay_owed();
             WGW_TRACE(4);
             int8_t* const w_tile = sR + b * Cfg::R_TILE + warp_in_wg * Cfg::R_BLOCK;   // this warp's block
-            wgmma_epilogue<16, NI, Cfg::PERM>(acc, p, w_tile, g, tig, n0);
+            epilogue_fragment<16, 1, NI>(acc, p, w_tile, g, tig, n0);
             WGW_TRACE(5);
             // the next tile's accumulators, set here: the moves then overlap the wait below instead of delaying the
             // next tile's first wgmma (measured: ~1k cycles between a tile's start and its first wgmma otherwise)
 #pragma unroll
             for (int i = 0; i < BN / 2; ++i)   // stays here
-                asm volatile("mov.b32 %0, %1;\n" : "=r"(acc[i]) : "r"(init));
+                asm volatile("mov.b32 %0, %1;\n" : "=r"(acc[0][i]) : "r"(init));
             // Each warp stores its own 16 rows, which only its epilogue wrote: a warp barrier suffices. Rows within
             // one image leave by one TMA store (p.out_map, box 16 rows x BN/32 slabs from the block's first row; rows
             // past HW or M and slabs past Nc not written), issued by lane 0, which releases the buffer after the next

@@ -1,11 +1,11 @@
-// Host side of the wgw kernels' TMA output stores: Params::out_map, the output as a 4-d tensor map.
+// Host side of the sm90 kernel's TMA output stores: Params::out_map, the output as a 4-d tensor map.
 // Shared by the library (residual_conv.cu) and the measuring program benchmarks/residual_conv_wgw_phases.cu.
 #pragma once
 #include <cuda.h>
 #include <cudaTypedefs.h>   // PFN_cuTensorMapEncodeTiled
 #include <cuda_runtime.h>
 
-#include "residual_conv/residual_conv_kernel.cuh"
+#include "residual_conv/params.h"
 
 namespace trtfuse {
 namespace rconv {

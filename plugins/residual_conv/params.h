@@ -1,0 +1,51 @@
+// Kernel arguments of the fused int8 1x1 conv + folded BN + residual Add (+ReLU), one struct for every kernel.
+//
+//   out[m, n] = q( act( x_scale * w_scale[n] * acc[m, n] + bias[n] + r_scale * r[m, n] ) / out_scale )
+//   acc[m, n] = sum_k x[m, k] * w[n, k]   (int32),  m = (image, h*W + w),  k = Cin,  n = Cout
+//
+// kCHW32 addressing: element (img, c, hw) of a C-channel tensor is at ((img*ceil(C/32) + c/32)*HW + hw)*32 + c%32,
+// so one GEMM row m owns a 32-byte run in every 32-channel slab, and consecutive rows of one image are
+// consecutive 32-byte runs. Tiles of M may straddle images (res5: HW = 49): every row computes its own
+// (image, hw) and the address math never assumes a tile lies inside one image.
+#pragma once
+#include <cstdint>
+#include <cuda.h>   // CUtensorMap (the sm90 kernel's TMA output stores; the host encodes the map: out_map.h)
+
+#include "common/fast_divmod.h"
+
+namespace trtfuse {
+namespace rconv {
+
+struct Params {
+    int8_t const* x;       // [N][Kc][HW][32]
+    int8_t const* r;       // [N][Nc][HW][32]
+    int8_t* out;           // [N][Nc][HW][32]
+    int8_t const* w;       // packed [Npad][Kpad], rows permuted in 16-channel groups (tile_layout.h), zero padded
+                           // (Npad % 256 == 0, Kpad % 128 == 0)
+    int8_t const* w_img;   // sm90: w as the kernel's shared-memory weight slices, per N block (tile_layout.h)
+    float const* a;        // [Npad] (x_scale * w_scale[n]) * inv_out, 0 in the padding
+    float const* b;        // [Npad] bias[n] * inv_out, 0 in the padding
+    float const* s;        // [Npad] r_scale * inv_out, 0 in the padding (padded channels come out 0)
+    float const* a8;       // a, b, s times 2^-8 (exact), for the epilogue's saturating form (sat)
+    float const* b8;
+    float const* s8;
+    float lo;              // 0 with ReLU, else -128: the lower clamp
+    int small_acc;         // |acc| < 2^22 is guaranteed (Cin <= 258): exact int->float without I2F
+    int sat;               // ReLU and a, b, s in the range where the saturating form is exact (epilogue.cuh)
+    int M;                 // N * HW (< 2^31)
+    int HW;
+    int Kc;                // ceil(Cin / 32): slabs of x
+    int Kpad;              // row pitch of the packed weights
+    int Nc;                // ceil(Cout / 32): slabs of r and out
+    int n_blocks;          // ceil(Nc*32 / BN): blocks along N
+    FastDivmod hw_div;     // m / HW
+    FastDivmod nb_div;     // tile / n_blocks (sm80 tile order)
+    int wgw_regular;       // sm90: the schedule's regular blocks and their tile quota (schedule_sm90.h)
+    int wgw_quota;
+    FastDivmod wgw_rest;   // by the M tiles per N block left to the extra blocks (WgwSchedule::rest)
+    CUtensorMap out_map;   // sm90: out as a 4-d tensor (32 bytes, HW, Nc, N), box (32, 16, BN/32, 1), 32-byte
+                           // swizzle (out_map.h); 64-byte aligned
+};
+
+}  // namespace rconv
+}  // namespace trtfuse
