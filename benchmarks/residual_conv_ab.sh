@@ -32,17 +32,18 @@ python3 - "$OUT/ab.log" <<'P'
 import re, sys, collections
 rows = collections.defaultdict(lambda: collections.defaultdict(list))
 for line in open(sys.argv[1]):
-    m = re.match(r'(\w+) tune (\d+)->(\d+) \S+ batch (\d+): best \S+ \S+ ms \| (.*)', line)
+    # (the form, e.g. "tail s1", is absent from logs of builds before the projections)
+    m = re.match(r'(\w+) tune (\d+)->(\d+) \S+ (?:(\w+ s\d) )?batch (\d+): best \S+ \S+ ms \| (.*)', line)
     if m:
-        lib, ci, co, b, cands = m.groups()
+        lib, ci, co, form, b, cands = m.groups()
         for k, v in re.findall(r'(\S+)=([\d.]+)', cands):
-            rows[(int(ci), int(co), int(b))][(lib, k)].append(float(v))
+            rows[(int(ci), int(co), form or 'tail s1', int(b))][(lib, k)].append(float(v))
 for shape in sorted(rows):
     r = rows[shape]
     for k in sorted({k for _, k in r}):
         o, n = r.get(('old', k)), r.get(('new', k))
         if o and n:
-            print(f"{shape[0]:>4}->{shape[1]:<4} b{shape[2]:<5} {k:32s} old {min(o):.4f} new {min(n):.4f} {100 * (min(n) / min(o) - 1):+5.1f} %")
+            print(f"{shape[0]:>4}->{shape[1]:<4} {shape[2]} b{shape[3]:<5} {k:32s} old {min(o):.4f} new {min(n):.4f} {100 * (min(n) / min(o) - 1):+5.1f} %")
     best = {lib: min((min(v), k) for (l, k), v in r.items() if l == lib) for lib in ('old', 'new')}
     print(f"best {shape}: old {best['old'][0]:.4f} ({best['old'][1]}) new {best['new'][0]:.4f} ({best['new'][1]})")
 P

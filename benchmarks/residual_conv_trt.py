@@ -1,9 +1,11 @@
-"""TensorRT 8.5 side by side: TensorRT's own fused int8 conv+add+relu vs the TrtfuseResidualConv plugin.
+"""TensorRT 8.5 side by side: TensorRT's own int8 1x1 convs vs the TrtfuseResidualConv plugin.
 
-For each ResNet-50 conv3 stage and batch, on identical int8 data (kCHW32 in and out, device resident):
-  (a) a one-layer engine of TensorRT's own int8 Conv(1x1) + Add(residual) + ReLU: network API, int8 I/O through
-      dynamic ranges (implicit quantization; scale = range / 127), allowed formats CHW32, INT8 flag, tactic
-      sources 0 (no cuBLAS/cuDNN on the GPU machine);
+For each layer and batch, on identical int8 data (kCHW32 in and out, device resident). Layers: the ResNet-50
+bottleneck tails res2-res5 (conv3 + BN + Add + ReLU) and the stage-opening projections proj1-proj4 (downsample
+conv + BN, stride 1 at layer1 and 2 after, no residual, no ReLU):
+  (a) a one-layer engine of TensorRT's own int8 Conv(1x1) (+ Add(residual) + ReLU for a tail): network API, int8
+      I/O through dynamic ranges (implicit quantization; scale = range / 127), allowed formats CHW32, INT8 flag,
+      tactic sources 0 (no cuBLAS/cuDNN on the GPU machine);
   (b) a one-layer engine with the plugin on the same int8 tensors;
 checks both against the exact integer reference (the plugin: bit-exact with the rounding rule; TensorRT: within
 1 LSB of the float64 formula, counted) and against each other; times both (CUDA events, median); measures device
@@ -37,11 +39,16 @@ except ImportError:  # older cuda-python
 import tensorrt as trt
 from trtfuse.ops import residual_conv_reference as ref
 
+# name: (cin, cout, input h == w, stride, residual + ReLU (a tail) or neither (a projection))
 STAGES = {
-    "res2": (64, 256, 56),
-    "res3": (128, 512, 28),
-    "res4": (256, 1024, 14),
-    "res5": (512, 2048, 7),
+    "res2": (64, 256, 56, 1, True),
+    "res3": (128, 512, 28, 1, True),
+    "res4": (256, 1024, 14, 1, True),
+    "res5": (512, 2048, 7, 1, True),
+    "proj1": (64, 256, 56, 1, False),
+    "proj2": (256, 512, 56, 2, False),
+    "proj3": (512, 1024, 28, 2, False),
+    "proj4": (1024, 2048, 14, 2, False),
 }
 LOGGER = trt.Logger(trt.Logger.WARNING)
 
@@ -153,6 +160,7 @@ class PluginFields:
             ("relu", np.array([int(L["relu"])], dtype=np.int32), F.INT32),
             ("cin", np.array([cin], dtype=np.int32), F.INT32),
             ("cout", np.array([cout], dtype=np.int32), F.INT32),
+            ("stride", np.array([L.get("stride", 1)], dtype=np.int32), F.INT32),
         ]
         self.fields = [trt.PluginField(*a) for a in self.arrays]
         self.collection = trt.PluginFieldCollection(self.fields)
@@ -170,13 +178,20 @@ def _int8_io(t: trt.ITensor, scale: float):
 
 
 def build_engine(kind: str, L: dict, n: int, cin: int, cout: int, hw: int):
-    """kind 'trt': Conv + Add + ReLU by TensorRT; 'plugin': TrtfuseResidualConv. Returns (engine, layer info)."""
+    """kind 'trt': Conv (+ Add + ReLU with a residual input) by TensorRT; 'plugin': TrtfuseResidualConv. L["r_scale"]
+    0: no residual input; L["stride"] (default 1). Returns (engine, layer info)."""
     builder = trt.Builder(LOGGER)
     network = builder.create_network(1 << int(trt.NetworkDefinitionCreationFlag.EXPLICIT_BATCH))
+    stride = L.get("stride", 1)
+    residual = L["r_scale"] != 0
     x = network.add_input("x", trt.int8, (n, cin, hw, hw))
-    r = network.add_input("r", trt.int8, (n, cout, hw, hw))
     _int8_io(x, L["x_scale"])
-    _int8_io(r, L["r_scale"])
+    inputs = [x]
+    if residual:
+        ho = -(-hw // stride)
+        r = network.add_input("r", trt.int8, (n, cout, ho, ho))
+        _int8_io(r, L["r_scale"])
+        inputs.append(r)
     if kind == "trt":
         w_float = (L["w"].astype(np.float32) * L["w_scale"][:, None]).astype(np.float32).reshape(cout, cin, 1, 1)
         conv = network.add_convolution_nd(
@@ -186,20 +201,22 @@ def build_engine(kind: str, L: dict, n: int, cin: int, cout: int, hw: int):
             trt.Weights(np.ascontiguousarray(w_float)),
             trt.Weights(np.ascontiguousarray(L["bias"], dtype=np.float32)),
         )
+        conv.stride_nd = (stride, stride)
         # the conv output is not materialized when TensorRT fuses the Add and ReLU into the conv (inspector
         # shows it); a range is still required on every tensor in implicit int8 mode
         conv.get_output(0).dynamic_range = (-127.0 * L["out_scale"], 127.0 * L["out_scale"])
-        add = network.add_elementwise(conv.get_output(0), r, trt.ElementWiseOperation.SUM)
-        add.get_output(0).dynamic_range = (-127.0 * L["out_scale"], 127.0 * L["out_scale"])
-        last = add
+        last = conv
+        if residual:
+            last = network.add_elementwise(conv.get_output(0), r, trt.ElementWiseOperation.SUM)
+            last.get_output(0).dynamic_range = (-127.0 * L["out_scale"], 127.0 * L["out_scale"])
         if L["relu"]:
-            last = network.add_activation(add.get_output(0), trt.ActivationType.RELU)
+            last = network.add_activation(last.get_output(0), trt.ActivationType.RELU)
         out = last.get_output(0)
     else:
         plugin = create_plugin("residual_conv", L, cin, cout)
         if plugin is None:
             raise RuntimeError("create_plugin refused the fields (see stderr)")
-        out = network.add_plugin_v2([x, r], plugin).get_output(0)
+        out = network.add_plugin_v2(inputs, plugin).get_output(0)
     out.name = "out"
     network.mark_output(out)
     _int8_io(out, L["out_scale"])
@@ -260,18 +277,25 @@ def compare(name: str, got: np.ndarray, want: np.ndarray, exact: bool) -> dict:
 
 
 def run_case(stage: str, n: int, reps: int, stream, rng) -> dict:
-    cin, cout, hw = STAGES[stage]
-    L = ref.random_layer(rng, cin, cout, relu=True)
+    cin, cout, hw, stride, residual = STAGES[stage]
+    ho = -(-hw // stride)
+    L = ref.random_layer(rng, cin, cout, relu=residual)
+    L["stride"] = stride
+    if not residual:
+        L["r_scale"] = 0.0
     x = rng.integers(-128, 128, size=(n, cin, hw, hw), dtype=np.int8)
-    r = rng.integers(-128, 128, size=(n, cout, hw, hw), dtype=np.int8)
-    x32, r32 = ref.to_nc32hw32(x), ref.to_nc32hw32(r)
-    out_like = np.empty((n, cout // 32, hw, hw, 32), dtype=np.int8)
+    # the residual (zeros for a projection: the reference's residual term is then 0)
+    r = rng.integers(-128, 128, size=(n, cout, ho, ho), dtype=np.int8) if residual else None
+    x32 = ref.to_nc32hw32(x)
+    r32 = ref.to_nc32hw32(r) if residual else None
+    out_like = np.empty((n, cout // 32, ho, ho, 32), dtype=np.int8)
     # Rotate among input sets when one set would sit in L2 (50 MB) between runs; both engines get the same.
-    sets = int(max(1, min(4, np.ceil((256 << 20) / (x32.nbytes + 2 * r32.nbytes)))))
+    set_bytes = x32.nbytes + out_like.nbytes + (r32.nbytes if residual else 0)
+    sets = int(max(1, min(4, np.ceil((256 << 20) / set_bytes))))
     bufs = [
         (
             DeviceBuffer(x32.nbytes).upload(x32),
-            DeviceBuffer(r32.nbytes).upload(r32),
+            DeviceBuffer(r32.nbytes).upload(r32) if residual else None,
             DeviceBuffer(out_like.nbytes),
         )
         for _ in range(sets)
@@ -279,9 +303,13 @@ def run_case(stage: str, n: int, reps: int, stream, rng) -> dict:
 
     row = {
         "stage": stage,
+        "kind": "tail" if residual else "proj",
         "batch": n,
-        "bytes": int(x.nbytes + r.nbytes * 2 + L["w"].nbytes),
-        "ops": int(2 * n * hw * hw * cin * cout),
+        "stride": stride,
+        # bytes a kernel must move: x (read once per output position: every stride-th pixel; kCHW32 keeps a
+        # pixel's 32 channels in one 32-byte sector), the residual, the output, the weights
+        "bytes": int(x.nbytes // (stride * stride) + out_like.nbytes * (2 if residual else 1) + L["w"].nbytes),
+        "ops": int(2 * n * ho * ho * cin * cout),
     }
     outs = {}
     for kind in ("trt", "plugin"):
@@ -291,7 +319,7 @@ def run_case(stage: str, n: int, reps: int, stream, rng) -> dict:
         ctx = engine.create_execution_context()
         names = [engine.get_binding_name(i) for i in range(engine.num_bindings)]
         bindings = [
-            [{"x": xb.ptr, "r": rb.ptr, "out": ob.ptr}[nm] for nm in names] for xb, rb, ob in bufs
+            [{"x": xb.ptr, "r": rb.ptr if rb else 0, "out": ob.ptr}[nm] for nm in names] for xb, rb, ob in bufs
         ]
         for _, _, ob in bufs:
             ob.fill(0x5A)  # poison
@@ -311,22 +339,15 @@ def run_case(stage: str, n: int, reps: int, stream, rng) -> dict:
         del ctx, engine
     for b in bufs:
         for buf in b:
-            buf.free()
+            if buf:
+                buf.free()
 
     # Exact reference on a few images (all of them when small): the first, the last, one in the middle.
     idx = np.unique([0, n // 2, n - 1]) if n > 8 else np.arange(n)
-    args = (
-        x[idx],
-        L["w"],
-        L["w_scale"],
-        L["bias"],
-        r[idx],
-        L["x_scale"],
-        L["r_scale"],
-        L["out_scale"],
-        True,
-    )
-    acc = ref.accumulate(x[idx], L["w"])
+    xs = np.ascontiguousarray(x[idx][:, :, ::stride, ::stride])
+    rr = r[idx] if residual else np.zeros((len(idx), cout, ho, ho), np.int8)
+    args = (xs, L["w"], L["w_scale"], L["bias"], rr, L["x_scale"], L["r_scale"], L["out_scale"], residual)
+    acc = ref.accumulate(xs, L["w"])
     want32, want64 = ref.reference_fp32(*args, acc=acc), ref.reference_fp64(*args, acc=acc)
     row["checks"] = [
         compare("plugin vs rounding rule (exact)", outs["plugin"][idx], want32, exact=True),
@@ -339,15 +360,16 @@ def run_case(stage: str, n: int, reps: int, stream, rng) -> dict:
 
 
 # ------------------------------------------------------------------------------------------------ small checks
-def run_engine_once(
-    engine, x32: np.ndarray, r32: np.ndarray, out_like: np.ndarray, stream
-) -> np.ndarray:
-    bx, br, bo = (DeviceBuffer(a.nbytes) for a in (x32, r32, out_like))
+def run_engine_once(engine, x32: np.ndarray, r32, out_like: np.ndarray, stream) -> np.ndarray:
+    """One run of a built engine on host arrays (r32 None: the engine has no residual input)."""
+    bx, bo = DeviceBuffer(x32.nbytes), DeviceBuffer(out_like.nbytes)
+    br = DeviceBuffer(r32.nbytes) if r32 is not None else None
     bx.upload(x32)
-    br.upload(r32)
+    if br:
+        br.upload(r32)
     bo.fill(0x5A)  # poison
     ctx = engine.create_execution_context()
-    ptrs = {"x": bx.ptr, "r": br.ptr, "out": bo.ptr}
+    ptrs = {"x": bx.ptr, "r": br.ptr if br else 0, "out": bo.ptr}
     if not ctx.execute_async_v2(
         [ptrs[engine.get_binding_name(i)] for i in range(engine.num_bindings)], int(stream)
     ):
@@ -355,34 +377,42 @@ def run_engine_once(
     ck(cudart.cudaStreamSynchronize(stream))
     out = bo.download(out_like)
     for b in (bx, br, bo):
-        b.free()
+        if b:
+            b.free()
     return out
 
 
-def plugin_round_trip_check(rng, stream, relu: bool = True) -> dict:
+def plugin_round_trip_check(rng, stream, relu: bool = True, residual: bool = True, stride: int = 1) -> dict:
     """One small plugin layer (odd N*H*W, Cout not a multiple of 64): exact against the rounding rule, before and
-    after engine serialization + deserialization."""
+    after engine serialization + deserialization. residual False: the projection form (x only, r_scale 0); stride
+    2: an odd input size."""
     n, cin, cout, hw = 3, 96, 160, 5
+    ho = -(-hw // stride)
     L = ref.random_layer(rng, cin, cout, relu)
+    L["stride"] = stride
+    if not residual:
+        L["r_scale"] = 0.0
     x = rng.integers(-128, 128, size=(n, cin, hw, hw), dtype=np.int8)
-    r = rng.integers(-128, 128, size=(n, cout, hw, hw), dtype=np.int8)
-    x32, r32 = ref.to_nc32hw32(x), ref.to_nc32hw32(r)
-    out_like = np.empty((n, cout // 32, hw, hw, 32), np.int8)
+    r = rng.integers(-128, 128, size=(n, cout, ho, ho), dtype=np.int8)
+    x32 = ref.to_nc32hw32(x)
+    r32 = ref.to_nc32hw32(r) if residual else None
+    out_like = np.empty((n, cout // 32, ho, ho, 32), np.int8)
     engine, info = build_engine("plugin", L, n, cin, cout, hw)
     check_binding_formats(engine)
+    xs = np.ascontiguousarray(x[:, :, ::stride, ::stride])
+    rr = r if residual else np.zeros_like(r)
     want = ref.reference_fp32(
-        x, L["w"], L["w_scale"], L["bias"], r, L["x_scale"], L["r_scale"], L["out_scale"], relu
+        xs, L["w"], L["w_scale"], L["bias"], rr, L["x_scale"], L["r_scale"], L["out_scale"], relu
     )
     got = ref.from_nc32hw32(run_engine_once(engine, x32, r32, out_like, stream), cout)
     engine2 = trt.Runtime(LOGGER).deserialize_cuda_engine(engine.serialize())
     if engine2 is None:
         raise RuntimeError("deserializing the plugin engine failed")
     got2 = ref.from_nc32hw32(run_engine_once(engine2, x32, r32, out_like, stream), cout)
+    what = f"small plugin layer relu={relu} residual={residual} stride={stride}"
     res = {
-        "built": compare(f"small plugin layer relu={relu}", got, want, exact=True),
-        "round_trip": compare(
-            f"small plugin layer relu={relu} after serialize/deserialize", got2, want, exact=True
-        ),
+        "built": compare(what, got, want, exact=True),
+        "round_trip": compare(f"{what} after serialize/deserialize", got2, want, exact=True),
         "layers": layer_summary(info),
     }
     res["ok"] = res["built"]["ok"] and res["round_trip"]["ok"]
@@ -499,7 +529,9 @@ def qdq_onnx_check(rng, stream) -> dict:
 # ------------------------------------------------------------------------------------------------ main
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--stages", default="res2,res3,res4,res5")
+    p.add_argument(
+        "--stages", default="res2,res3,res4,res5", help=f"comma-separated, of {', '.join(STAGES)}"
+    )
     p.add_argument("--batches", default="256,2048")
     p.add_argument("--reps", type=int, default=100)
     p.add_argument(
@@ -521,10 +553,14 @@ def main(argv=None) -> int:
     result = {"gpu": gpu, "copy_gbps": gbps, "tensorrt": trt.__version__, "rows": []}
     result["round_trip_check"] = [
         plugin_round_trip_check(rng, stream, relu) for relu in (True, False)
-    ]
+    ] + [plugin_round_trip_check(rng, stream, False, residual=False, stride=stride) for stride in (1, 2)]
     if args.qdq:
         result["qdq_check"] = qdq_onnx_check(rng, stream)
-    for stage in args.stages.split(","):
+    stages = args.stages.split(",")
+    unknown = [st for st in stages if st not in STAGES]
+    if unknown:
+        p.error(f"unknown stage(s) {', '.join(unknown)}: choose from {', '.join(STAGES)}")
+    for stage in stages:
         for n in (int(b) for b in args.batches.split(",")):
             result["rows"].append(run_case(stage, n, args.reps, stream, rng))
             Path(args.out).parent.mkdir(parents=True, exist_ok=True)

@@ -113,7 +113,7 @@ void run(char const* name, int cin, int cout, int hw, int batch) {
     CK(cudaMalloc(&span, size_t(grid) * 4 * 8));
     CK(cudaMemset(span, 0, size_t(grid) * 4 * 8));
     CK(cudaMemcpyToSymbol(g_wgw_span, &span, sizeof(span)));
-    auto kernel = conv_kernel_sm90<Cfg>;
+    auto kernel = conv_kernel_sm90<Cfg, true>;
     CK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     cudaEvent_t e0, e1;
     CK(cudaEventCreate(&e0));

@@ -196,11 +196,21 @@ def test_tuning_cache_is_read(tmp_path):
                         "batch": 2048,
                         "config": names[2],
                     },
+                    {  # a projection of the res2 tail's shape: its own entry (residual 0, stride)
+                        "gpu": "GPU A",
+                        "cin": 64,
+                        "cout": 256,
+                        "hw": 3136,
+                        "batch": 256,
+                        "residual": 0,
+                        "stride": 1,
+                        "config": names[0],
+                    },
                 ],
             }
         )
     )
-    assert op.load_cache(str(cache)) in (0, 3)  # 3 entries without a GPU; none named after this GPU with one
+    assert op.load_cache(str(cache)) in (0, 4)  # 4 entries without a GPU; none named after this GPU with one
     bad = tmp_path / "bad.json"
     bad.write_text('{"entries": [ {"gpu": "x", "cin": 1.5} ]}')
     from trtfuse.errors import UserError
@@ -252,20 +262,26 @@ def cuda():
     return Cuda()
 
 
-def run_case(cuda, n, cin, cout, h, w, relu, config, rng, edit=None):
+def run_case(cuda, n, cin, cout, h, w, relu, config, rng, edit=None, residual=True, stride=1):
+    """One layer on the GPU against the fp32 rounding rule (exact) and float64 (within 1 LSB). Without a residual
+    input the rule's residual term is 0 (the reference gets r = 0); with stride 2 output (oh, ow) reads input
+    (2 oh, 2 ow)."""
     L = ref.random_layer(rng, cin, cout, relu)
+    if not residual:
+        L["r_scale"] = 0.0
     if edit:
         edit(L)
+    ho, wo = -(-h // stride), -(-w // stride)
     x = rng.integers(-128, 128, size=(n, cin, h, w), dtype=np.int8)
-    r = rng.integers(-128, 128, size=(n, cout, h, w), dtype=np.int8)
+    r = rng.integers(-128, 128, size=(n, cout, ho, wo), dtype=np.int8)
     x32, r32 = ref.to_nc32hw32(x), ref.to_nc32hw32(r)
     poisoned = np.full_like(r32, POISON)
     dx, dr, do = cuda.upload(x32), cuda.upload(r32), cuda.upload(poisoned)
     layer = cuda.op.ResidualConv(
-        L["w"], L["w_scale"], L["bias"], L["x_scale"], L["r_scale"], L["out_scale"], relu
+        L["w"], L["w_scale"], L["bias"], L["x_scale"], L["r_scale"], L["out_scale"], relu, stride
     )
     try:
-        layer.forward(dx.value, dr.value, do.value, n, h, w, config)
+        layer.forward(dx.value, dr.value if residual else 0, do.value, n, h, w, config)
         cuda.sync()
         got32 = cuda.download(do, poisoned)
         assert (cuda.download(dr, r32) == r32).all(), "the residual input was modified"
@@ -275,8 +291,10 @@ def run_case(cuda, n, cin, cout, h, w, relu, config, rng, edit=None):
     # padded output channels are written as 0
     assert (ref.from_nc32hw32(got32, got32.shape[1] * 32)[:, cout:] == 0).all()
     got = ref.from_nc32hw32(got32, cout)
-    args = (x, L["w"], L["w_scale"], L["bias"], r, L["x_scale"], L["r_scale"], L["out_scale"], relu)
-    acc = ref.accumulate(x, L["w"])
+    xs = np.ascontiguousarray(x[:, :, ::stride, ::stride])
+    rr = r if residual else np.zeros_like(r)
+    args = (xs, L["w"], L["w_scale"], L["bias"], rr, L["x_scale"], L["r_scale"], L["out_scale"], relu)
+    acc = ref.accumulate(xs, L["w"])
     want = ref.reference_fp32(*args, acc=acc)
     mism = int((got != want).sum())
     assert mism == 0, f"{mism} of {got.size} outputs differ from the fp32 rounding rule"
@@ -446,6 +464,58 @@ def test_persistent_every_config(cuda, shape, config):
     assert mism == 0, f"config {config}: {mism} of {got.size} outputs differ from the fp32 rounding rule"
 
 
+# Layers without a residual input (r_scale 0: a projection without ReLU, a bottleneck's conv1 with it) and stride 2
+# (the stage-opening projections). (n, cin, cout, h, w, relu, stride): odd sizes (partial and image-straddling
+# tiles, an odd input width at stride 2), and ResNet-50's projections at small batches, on every configuration
+# that can hold them.
+NO_RESIDUAL = [
+    (3, 64, 256, 5, 7, False, 1),  # layer1 projection shape class
+    (2, 256, 64, 7, 9, True, 1),  # conv1 shape class
+    (2, 256, 512, 9, 11, False, 2),  # stride 2, odd input: 5 x 6 outputs per image
+    (1, 96, 72, 3, 5, True, 2),  # channels not multiples of 32
+    (4, 64, 256, 56, 56, False, 1),  # layer1.0 downsample: several tiles per block
+    (4, 256, 512, 56, 56, False, 2),  # layer2.0 downsample
+    (8, 512, 1024, 28, 28, False, 2),  # layer3.0 downsample
+    (8, 1024, 2048, 14, 14, False, 2),  # layer4.0 downsample: Cin 1024, the sm80 kernel only
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("config", range(NUM_CONFIGS), ids=lambda c: f"cfg{c}")
+@pytest.mark.parametrize("shape", NO_RESIDUAL, ids=lambda s: "x".join(map(str, s[:5])) + f"_s{s[6]}")
+def test_no_residual_and_stride_every_config(cuda, shape, config):
+    n, cin, cout, h, w, relu, stride = shape
+    _skip_unless_supported(cuda.op, config, cin, cout)
+    run_case(cuda, n, cin, cout, h, w, relu, config, np.random.default_rng(), residual=False, stride=stride)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("config", [-1, 0], ids=["auto", "cfg0"])
+def test_stride_2_with_residual(cuda, config):
+    # the residual form takes stride 2 too (r and out at the output size)
+    run_case(cuda, 2, 128, 256, 9, 7, True, config, np.random.default_rng(), stride=2)
+
+
+@pytest.mark.gpu
+def test_residual_pointer_must_match_the_layer(cuda):
+    rng = np.random.default_rng()
+    L = ref.random_layer(rng, 64, 64)
+    buf = cuda.upload(np.zeros(64 * 64 * 4, np.int8))
+    with_r = cuda.op.ResidualConv(L["w"], L["w_scale"], L["bias"], L["x_scale"], L["r_scale"], L["out_scale"], True)
+    without_r = cuda.op.ResidualConv(L["w"], L["w_scale"], L["bias"], L["x_scale"], 0.0, L["out_scale"], True)
+    try:
+        with pytest.raises(RuntimeError, match=r"\(-10\).*residual input"):
+            with_r.forward(buf.value, 0, buf.value, 1, 8, 8)
+        with pytest.raises(RuntimeError, match=r"\(-10\).*residual input"):
+            without_r.forward(buf.value, buf.value, buf.value, 1, 8, 8)
+        with pytest.raises(RuntimeError, match=r"\(-11\).*stride"):
+            cuda.op.ResidualConv(L["w"], L["w_scale"], L["bias"], L["x_scale"], 0.0, L["out_scale"], True, 3)
+    finally:
+        with_r.close()
+        without_r.close()
+        cuda.free(buf)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("stage", ["res2", "res3", "res4", "res5"])
 def test_resnet_stages_batch_8(cuda, stage):
@@ -488,9 +558,9 @@ def test_sm90_configs_refused_without_sm90a(cuda):
 def test_forward_rejects_bad_arguments(cuda):
     rng = np.random.default_rng()
     L = ref.random_layer(rng, 64, 64)
-    with pytest.raises(RuntimeError, match=r"\(-3\)"):
+    with pytest.raises(RuntimeError, match=r"\(-3\)"):  # (r_scale 0 is valid: a layer without a residual input)
         cuda.op.ResidualConv(
-            L["w"], L["w_scale"], L["bias"], L["x_scale"], 0.0, L["out_scale"], True
+            L["w"], L["w_scale"], L["bias"], L["x_scale"], -1.0, L["out_scale"], True
         )
     layer = cuda.op.ResidualConv(
         L["w"], L["w_scale"], L["bias"], L["x_scale"], L["r_scale"], L["out_scale"], True

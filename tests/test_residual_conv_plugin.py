@@ -27,10 +27,14 @@ def side():
     return mod
 
 
-@pytest.mark.parametrize("relu", [True, False])
-def test_plugin_engine_exact_and_round_trip(side, relu):
+@pytest.mark.parametrize(
+    "relu,residual,stride",
+    [(True, True, 1), (False, True, 1), (False, False, 1), (False, False, 2), (True, False, 2)],
+    ids=["tail", "tail-identity", "projection", "projection-stride2", "conv1-relu-stride2"],
+)
+def test_plugin_engine_exact_and_round_trip(side, relu, residual, stride):
     stream = side.ck(side.cudart.cudaStreamCreate())
-    res = side.plugin_round_trip_check(np.random.default_rng(), stream, relu)
+    res = side.plugin_round_trip_check(np.random.default_rng(), stream, relu, residual, stride)
     assert res["built"]["diff_1lsb"] == 0 and res["built"]["diff_more"] == 0
     assert res["round_trip"]["diff_1lsb"] == 0 and res["round_trip"]["diff_more"] == 0
     assert any("PluginV2" in line or "residual_conv" in line for line in res["layers"]), res[
@@ -55,6 +59,7 @@ def test_creator_refuses_bad_fields(side):
         "relu",
         "cin",
         "cout",
+        "stride",
     }
     assert side.create_plugin("ok", L, 64, 32) is not None
     bad = dict(L, out_scale=-1.0)
@@ -62,4 +67,6 @@ def test_creator_refuses_bad_fields(side):
     assert (
         side.create_plugin("bad", L, 64, 33) is None
     )  # weights size != cin * cout
+    assert side.create_plugin("bad", dict(L, stride=3), 64, 32) is None
+    assert side.create_plugin("projection", dict(L, r_scale=0.0, stride=2), 64, 32) is not None
     del trt

@@ -23,6 +23,12 @@ def library(path: str | None = None) -> ctypes.CDLL:
     layer = [ctypes.c_int, ctypes.c_int, c_i8p, c_fp, c_fp, ctypes.c_float, ctypes.c_float, ctypes.c_float]
     lib.trtfuse_residual_conv_check.argtypes = layer
     lib.trtfuse_residual_conv_create.argtypes = layer + [ctypes.c_int, ctypes.POINTER(ctypes.c_void_p)]
+    if hasattr(lib, "trtfuse_conv1x1_create"):  # absent from builds older than the projection forms (A/B runs)
+        lib.trtfuse_conv1x1_create.argtypes = layer + [
+            ctypes.c_int,
+            ctypes.c_int,
+            ctypes.POINTER(ctypes.c_void_p),
+        ]
     lib.trtfuse_residual_conv_destroy.argtypes = [ctypes.c_void_p]
     lib.trtfuse_residual_conv_forward.argtypes = (
         [ctypes.c_void_p] * 4 + [ctypes.c_int] * 4 + [ctypes.c_void_p]
@@ -119,31 +125,42 @@ def load_cache(path: str | None) -> int:
 
 
 class ResidualConv:
-    """One layer's packed weights on the device; forward() on kCHW32 int8 device buffers."""
+    """One layer's packed weights on the device; forward() on kCHW32 int8 device buffers.
+
+    r_scale 0: a layer without a residual input (a projection with relu False, a bottleneck's conv1 with relu True),
+    whose forward takes r_ptr 0. stride 1 or 2: output (oh, ow) reads input (stride oh, stride ow)."""
 
     def __init__(
-        self, w, w_scale, bias, x_scale: float, r_scale: float, out_scale: float, relu: bool
+        self,
+        w,
+        w_scale,
+        bias,
+        x_scale: float,
+        r_scale: float,
+        out_scale: float,
+        relu: bool,
+        stride: int = 1,
     ):
         w = np.ascontiguousarray(w, dtype=np.int8)
         self.cout, self.cin = w.shape
         ws = np.ascontiguousarray(w_scale, dtype=np.float32)
         b = np.ascontiguousarray(bias, dtype=np.float32)
         h = ctypes.c_void_p()
-        _raise(
-            library().trtfuse_residual_conv_create(
-                self.cin,
-                self.cout,
-                _ptr(w, ctypes.c_int8),
-                _ptr(ws, ctypes.c_float),
-                _ptr(b, ctypes.c_float),
-                x_scale,
-                r_scale,
-                out_scale,
-                int(relu),
-                ctypes.byref(h),
-            ),
-            "create",
+        fields = (
+            self.cin,
+            self.cout,
+            _ptr(w, ctypes.c_int8),
+            _ptr(ws, ctypes.c_float),
+            _ptr(b, ctypes.c_float),
+            x_scale,
+            r_scale,
+            out_scale,
+            int(relu),
         )
+        if r_scale != 0 and stride == 1:  # the residual form: the same layer as the general create makes
+            _raise(library().trtfuse_residual_conv_create(*fields, ctypes.byref(h)), "create")
+        else:
+            _raise(library().trtfuse_conv1x1_create(*fields, int(stride), ctypes.byref(h)), "create")
         self._h = h
 
     def forward(
@@ -157,7 +174,8 @@ class ResidualConv:
         config: int = -1,
         stream: int = 0,
     ) -> None:
-        """x [n, cin, h, w], r and out [n, cout, h, w]: int8 kCHW32 device pointers; config -1 = pick."""
+        """x [n, cin, h, w], r and out [n, cout, ceil(h / stride), ceil(w / stride)]: int8 kCHW32 device pointers
+        (r_ptr 0 for a layer without a residual input); config -1 = pick."""
         _raise(
             library().trtfuse_residual_conv_forward(
                 self._h, x_ptr, r_ptr, out_ptr, n, h, w, config, stream

@@ -1,5 +1,7 @@
 // The epilogue of every kernel: the rounding rule applied to an accumulator fragment, in place over the residual
-// tile in shared memory (each output byte overwrites the residual byte it was computed from).
+// tile in shared memory (each output byte overwrites the residual byte it was computed from). Without a residual
+// input (RESIDUAL = false) the tile is only written: t = fma(float(acc), a, b), which is the rule's value exactly
+// (its inner fma(float(r), s, b) is b when the residual term is 0).
 //
 // The rule (exact; the reference emulates it): t = fma(float(acc), a[n], fma(float(r), s[n], b[n])), clamped to
 // [lo, 127], rounded half to even. The op's arithmetic is all here (at res2, ~10 instructions per output element
@@ -80,6 +82,12 @@ template <bool SAT>
 __device__ __forceinline__ float rule_t(float accf, float rf, float a, float b, float s) {
     return SAT ? fma_sat(accf, a, __fmaf_rn(rf, s, b)) : __fmaf_rn(accf, a, __fmaf_rn(rf, s, b));
 }
+// rule_t without a residual term: the inner fma(0, s, b) is b (up to the sign of a zero b, which no output byte
+// shows: t = fma(acc, a, +-0) rounds to the same byte)
+template <bool SAT>
+__device__ __forceinline__ float rule_t_plain(float accf, float a, float b) {
+    return SAT ? fma_sat(accf, a, b) : __fmaf_rn(accf, a, b);
+}
 // two (four) rule_t values as int8 bytes, packed in the low half (all) of a word
 template <bool SAT>
 __device__ __forceinline__ uint32_t q_quad_t(float t0, float t1, float t2, float t3, float lo) {
@@ -96,7 +104,7 @@ __device__ __forceinline__ uint32_t q_quad_t(float t0, float t1, float t2, float
 // accumulator has this layout per warp). With the permuted weights (tile_layout.h: packed_row_channel) chunks 2k and
 // 2k+1 hold channels 16k + 4*tig .. 16k + 4*tig + 3 for this thread: one 32-bit word per row of the tile.
 // tile: [slab][ROWS][32] (swz_offset) starting at the fragment's first column; n0: that column's channel.
-template <int ROWS, int MI, int NI, bool SMALL, bool SAT>
+template <int ROWS, int MI, int NI, bool RESIDUAL, bool SMALL, bool SAT>
 __device__ __forceinline__ void epilogue_fragment_form(int const (&acc)[MI][NI * 4], Params const& p, int8_t* tile,
                                                        int row, int tig, int n0) {
     static_assert(NI % 2 == 0, "n8 chunks come in pairs (16-channel groups)");
@@ -110,25 +118,36 @@ __device__ __forceinline__ void epilogue_fragment_form(int const (&acc)[MI][NI *
         int const col = n * 8 + tig * 4;
         float4 const a = __ldg(reinterpret_cast<float4 const*>(pa + n * 8));
         float4 const b = __ldg(reinterpret_cast<float4 const*>(pb + n * 8));
-        float4 const s = __ldg(reinterpret_cast<float4 const*>(ps + n * 8));
+        float4 const s = RESIDUAL ? __ldg(reinterpret_cast<float4 const*>(ps + n * 8)) : float4{};
         // rows row + 16i + 8h: 32-byte rows, 4-byte units (the swizzle depends on the row mod 8 only)
         uint32_t* base = reinterpret_cast<uint32_t*>(tile + swz_offset(col >> 5, ROWS, row, col & 31));
         uint32_t rv[MI][2], q[MI][2];
 #pragma unroll
         for (int i = 0; i < MI; ++i)
 #pragma unroll
-            for (int h = 0; h < 2; ++h) rv[i][h] = base[(i * 16 + h * 8) * 8];
+            for (int h = 0; h < 2; ++h) rv[i][h] = RESIDUAL ? base[(i * 16 + h * 8) * 8] : 0u;
 #pragma unroll
         for (int i = 0; i < MI; ++i)
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
-                float4 const rf = r_quad_to_float_h(rv[i][h]);
-                float const v0 = rule_t<SAT>(acc_bits_to_float(acc[i][4 * n + 2 * h], small), rf.x, a.x, b.x, s.x);
-                float const v1 = rule_t<SAT>(acc_bits_to_float(acc[i][4 * n + 2 * h + 1], small), rf.y, a.y, b.y, s.y);
-                float const v2 = rule_t<SAT>(acc_bits_to_float(acc[i][4 * n + 4 + 2 * h], small), rf.z, a.z, b.z, s.z);
-                float const v3 =
-                    rule_t<SAT>(acc_bits_to_float(acc[i][4 * n + 4 + 2 * h + 1], small), rf.w, a.w, b.w, s.w);
-                q[i][h] = q_quad_t<SAT>(v0, v1, v2, v3, p.lo);
+                float const c[4] = {acc_bits_to_float(acc[i][4 * n + 2 * h], small),
+                                    acc_bits_to_float(acc[i][4 * n + 2 * h + 1], small),
+                                    acc_bits_to_float(acc[i][4 * n + 4 + 2 * h], small),
+                                    acc_bits_to_float(acc[i][4 * n + 4 + 2 * h + 1], small)};
+                float v[4];
+                if constexpr (RESIDUAL) {
+                    float4 const rf = r_quad_to_float_h(rv[i][h]);
+                    v[0] = rule_t<SAT>(c[0], rf.x, a.x, b.x, s.x);
+                    v[1] = rule_t<SAT>(c[1], rf.y, a.y, b.y, s.y);
+                    v[2] = rule_t<SAT>(c[2], rf.z, a.z, b.z, s.z);
+                    v[3] = rule_t<SAT>(c[3], rf.w, a.w, b.w, s.w);
+                } else {
+                    v[0] = rule_t_plain<SAT>(c[0], a.x, b.x);
+                    v[1] = rule_t_plain<SAT>(c[1], a.y, b.y);
+                    v[2] = rule_t_plain<SAT>(c[2], a.z, b.z);
+                    v[3] = rule_t_plain<SAT>(c[3], a.w, b.w);
+                }
+                q[i][h] = q_quad_t<SAT>(v[0], v[1], v[2], v[3], p.lo);
             }
 #pragma unroll
         for (int i = 0; i < MI; ++i)
@@ -138,15 +157,15 @@ __device__ __forceinline__ void epilogue_fragment_form(int const (&acc)[MI][NI *
 }
 
 // The form is chosen per launch (p.sat, p.small_acc), the same for every thread: no divergence.
-template <int ROWS, int MI, int NI>
+template <int ROWS, int MI, int NI, bool RESIDUAL>
 __device__ __forceinline__ void epilogue_fragment(int const (&acc)[MI][NI * 4], Params const& p, int8_t* tile, int row,
                                                   int tig, int n0) {
     if (p.sat) {
-        if (p.small_acc) epilogue_fragment_form<ROWS, MI, NI, true, true>(acc, p, tile, row, tig, n0);
-        else epilogue_fragment_form<ROWS, MI, NI, false, true>(acc, p, tile, row, tig, n0);
+        if (p.small_acc) epilogue_fragment_form<ROWS, MI, NI, RESIDUAL, true, true>(acc, p, tile, row, tig, n0);
+        else epilogue_fragment_form<ROWS, MI, NI, RESIDUAL, false, true>(acc, p, tile, row, tig, n0);
     } else {
-        if (p.small_acc) epilogue_fragment_form<ROWS, MI, NI, true, false>(acc, p, tile, row, tig, n0);
-        else epilogue_fragment_form<ROWS, MI, NI, false, false>(acc, p, tile, row, tig, n0);
+        if (p.small_acc) epilogue_fragment_form<ROWS, MI, NI, RESIDUAL, true, false>(acc, p, tile, row, tig, n0);
+        else epilogue_fragment_form<ROWS, MI, NI, RESIDUAL, false, false>(acc, p, tile, row, tig, n0);
     }
 }
 

@@ -91,8 +91,9 @@ struct WarpMma {
 };
 
 // Persistent kernel: a block walks tiles blockIdx.x, blockIdx.x + gridDim.x, ... (tile = (M block, N block), N
-// fastest so the blocks sharing an x tile run together and hit L2).
-template <class Cfg>
+// fastest so the blocks sharing an x tile run together and hit L2). RESIDUAL: the layer has a residual input
+// (p.r); without one the residual buffers only stage the output.
+template <class Cfg, bool RESIDUAL>
 __global__ void __launch_bounds__(Cfg::THREADS, Cfg::MIN_BLOCKS)
 conv_kernel_sm80(Params p) {
     constexpr int BM = Cfg::BM, BN = Cfg::BN, BK = Cfg::BK, WM = Cfg::WM, WN = Cfg::WN, STAGES = Cfg::STAGES;
@@ -113,7 +114,7 @@ conv_kernel_sm80(Params p) {
     int const g = lane >> 2, tig = lane & 3;
     // This thread's place in every [slab][row][2 x 16 B] tile it copies (x stage, residual, output).
     int const my_row = (tid >> 1) % BM, my_slab0 = (tid >> 1) / BM, my_half = tid & 1;
-    int64_t const slab_bytes = static_cast<int64_t>(p.HW) * 32;   // between consecutive slabs
+    int64_t const slab_bytes = static_cast<int64_t>(p.HW) * 32;       // between consecutive slabs of r and out
     int const m_blocks = static_cast<int>((p.M + BM - 1) / BM);
     int const tiles = m_blocks * p.n_blocks;
     int const my_tiles = blockIdx.x < tiles ? (tiles - 1 - blockIdx.x) / gridDim.x + 1 : 0;
@@ -127,14 +128,12 @@ conv_kernel_sm80(Params p) {
         n0 = (t - mb * p.n_blocks) * BN;
         m0 = mb * BM;
     };
-    // Byte offset of this thread's row (m0 + my_row) in slab 0 of a tensor with `slabs` slabs, its 16-byte
-    // half included; ok = the row exists (m < M; m < 2^31 since M < 2^31 - 256 and BM <= 256).
-    auto my_row_offset = [&](int m0, int slabs, bool& ok) -> int64_t {
-        int m = m0 + my_row;
+    // Byte offset of this thread's row (m0 + my_row) in slab 0 of x (X) or of r and out, its 16-byte half
+    // included; ok = the row exists (m < M; m < 2^31 since M < 2^31 - 256 and BM <= 256).
+    auto my_row_offset = [&](int m0, bool x, bool& ok) -> int64_t {
+        int const m = m0 + my_row;
         ok = m < p.M;
-        int img = p.hw_div.div(m);
-        int hw = m - img * p.HW;
-        return (static_cast<int64_t>(img) * slabs * p.HW + hw) * 32 + my_half * 16;
+        return (x ? x_row_offset(p, m) : out_row_offset(p, m)) + my_half * 16;
     };
 
     // cp.asyncs of k stage kt of tile j into pipeline slot `slot`; kt == 0 also brings the tile's residual
@@ -142,9 +141,9 @@ conv_kernel_sm80(Params p) {
     auto load_iter = [&](int j, int kt, int slot) {
         int m0, n0;
         tile_mn(j, m0, n0);
-        if (kt == 0) {
+        if (RESIDUAL && kt == 0) {
             bool row_ok;
-            int64_t const base = my_row_offset(m0, p.Nc, row_ok);
+            int64_t const base = my_row_offset(m0, false, row_ok);
             int8_t* r_dst = sR + (j % STAGES) * Cfg::R_TILE;
 #pragma unroll
             for (int i = 0; i < R_PIECES; ++i) {
@@ -156,14 +155,14 @@ conv_kernel_sm80(Params p) {
         }
         {
             bool row_ok;
-            int64_t const base = my_row_offset(m0, p.Kc, row_ok);
+            int64_t const base = my_row_offset(m0, true, row_ok);
             int8_t* a_dst = sA + slot * Cfg::A_STAGE;
 #pragma unroll
             for (int i = 0; i < A_PIECES; ++i) {
                 int chunk = my_slab0 + i * SLAB_STEP, kc = kt * KCH + chunk;
                 bool ok = row_ok && kc < p.Kc;
                 cp_async_16(smem_u32(a_dst + swz_offset(chunk, BM, my_row, my_half * 16)),
-                            p.x + (ok ? base + kc * slab_bytes : 0), ok ? 16 : 0);
+                            p.x + (ok ? base + kc * (static_cast<int64_t>(p.in_hw) * 32) : 0), ok ? 16 : 0);
             }
         }
         int8_t* b_dst = sB + slot * Cfg::B_STAGE;
@@ -211,13 +210,13 @@ conv_kernel_sm80(Params p) {
         tile_mn(j, m0, n0);
         int8_t* r_tile = sR + (j % STAGES) * Cfg::R_TILE;
         // this warp's fragment: rows warp_m * WM + 16i + g (+8), channels from its first 32-channel slab
-        epilogue_fragment<BM, MI, NI>(mma.acc, p, r_tile + (warp_n * WN / 32) * BM * 32, warp_m * WM + g, tig,
+        epilogue_fragment<BM, MI, NI, RESIDUAL>(mma.acc, p, r_tile + (warp_n * WN / 32) * BM * 32, warp_m * WM + g, tig,
                                       n0 + warp_n * WN);
         mma.fill(init);
         __syncthreads();
         // ---- coalesced 16-byte stores of this thread's row (evict-first: the output is not re-read here) ----
         bool row_ok;
-        int64_t const obase = my_row_offset(m0, p.Nc, row_ok);
+        int64_t const obase = my_row_offset(m0, false, row_ok);
 #pragma unroll
         for (int i = 0; i < R_PIECES; ++i) {
             int slab = my_slab0 + i * SLAB_STEP, gslab = n0 / 32 + slab;

@@ -133,7 +133,9 @@ constexpr int wgw_smem_bytes(int k_tiles) {
     return Cfg::BN * k_tiles * Cfg::BK + Cfg::SMEM;
 }
 
-template <class Cfg>
+// RESIDUAL: the layer has a residual input (p.r); without one the producers only hand the residual buffers on
+// and the epilogue only writes them (they stage the output for its TMA store).
+template <class Cfg, bool RESIDUAL>
 __global__ void __launch_bounds__(Cfg::THREADS, 1)
 conv_kernel_sm90(const __grid_constant__ Params p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -165,7 +167,8 @@ conv_kernel_sm90(const __grid_constant__ Params p) {
 
     constexpr int XW = Cfg::SPLIT ? 2 : 1;   // producer warps per ring
     int const tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    int64_t const slab_bytes = static_cast<int64_t>(p.HW) * 32;
+    int64_t const slab_bytes = static_cast<int64_t>(p.HW) * 32;       // between slabs of r and out
+    int64_t const x_slab_bytes = static_cast<int64_t>(p.in_hw) * 32;  // ... of x
     int const m_blocks = static_cast<int>((p.M + BM - 1) / BM);
     // This block's tiles (schedule_sm90.h): a regular block keeps one N block; an extra block's run may
     // cross into the next N blocks, and the consumer of the first tile with a new N block reloads the weight slice
@@ -215,41 +218,45 @@ conv_kernel_sm90(const __grid_constant__ Params p) {
         int const half = lane & 1, row0 = (lane >> 1) + 16 * wsub;
         uint32_t const x_dst = swz_offset(0, BM, row0, half * 16);
         uint32_t const r_dst = wsub * Cfg::R_BLOCK + swz_offset(0, 16, row0 & 15, half * 16);
-        // copies `slabs` slabs of the tile rows, starting at slab s0 of a tensor with `nslabs`, to dst (see above);
-        // slabs past nslabs and rows past M are zero-filled
-        auto copy_slabs = [&](uint32_t dst, int slab_step, int row_step, int8_t const* src, int64_t const (&off)[ROWS],
-                              int const (&bytes)[ROWS], int slabs, int s0, int nslabs) {
+        // copies `slabs` slabs of the tile rows, starting at slab s0 of a tensor with `nslabs` slabs `pitch` bytes
+        // apart, to dst (see above); slabs past nslabs and rows past M are zero-filled
+        auto copy_slabs = [&](uint32_t dst, int slab_step, int row_step, int8_t const* src, int64_t pitch,
+                              int64_t const (&off)[ROWS], int const (&bytes)[ROWS], int slabs, int s0, int nslabs) {
 #pragma unroll
             for (int sl = 0; sl < slabs; ++sl) {
                 bool const ok = s0 + sl < nslabs;
-                int8_t const* base = src + (ok ? s0 + sl : 0) * slab_bytes;
+                int8_t const* base = src + (ok ? s0 + sl : 0) * pitch;
 #pragma unroll
                 for (int i = 0; i < ROWS; ++i)
                     cp_async_16(dst + sl * slab_step + i * row_step, base + off[i], ok ? bytes[i] : 0);
             }
         };
-        // per tile: the byte offsets of this lane's rows (slab 0, its half) in a kCHW32 tensor with `slabs` slabs,
-        // and their source sizes (0 for rows past M, clamped to a valid address and zero-filled)
-        auto row_offsets = [&](int m0, int slabs, int64_t (&off)[ROWS], int (&bytes)[ROWS]) {
+        // per tile: the byte offsets of this lane's rows (slab 0, its half) in x (X) or the residual, and their
+        // source sizes (0 for rows past M, clamped to a valid address and zero-filled)
+        auto row_offsets = [&](int m0, bool x, int64_t (&off)[ROWS], int (&bytes)[ROWS]) {
 #pragma unroll
             for (int i = 0; i < ROWS; ++i) {
                 int m = m0 + row0 + 16 * W * i;
                 bytes[i] = m < p.M ? 16 : 0;
                 m = min(m, p.M - 1);
-                int const img = p.hw_div.div(m), hw = m - img * p.HW;
-                off[i] = (static_cast<int64_t>(img) * slabs * p.HW + hw) * 32 + half * 16;
+                off[i] = (x ? x_row_offset(p, m) : out_row_offset(p, m)) + half * 16;
             }
         };
         for (int t = t0; t < my_tiles; t += t_step) {
             int const m0 = tiles.m_block(t) * BM, n0 = tiles.n_block(t) * BN, u = t >> 1;
             auto load_residual = [&] {
+                int const b = (t & 1) * RBUF + u % RBUF;
+                if constexpr (!RESIDUAL) {   // no residual input: only hand the free buffer on
+                    mbar_wait(r_empty(b), ((u / RBUF) & 1) ^ 1);
+                    mbar_arrive(r_full(b));
+                    return;
+                }
                 int64_t off[ROWS];
                 int bytes[ROWS];
-                int const b = (t & 1) * RBUF + u % RBUF;
-                row_offsets(m0, p.Nc, off, bytes);
+                row_offsets(m0, false, off, bytes);
                 mbar_wait(r_empty(b), ((u / RBUF) & 1) ^ 1);
-                copy_slabs(smem_u32(sR + b * Cfg::R_TILE) + r_dst, 16 * 32, W * Cfg::R_BLOCK, p.r, off, bytes, BN / 32,
-                           n0 / 32, p.Nc);
+                copy_slabs(smem_u32(sR + b * Cfg::R_TILE) + r_dst, 16 * 32, W * Cfg::R_BLOCK, p.r, slab_bytes, off, bytes,
+                           BN / 32, n0 / 32, p.Nc);
                 mbar_arrive_on_cp_async(r_full(b));
             };
             if (!do_x) {
@@ -264,13 +271,13 @@ conv_kernel_sm90(const __grid_constant__ Params p) {
             if (do_r) load_residual();
             int64_t off[ROWS];
             int bytes[ROWS];
-            row_offsets(m0, p.Kc, off, bytes);
+            row_offsets(m0, true, off, bytes);
             for (int kt = 0; kt < k_tiles; ++kt) {
                 int slot, fill;
                 x_pos(t, kt, slot, fill);
                 mbar_wait(x_empty(slot), (fill & 1) ^ 1);
-                copy_slabs(smem_u32(sA + slot * Cfg::A_STAGE) + x_dst, BM * 32, 16 * W * 32, p.x, off, bytes, KCH,
-                           kt * KCH, p.Kc);
+                copy_slabs(smem_u32(sA + slot * Cfg::A_STAGE) + x_dst, BM * 32, 16 * W * 32, p.x, x_slab_bytes, off,
+                           bytes, KCH, kt * KCH, p.Kc);
                 mbar_arrive_on_cp_async(x_full(slot));
             }
         }
@@ -373,7 +380,7 @@ conv_kernel_sm90(const __grid_constant__ Params p) {
             if (lane == 0) pay_owed();
             WGW_TRACE(4);
             int8_t* const w_tile = sR + b * Cfg::R_TILE + warp_in_wg * Cfg::R_BLOCK;   // this warp's block
-            epilogue_fragment<16, 1, NI>(acc, p, w_tile, g, tig, n0);
+            epilogue_fragment<16, 1, NI, RESIDUAL>(acc, p, w_tile, g, tig, n0);
             WGW_TRACE(5);
             // the next tile's accumulators, set here: the moves then overlap the wait below instead of delaying the
             // next tile's first wgmma (measured: ~1k cycles between a tile's start and its first wgmma otherwise)

@@ -17,8 +17,8 @@ namespace trtfuse {
 namespace rconv {
 
 struct Params {
-    int8_t const* x;       // [N][Kc][HW][32]
-    int8_t const* r;       // [N][Nc][HW][32]
+    int8_t const* x;       // [N][Kc][in_hw][32]
+    int8_t const* r;       // [N][Nc][HW][32], or null: no residual input (then s = 0: the epilogue adds exactly 0)
     int8_t* out;           // [N][Nc][HW][32]
     int8_t const* w;       // packed [Npad][Kpad], rows permuted in 16-channel groups (tile_layout.h), zero padded
                            // (Npad % 256 == 0, Kpad % 128 == 0)
@@ -33,7 +33,11 @@ struct Params {
     int small_acc;         // |acc| < 2^22 is guaranteed (Cin <= 258): exact int->float without I2F
     int sat;               // ReLU and a, b, s in the range where the saturating form is exact (epilogue.cuh)
     int M;                 // N * HW (< 2^31)
-    int HW;
+    int HW;                // output positions per image (H_out * W_out)
+    int stride;            // 1, or 2: the GEMM row of output (oh, ow) reads input (stride oh, stride ow)
+    int in_hw;             // input positions per image (H * W): x's slab pitch is in_hw * 32 bytes
+    int w_gap;             // input width - output width (0 at stride 1)
+    FastDivmod ow_div;     // hw / output width
     int Kc;                // ceil(Cin / 32): slabs of x
     int Kpad;              // row pitch of the packed weights
     int Nc;                // ceil(Cout / 32): slabs of r and out
@@ -46,6 +50,22 @@ struct Params {
     CUtensorMap out_map;   // sm90: out as a 4-d tensor (32 bytes, HW, Nc, N), box (32, 16, BN/32, 1), 32-byte
                            // swizzle (out_map.h); 64-byte aligned
 };
+
+#if defined(__CUDACC__)
+// Byte offset of GEMM row m's 32-byte run in slab 0 of x: output position hw = (oh, ow) of image img reads input
+// position (stride oh, stride ow) = stride (oh in_w + ow) = stride (hw + oh (in_w - out_w)): at stride 1 that is hw
+// (w_gap = 0), with no branch (a branch here made the sm80 kernel spill at its 128-register cap).
+__device__ __forceinline__ int64_t x_row_offset(Params const& p, int m) {
+    int const img = p.hw_div.div(m), hw = m - img * p.HW;
+    int const hw_in = p.stride * (hw + p.ow_div.div(hw) * p.w_gap);
+    return (static_cast<int64_t>(img) * p.Kc * p.in_hw + hw_in) * 32;
+}
+// Byte offset of GEMM row m's 32-byte run in slab 0 of the residual and the output ([N][Nc][HW][32]).
+__device__ __forceinline__ int64_t out_row_offset(Params const& p, int m) {
+    int const img = p.hw_div.div(m), hw = m - img * p.HW;
+    return (static_cast<int64_t>(img) * p.Nc * p.HW + hw) * 32;
+}
+#endif
 
 }  // namespace rconv
 }  // namespace trtfuse

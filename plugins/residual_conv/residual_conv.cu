@@ -40,7 +40,7 @@ using W2 = WgwConfig<128, 4, 2, true, true>;     // res2 2048, res4 256, res5: c
 struct ConfigInfo {
     char const* name;
     int bm, bn, threads, smem;   // smem: the fixed part (sm90: plus the weight slice, see config_smem)
-    void (*kernel)(Params);
+    void (*kernels[2])(Params);  // [residual]: without, with a residual input
     bool sm90 = false;           // needs the sm_90a module (see wgmma_available); weight slice in shared memory
     int bk = 0;
     int (*smem_bytes)(int k_tiles) = nullptr;   // sm90: the launch's shared memory for a layer of k_tiles stages
@@ -49,13 +49,14 @@ struct ConfigInfo {
 
 template <class C>
 constexpr ConfigInfo info_sm80(char const* name) {
-    return {name, C::BM, C::BN, C::THREADS, C::SMEM, conv_kernel_sm80<C>};
+    return {name, C::BM, C::BN, C::THREADS, C::SMEM, {conv_kernel_sm80<C, false>, conv_kernel_sm80<C, true>}};
 }
 template <class C>
 int sm90_smem(int k_tiles) { return wgw_smem_bytes<C>(k_tiles); }
 template <class C>
 constexpr ConfigInfo info_sm90(char const* name) {
-    return {name, C::BM, C::BN, C::THREADS, C::SMEM, conv_kernel_sm90<C>, true, C::BK, sm90_smem<C>, C::PINGPONG};
+    return {name,   C::BM, C::BN, C::THREADS, C::SMEM, {conv_kernel_sm90<C, false>, conv_kernel_sm90<C, true>},
+            true,   C::BK, sm90_smem<C>, C::PINGPONG};
 }
 constexpr int kMaxSmem = 227 * 1024;   // dynamic shared memory per block (sm_90)
 constexpr int kWeightSliceRows = 256;  // the sm90 kernel's BN: Layer::w_img holds slices of this many rows
@@ -71,6 +72,8 @@ constexpr int kNumConfigs = sizeof(kConfigs) / sizeof(kConfigs[0]);
 
 struct Layer {
     int cin, cout, kc, nc, kpad, npad;
+    bool residual;     // has a residual input (r_scale > 0)
+    int stride;        // 1 or 2
     float lo;          // lower clamp: 0 with ReLU, -128 without
     int8_t* w = nullptr;       // [npad * kpad], rows permuted (tile_layout.h: packed_row_channel)
     int8_t* w_img = nullptr;   // w as the sm90 kernel's weight slices (tile_layout.h: pack_weight_slices)
@@ -154,7 +157,8 @@ int heuristic(int kc) {
     return config_by_name("sm80_128x128x128_s2_b2");
 }
 
-int select_config(int cin, int cout, int n, int hw) {
+// The configuration for a layer of this form at batch n with hw output positions per image.
+int select_config(int cin, int cout, int n, int hw, bool residual, int stride) {
     int dev = 0;
     cudaDeviceProp prop;
     if (cudaGetDevice(&dev) != cudaSuccess || cudaGetDeviceProperties(&prop, dev) != cudaSuccess) {
@@ -164,7 +168,7 @@ int select_config(int cin, int cout, int n, int hw) {
     {
         std::lock_guard<std::mutex> lock(g_cache_mu);
         if (!g_cache_loaded) load_cache_locked(nullptr);
-        if (CacheEntry const* e = lookup(g_cache, prop.name, cin, cout, hw, n)) {
+        if (CacheEntry const* e = lookup(g_cache, prop.name, cin, cout, hw, n, residual, stride)) {
             int c = config_by_name(e->config);
             // an sm90 entry without sm_90a, or one that cannot hold this layer: the heuristic
             if (c >= 0 && config_supported(c) && layer_fits(c, (cin + 31) / 32)) return c;
@@ -173,39 +177,40 @@ int select_config(int cin, int cout, int n, int hw) {
     return heuristic((cin + 31) / 32);
 }
 
-// Blocks of `config` that fit on the whole current GPU at once (SMs x blocks per SM) with `smem` bytes of dynamic
-// shared memory. Also raises the kernel's dynamic shared-memory limit (sm90: to the maximum, their size depends on
-// the layer); both are cached per (device, config) where the size is fixed.
-int resident_blocks(int config, int smem, int* out) {
+// Blocks of a kernel of `config` (its residual form or not) that fit on the whole current GPU at once (SMs x blocks
+// per SM) with `smem` bytes of dynamic shared memory. Also raises the kernel's dynamic shared-memory limit (sm90: to
+// the maximum, their size depends on the layer); both are cached per (device, config, form) where the size is fixed.
+int resident_blocks(int config, bool residual, int smem, int* out) {
     static std::mutex mu;
-    static int cache[64][kNumConfigs] = {};
-    static bool attr_set[64][kNumConfigs] = {};
+    static int cache[64][kNumConfigs][2] = {};
+    static bool attr_set[64][kNumConfigs][2] = {};
     int dev = 0;
     TRTFUSE_CUDA_RETURN(cudaGetDevice(&dev));
     ConfigInfo const& C = kConfigs[config];
+    auto const kernel = C.kernels[residual];
     bool const fixed = !C.sm90;
     bool need_attr = true;
     if (dev < 64) {
         std::lock_guard<std::mutex> lock(mu);
-        if (fixed && cache[dev][config] > 0) { *out = cache[dev][config]; return 0; }
-        need_attr = !attr_set[dev][config];
+        if (fixed && cache[dev][config][residual] > 0) { *out = cache[dev][config][residual]; return 0; }
+        need_attr = !attr_set[dev][config][residual];
     }
     if (need_attr) {
-        TRTFUSE_CUDA_RETURN(cudaFuncSetAttribute(C.kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+        TRTFUSE_CUDA_RETURN(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                  fixed ? C.smem : kMaxSmem));
         if (dev < 64) {
             std::lock_guard<std::mutex> lock(mu);
-            attr_set[dev][config] = true;
+            attr_set[dev][config][residual] = true;
         }
     }
     int per_sm = 0, sms = 0;
-    TRTFUSE_CUDA_RETURN(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, C.kernel, C.threads, smem));
+    TRTFUSE_CUDA_RETURN(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, C.threads, smem));
     TRTFUSE_CUDA_RETURN(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
     if (per_sm <= 0) return static_cast<int>(cudaErrorInvalidConfiguration);
     *out = per_sm * sms;
     if (dev < 64 && fixed) {
         std::lock_guard<std::mutex> lock(mu);
-        cache[dev][config] = *out;
+        cache[dev][config][residual] = *out;
     }
     return 0;
 }
@@ -231,9 +236,21 @@ extern "C" int trtfuse_residual_conv_check(int cin, int cout, int8_t const* weig
 extern "C" int trtfuse_residual_conv_create(int cin, int cout, int8_t const* weights, float const* w_scale,
                                             float const* bias, float x_scale, float r_scale, float out_scale,
                                             int relu, void** handle) {
+    if (handle) *handle = nullptr;
+    if (!good_scale(r_scale)) return TRTFUSE_RCONV_ERR_SCALE;   // this form always has a residual input
+    return trtfuse_conv1x1_create(cin, cout, weights, w_scale, bias, x_scale, r_scale, out_scale, relu, 1, handle);
+}
+
+extern "C" int trtfuse_conv1x1_create(int cin, int cout, int8_t const* weights, float const* w_scale,
+                                      float const* bias, float x_scale, float r_scale, float out_scale, int relu,
+                                      int stride, void** handle) {
     if (!handle) return TRTFUSE_RCONV_ERR_NULL;
     *handle = nullptr;
-    if (int st = trtfuse_residual_conv_check(cin, cout, weights, w_scale, bias, x_scale, r_scale, out_scale))
+    if (stride != 1 && stride != 2) return TRTFUSE_RCONV_ERR_STRIDE;
+    bool const residual = r_scale != 0.f;
+    // the checks of the residual form; without a residual input r_scale is 0 and takes no part
+    if (int st = trtfuse_residual_conv_check(cin, cout, weights, w_scale, bias, x_scale, residual ? r_scale : 1.f,
+                                             out_scale))
         return st;
     wgmma_available();   // cache the sm_90a probe now, outside any stream capture of forward()
     cudaGetLastError();
@@ -242,6 +259,8 @@ extern "C" int trtfuse_residual_conv_create(int cin, int cout, int8_t const* wei
     L.cout = cout;
     L.kc = (cin + 31) / 32;
     L.nc = (cout + 31) / 32;
+    L.residual = residual;
+    L.stride = stride;
     L.kpad = round_up(L.kc * 32, 128);   // every BK divides 128: the B loader needs no K predicate
     L.npad = round_up(L.nc * 32, 256);   // every BN divides 256: no N predicate
     L.lo = relu ? 0.f : -128.f;
@@ -294,16 +313,18 @@ extern "C" int trtfuse_residual_conv_destroy(void* handle) {
 
 extern "C" int trtfuse_residual_conv_forward(void const* handle, void const* x, void const* r, void* out, int n,
                                              int h, int w, int config, void* stream) {
-    if (!handle || !x || !r || !out) return TRTFUSE_RCONV_ERR_NULL;
+    if (!handle || !x || !out) return TRTFUSE_RCONV_ERR_NULL;
+    Layer const* L = static_cast<Layer const*>(handle);
+    if ((r != nullptr) != L->residual) return TRTFUSE_RCONV_ERR_RESIDUAL;
     if (n <= 0 || h <= 0 || w <= 0 || static_cast<int64_t>(h) * w > (1 << 24)) return TRTFUSE_RCONV_ERR_SHAPE;
     if ((reinterpret_cast<uintptr_t>(x) | reinterpret_cast<uintptr_t>(r) | reinterpret_cast<uintptr_t>(out)) & 15)
         return TRTFUSE_RCONV_ERR_ALIGN;
     if (config < -1 || config >= kNumConfigs) return TRTFUSE_RCONV_ERR_CONFIG;
-    Layer const* L = static_cast<Layer const*>(handle);
-    int const hw = h * w;
+    int const ho = (h - 1) / L->stride + 1, wo = (w - 1) / L->stride + 1;
+    int const hw = ho * wo;   // GEMM rows per image: output positions
     int64_t const M = static_cast<int64_t>(n) * hw;
     if (M >= (int64_t(1) << 31) - 256) return TRTFUSE_RCONV_ERR_SHAPE;
-    if (config < 0) config = select_config(L->cin, L->cout, n, hw);
+    if (config < 0) config = select_config(L->cin, L->cout, n, hw, L->residual, L->stride);
     if (!config_supported(config)) return TRTFUSE_RCONV_ERR_ARCH;
     if (!layer_fits(config, L->kc)) return TRTFUSE_RCONV_ERR_FIT;
     ConfigInfo const& C = kConfigs[config];
@@ -325,6 +346,10 @@ extern "C" int trtfuse_residual_conv_forward(void const* handle, void const* x, 
     p.sat = L->sat;
     p.M = static_cast<int>(M);
     p.HW = hw;
+    p.stride = L->stride;
+    p.in_hw = h * w;
+    p.w_gap = w - wo;
+    p.ow_div = trtfuse::FastDivmod(wo);
     p.Kc = L->kc;
     p.Kpad = L->kpad;
     p.Nc = L->nc;
@@ -334,7 +359,7 @@ extern "C" int trtfuse_residual_conv_forward(void const* handle, void const* x, 
     int64_t tiles = (M + C.bm - 1) / C.bm * p.n_blocks;
     if (tiles >= (int64_t(1) << 31)) return TRTFUSE_RCONV_ERR_SHAPE;
     int resident = 0;
-    if (int st = resident_blocks(config, smem, &resident)) return st;
+    if (int st = resident_blocks(config, L->residual, smem, &resident)) return st;
     // sm80: a persistent grid, every resident block slot gets a block, each walks tiles with a grid stride.
     int64_t blocks = std::min<int64_t>(tiles, resident);
     if (C.sm90) {   // its own schedule (schedule_sm90.h), the packed weight slices, the output tensor map
@@ -346,7 +371,7 @@ extern "C" int trtfuse_residual_conv_forward(void const* handle, void const* x, 
         p.w_img = L->w_img;
         if (int st = encode_out_map(p, n, C.bn)) return st;
     }
-    C.kernel<<<static_cast<unsigned>(blocks), C.threads, smem, static_cast<cudaStream_t>(stream)>>>(p);
+    C.kernels[L->residual]<<<static_cast<unsigned>(blocks), C.threads, smem, static_cast<cudaStream_t>(stream)>>>(p);
     TRTFUSE_LAUNCH_CHECK();
     return 0;
 }
@@ -369,7 +394,7 @@ extern "C" int trtfuse_residual_conv_config_fits(int config, int cin, int cout) 
 
 extern "C" int trtfuse_residual_conv_select_config(int cin, int cout, int n, int hw) {
     if (cin <= 0 || cout <= 0 || n <= 0 || hw <= 0) return -1;
-    return select_config(cin, cout, n, hw);
+    return select_config(cin, cout, n, hw, true, 1);
 }
 
 extern "C" int trtfuse_residual_conv_load_cache(char const* path) {
@@ -412,6 +437,10 @@ extern "C" char const* trtfuse_residual_conv_error_string(int status) {
         case TRTFUSE_RCONV_ERR_CONFIG: return "unknown tile configuration";
         case TRTFUSE_RCONV_ERR_ALIGN: return "x, r or out is not 16-byte aligned";
         case TRTFUSE_RCONV_ERR_CACHE: return "the tuning cache is unreadable or malformed";
+        case TRTFUSE_RCONV_ERR_RESIDUAL:
+            return "r must be given exactly when the layer has a residual input (created with r_scale > 0); "
+                   "a layer created with r_scale = 0 takes r = NULL";
+        case TRTFUSE_RCONV_ERR_STRIDE: return "the stride must be 1 or 2";
         case TRTFUSE_RCONV_ERR_FIT:
             return "this sm90 (wgw_*) tile configuration cannot hold this layer's weight slice in shared memory "
                    "(Cin too large): choose an sm80_* configuration, or -1 to pick";

@@ -14,6 +14,8 @@
 #define TRTFUSE_RCONV_ERR_CACHE (-7)       /* tuning cache unreadable or malformed */
 #define TRTFUSE_RCONV_ERR_ARCH (-8)        /* sm90 (wgw_*) config without sm_90a code for this GPU */
 #define TRTFUSE_RCONV_ERR_FIT (-9)         /* sm90 config cannot hold this layer's weight slice (K too large) */
+#define TRTFUSE_RCONV_ERR_RESIDUAL (-10)   /* r given to a layer without a residual input, or missing for one with */
+#define TRTFUSE_RCONV_ERR_STRIDE (-11)     /* a stride other than 1 or 2 */
 
 #ifdef __cplusplus
 extern "C" {
@@ -29,10 +31,19 @@ int trtfuse_residual_conv_check(int cin, int cout, int8_t const* weights, float 
 int trtfuse_residual_conv_create(int cin, int cout, int8_t const* weights, float const* w_scale,
                                  float const* bias, float x_scale, float r_scale, float out_scale, int relu,
                                  void** handle);
+/* The general 1x1 conv: as trtfuse_residual_conv_create, plus
+     r_scale = 0: no residual input (out = q(act(x_scale * w_scale[n] * acc + bias[n]) / out_scale)); forward's r
+       must then be NULL. A projection (downsample) is relu 0 and r_scale 0; a bottleneck's conv1 is relu 1, r_scale 0;
+     stride 1 or 2: output (oh, ow) reads input (stride*oh, stride*ow), no padding (output ceil(h/stride) x
+       ceil(w/stride)).
+   trtfuse_residual_conv_create(...) is trtfuse_conv1x1_create(..., stride 1) with r_scale > 0. */
+int trtfuse_conv1x1_create(int cin, int cout, int8_t const* weights, float const* w_scale, float const* bias,
+                           float x_scale, float r_scale, float out_scale, int relu, int stride, void** handle);
 int trtfuse_residual_conv_destroy(void* handle);
 
-/* out = q(act(...)) for x [n, cin, h, w] and r, out [n, cout, h, w], all int8 kCHW32 device pointers.
-   config: index of a tile configuration, or -1 to pick (tuning cache, else heuristic). stream: cudaStream_t. */
+/* out = q(act(...)) for x [n, cin, h, w] and r, out [n, cout, ho, wo] (ho = ceil(h/stride), wo = ceil(w/stride)), all
+   int8 kCHW32 device pointers; r NULL for a layer without a residual input. config: index of a tile configuration,
+   or -1 to pick (tuning cache, else heuristic). stream: cudaStream_t. */
 int trtfuse_residual_conv_forward(void const* handle, void const* x, void const* r, void* out, int n, int h,
                                   int w, int config, void* stream);
 
@@ -44,7 +55,8 @@ int trtfuse_residual_conv_config_supported(int config);
    memory; forward() returns TRTFUSE_RCONV_ERR_FIT otherwise), else 0. Needs no GPU. */
 int trtfuse_residual_conv_config_fits(int config, int cin, int cout);
 char const* trtfuse_residual_conv_config_name(int config);
-/* The configuration forward(config=-1) would use on the current device; -1 on error. */
+/* The configuration forward(config=-1) would use on the current device for a layer with a residual input and
+   stride 1 (hw: positions per image); -1 on error. */
 int trtfuse_residual_conv_select_config(int cin, int cout, int n, int hw);
 /* (Re)load the tuning cache: path, or NULL for $TRTFUSE_RESIDUAL_CONV_CACHE. Returns the number of entries
    for this GPU (>= 0) or a negative error. Without a call, the first forward(config=-1) loads it. */

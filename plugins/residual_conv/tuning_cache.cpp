@@ -73,10 +73,12 @@ bool parse_entry(Lexer& lx, CacheEntry* e) {
         double d = 0;
         if (key == "gpu") { if (!lx.string(&e->gpu)) return false; }
         else if (key == "config") { if (!lx.string(&e->config)) return false; }
-        else if (key == "cin" || key == "cout" || key == "hw" || key == "batch") {
+        else if (key == "cin" || key == "cout" || key == "hw" || key == "batch" || key == "residual" ||
+                 key == "stride") {
             if (!lx.number(&d) || d != std::floor(d) || d < 0 || d > 2e9) return false;
             int v = static_cast<int>(d);
-            (key == "cin" ? e->cin : key == "cout" ? e->cout : key == "hw" ? e->hw : e->batch) = v;
+            (key == "cin" ? e->cin : key == "cout" ? e->cout : key == "hw" ? e->hw : key == "batch" ? e->batch
+             : key == "residual" ? e->residual : e->stride) = v;
         } else if (!lx.skip()) return false;
     } while (lx.eat(','));
     return lx.eat('}');
@@ -122,11 +124,12 @@ bool read_tuning_cache(std::string const& path, std::vector<CacheEntry>* entries
 }
 
 CacheEntry const* lookup(std::vector<CacheEntry> const& entries, std::string const& gpu, int cin, int cout, int hw,
-                         int batch) {
+                         int batch, bool residual, int stride) {
     CacheEntry const* best = nullptr;
     double best_d = 0;
     for (auto const& e : entries) {
         if (e.gpu != gpu || e.cin != cin || e.cout != cout || e.hw != hw) continue;
+        if ((e.residual != 0) != residual || e.stride != stride) continue;
         double d = std::fabs(std::log(std::max(e.batch, 1)) - std::log(std::max(batch, 1)));
         if (!best || d < best_d) { best = &e; best_d = d; }
     }
