@@ -69,7 +69,7 @@ def offline_comparison(samples_per_s: float | None, model: str, batch: int, inpu
     for like; and the engine alone. ``ratio_to_committed`` is the like-for-like ratio where that run
     is committed, else the engine-only one; ``compared_with`` says which."""
     engine_only = next((r["samples_per_s"] for r in e2e.get("engine", []) if r["model"] == model
-                        and r["batch"] == batch and r["plugins"]), None)
+                        and r["batch"] == batch and r["plugins"] in (True, "tails")), None)  # (older runs: true)
     like = e2e.get("offline_efficientnet_lite0") or {}
     same_run = [like.get(k) for k in ("model", "batch", "input_format")] == [model, batch, input_format]
     loadgen = like.get("samples_per_s") if same_run and like.get("valid") else None
@@ -149,7 +149,8 @@ def main(argv=None) -> int:
         wall, rc, text = sh(f"trtfuse profile {engines['tails']} --out {prof}", env, log)
         if rc == 0:
             data = json.loads(prof.read_text())
-            ref = ((e2e.get("profile") or {}).get("plugins") or {}).get("total_ms")
+            prof_e2e = e2e.get("profile") or {}
+            ref = (prof_e2e.get("tails") or prof_e2e.get("plugins") or {}).get("total_ms")  # (older runs: "plugins")
             result["profile"] = {k: data[k] for k in ("batch", "total_ms", "ours_ms", "trt_ms", "ours_layers")}
             result["profile"].update(top=[[r["layer"], r["ms"], r["ours"]] for r in data["layers"][:10]],
                                      committed_total_ms=ref, command="trtfuse profile ENGINE",

@@ -1,5 +1,5 @@
 """End-to-end int8 run on the GPU machine (TensorRT 8.5): ResNet-50 and EfficientNet-Lite0 engines,
-plugins off and on, measured: a thin caller of the harness (build_engine, the TensorRT backend,
+with trtfuse's plugins off, on the tails, and on tails and projections (--plugins off,tails,all), measured: a thin caller of the harness (build_engine, the TensorRT backend,
 `trtfuse profile`'s profile_engine, LoadGen runs) over the device bundle of tools/device_bundle.py.
 
     python tools/device_bundle.py prepare --bundle .devcache/e2e     # here (CPU): the bundle
@@ -9,7 +9,7 @@ plugins off and on, measured: a thin caller of the harness (build_engine, the Te
 Stages (each guarded: a failure is recorded in "errors" and the next stage runs; results merge into
 --out, default /tmp/trtfuse-e2e/results/resnet50_e2e_h100.json beside the LoadGen logs, so stages can
 be spread over several calls): build, engine, profile, agreement, accuracy, offline, offline_lite0,
-server. offline_lite0 is the GPU quick start's Offline run in committed form (EfficientNet-Lite0 int8,
+server (offline and server run the last of --plugins). offline_lite0 is the GPU quick start's Offline run in committed form (EfficientNet-Lite0 int8,
 plugins tails, batch 256, int8 input, LoadGen sized as `trtfuse run` sizes it): the like-for-like
 figure benchmarks/gpu_quickstart.py compares the quick start with (key offline_efficientnet_lite0).
 """
@@ -29,6 +29,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tools"))
 from device_bundle import STASH, BundleImages, log  # noqa: E402
+from trtfuse.config import PLUGIN_MODES, plugin_mode  # noqa: E402
 
 STAGES = ("build", "engine", "profile", "agreement", "accuracy", "offline", "offline_lite0", "server")
 
@@ -42,6 +43,8 @@ class Results:
         self.data = json.loads(path.read_text()) if path.is_file() else {}
         self.data.setdefault("engine", [])
         self.data.setdefault("errors", {})
+        for r in self.data["engine"]:  # rows of earlier runs say true/false
+            r["plugins"] = plugin_mode(r["plugins"])
 
     def save(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -63,7 +66,7 @@ class Results:
         log(f"stage {name} done in {time.time() - t0:.0f} s")
         self.save()
 
-    def set_engine(self, model: str, batch: int, plugins: bool, sps: float) -> None:
+    def set_engine(self, model: str, batch: int, plugins: str, sps: float) -> None:
         rows = [r for r in self.data["engine"]
                 if not (r["model"] == model and r["batch"] == batch and r["plugins"] == plugins)]
         rows.append({"model": model, "batch": batch, "plugins": plugins, "samples_per_s": round(sps, 1)})
@@ -104,7 +107,8 @@ def is_tail_layer(name: str) -> bool:
 
 def run(bundle: Path, out: Path, stages, batches, seconds: float, server_batch: int = 256,
         server_tries: int = 5, offline_streams: int = 2, server_streams: int = 2,
-        server_serial: bool = True, server_start_qps: float = 0.0, offline_serial: bool = True) -> int:
+        server_serial: bool = True, server_start_qps: float = 0.0, offline_serial: bool = True,
+        modes=("off", "tails"), models=("resnet50", "efficientnet-lite0")) -> int:
     import tensorrt as trt
     from trtfuse import cuda_runtime
     from trtfuse.engine_inspect import profile_engine
@@ -124,8 +128,11 @@ def run(bundle: Path, out: Path, stages, batches, seconds: float, server_batch: 
     def stage(name, fn):
         res.stage(name, fn, stages)
 
-    combos = [("resnet50", b, p) for b in batches for p in (False, True)] + \
-             [("efficientnet-lite0", 256, p) for p in (False, True)]
+    modes = list(modes)
+    plugged = [m for m in modes if m != "off"]  # the modes compared with "off"
+    lg_mode = plugged[-1] if plugged else "off"  # what the LoadGen stages run
+    combos = [("resnet50", b, m) for b in batches for m in modes if "resnet50" in models] + \
+             [("efficientnet-lite0", 256, m) for m in modes if "efficientnet-lite0" in models]
 
     def build():
         for name, b, p in combos:
@@ -139,72 +146,77 @@ def run(bundle: Path, out: Path, stages, batches, seconds: float, server_batch: 
             finally:
                 backend.close()
             res.set_engine(name, b, p, sps)
-            log(f"engine-only {name} batch {b} plugins {'on' if p else 'off'}: {sps:,.0f} samples/s")
+            log(f"engine-only {name} batch {b} plugins {p}: {sps:,.0f} samples/s")
             res.save()
-        for b in batches:
-            off, on = res.engine_sps("resnet50", b, False), res.engine_sps("resnet50", b, True)
-            if off and on:
-                res.data.setdefault("speedup", {})[str(b)] = round(on / off, 3)
+        for b in batches:  # {batch: {mode: samples/s over plugins off's}}
+            off = res.engine_sps("resnet50", b, "off")
+            for m in plugged:
+                on = res.engine_sps("resnet50", b, m)
+                if off and on:
+                    res.data.setdefault("speedup", {}).setdefault(str(b), {})[m] = round(on / off, 3)
 
     def profile():
-        """Per-layer GPU time (TensorRT's profiler) of ResNet-50 at the largest batch, plugins off and
-        on: how much of the network the bottleneck tails are, hence what fusing them can buy at most."""
+        """Per-layer GPU time (TensorRT's profiler) of ResNet-50 at the largest batch, per plugin mode: how much
+        of the network the bottleneck tails are, and how much runs on trtfuse's kernels (ours_ms) and on
+        TensorRT's (trt_ms)."""
         b = max(batches)
         res.data["profile"] = {}
-        for p in (False, True):
-            prof = profile_engine(_engine(bundle, "resnet50", b, p), b)
+        for m in modes:
+            prof = profile_engine(_engine(bundle, "resnet50", b, m), b)
             layers = {r["layer"]: r["ms"] for r in prof["layers"]}
             total = prof["total_ms"]
             tails = {k: v for k, v in layers.items() if is_tail_layer(k)}
-            res.data["profile"]["plugins" if p else "no_plugins"] = {
+            ours = sum(v for k, v in layers.items() if "TrtfuseResidualConv" in k)
+            res.data["profile"][m] = {
                 "batch": b, "total_ms": round(total, 3), "tail_ms": round(sum(tails.values()), 3),
-                "tail_layers": len(tails),
+                "tail_layers": len(tails), "ours_ms": round(ours, 3), "trt_ms": round(total - ours, 3),
                 "reformat_ms": round(sum(v for k, v in layers.items() if "reformat" in k.lower()), 3),
                 "top": [[k, round(v, 4)] for k, v in sorted(layers.items(), key=lambda kv: -kv[1])[:25]]}
-            log(f"profile plugins {'on' if p else 'off'}: total {total:.2f} ms, tails {sum(tails.values()):.2f} ms "
+            log(f"profile plugins {m}: total {total:.2f} ms, ours {ours:.2f} ms, tails {sum(tails.values()):.2f} ms "
                 f"in {len(tails)} layers")
 
     def agreement():
         data = BundleImages(bundle)
         x = data.images(np.arange(min(256, len(data))))
         logits = {}
-        for p in (False, True):
-            backend, _ = _backend(bundle, "resnet50", 256, p)
+        for m in modes:
+            backend, _ = _backend(bundle, "resnet50", 256, m)
             try:
-                logits[p] = backend.infer(x)
+                logits[m] = backend.infer(x)
             finally:
                 backend.close()
         from trtfuse.models.residual_conv_rewrite import compare_logits
 
-        res.data["resnet50_agreement"] = {
-            **compare_logits(logits[False], logits[True]),
-            "inputs": "the carried int8 evaluation images, same int8 tensor to both engines"}
+        # {mode: plugins off vs that mode}
+        res.data["resnet50_agreement"] = {m: {
+            **compare_logits(logits["off"], logits[m]),
+            "inputs": "the carried int8 evaluation images, same int8 tensor to both engines"} for m in plugged}
         log(f"agreement {res.data['resnet50_agreement']}")
 
     def accuracy():
         data = BundleImages(bundle)
         top1 = {}
-        for p in (False, True):
-            backend, _ = _backend(bundle, "efficientnet-lite0", 256, p)
+        for m in modes:
+            backend, _ = _backend(bundle, "efficientnet-lite0", 256, m)
             try:
                 preds = np.concatenate([backend.infer(data.images(np.arange(i, min(i + 256, len(data)))))
                                         .argmax(1) for i in range(0, len(data), 256)])
             finally:
                 backend.close()
-            top1[p] = float((preds == data.labels).mean())
-            log(f"efficientnet-lite0 int8 plugins {'on' if p else 'off'}: top-1 {top1[p]:.4f}")
+            top1[m] = float((preds == data.labels).mean())
+            log(f"efficientnet-lite0 int8 plugins {m}: top-1 {top1[m]:.4f}")
         cpu = res.data.get("cpu_prepare", {}).get("models", {}).get("efficientnet-lite0", {})
         res.data["accuracy"] = {"model": "efficientnet-lite0", "n_images": len(data),
-                                "fp32_top1": cpu.get("fp32_top1_onnxruntime"),
-                                "int8_top1": top1[False], "int8_plugins_top1": top1[True]}
+                                "fp32_top1": cpu.get("fp32_top1_onnxruntime"), "int8_top1": top1.get("off"),
+                                "int8_plugins_top1": top1.get("tails"), "int8_plugins_all_top1": top1.get("all")}
 
     def best_batch():
-        cands = [(res.engine_sps("resnet50", b, True) or 0, b) for b in batches]
+        cands = [(res.engine_sps("resnet50", b, lg_mode) or 0, b) for b in batches]
         return max(cands)[1]
 
     def loadgen(scenario, batch, target_qps=None, duration_ms=10000, model_name="resnet50",
-                like_trtfuse_run=False):
-        """One LoadGen run of ``model_name``'s plugin engine. ``like_trtfuse_run`` (Offline): the run
+                like_trtfuse_run=False, mode=None):
+        """One LoadGen run of ``model_name``'s engine with plugins ``mode`` (default: ``lg_mode``). ``like_trtfuse_run`` (Offline): the run
         `trtfuse run` makes (its default warm-up, LoadGen's query sized by the warm-up's estimate), with
         the engine-only figure measured after it, so that nothing runs on the GPU before LoadGen that a
         user's run would not run."""
@@ -222,7 +234,7 @@ def run(bundle: Path, out: Path, stages, batches, seconds: float, server_batch: 
                               "server.min_query_count": 100})
         data = BundleImages(bundle)
         serial = server_serial if scenario == "server" else offline_serial
-        backend, model = _backend(bundle, model_name, batch, True, streams, serial)
+        backend, model = _backend(bundle, model_name, batch, mode or lg_mode, streams, serial)
         run_dir = out.parent / "loadgen-runs" / f"{model_name}-{scenario}-{time.time():.0f}"
         engine_only = None
         try:
@@ -243,7 +255,7 @@ def run(bundle: Path, out: Path, stages, batches, seconds: float, server_batch: 
     def offline():
         b = best_batch()
         r = loadgen("offline", b)
-        res.data["offline"] = {"model": "resnet50", "batch": b, "samples_per_s": r.get("samples_per_s"),
+        res.data["offline"] = {"model": "resnet50", "batch": b, "plugins": lg_mode, "samples_per_s": r.get("samples_per_s"),
                                "engine_samples_per_s": round(r["engine_only"], 1),
                                "valid": r.get("valid"), "cpu_per_wall": r.get("cpu_per_wall"),
                                "streams": offline_streams, "serial_compute": offline_serial}
@@ -255,7 +267,7 @@ def run(bundle: Path, out: Path, stages, batches, seconds: float, server_batch: 
         (int8, plugins tails, int8 input, 2 streams, serial compute), batch and LoadGen sizing, so that
         the quick start's LoadGen figure has a LoadGen figure to match, not the engine alone."""
         b = 256
-        r = loadgen("offline", b, model_name="efficientnet-lite0", like_trtfuse_run=True)
+        r = loadgen("offline", b, model_name="efficientnet-lite0", like_trtfuse_run=True, mode="tails")
         sps, engine_only = r.get("samples_per_s"), r["engine_only"]
         res.data["offline_efficientnet_lite0"] = {
             "model": "efficientnet-lite0", "batch": b, "plugins": "tails", "input_format": INPUT_FORMAT,
@@ -294,7 +306,7 @@ def run(bundle: Path, out: Path, stages, batches, seconds: float, server_batch: 
         search_server_qps(passes, server_start_qps or 0.85 * offline_sps, server_tries, up=1.1, down=0.6)
         valid = [t for t in tried if t["valid"] and t["p99_ms"] <= 15.0]
         best = max(valid, key=lambda t: t["target_qps"]) if valid else tried[-1]
-        res.data["server"] = {"model": "resnet50", "qps": best["target_qps"], "p99_ms": best["p99_ms"],
+        res.data["server"] = {"model": "resnet50", "plugins": lg_mode, "qps": best["target_qps"], "p99_ms": best["p99_ms"],
                               "valid": bool(valid), "batch": best.get("batch"), "streams": best.get("streams"),
                               "serial_compute": best.get("serial_compute", False)}
 
@@ -316,6 +328,9 @@ def main(argv=None) -> int:
     c.add_argument("--out", type=Path, default=Path("/tmp/trtfuse-e2e/results/resnet50_e2e_h100.json"))
     c.add_argument("--stages", default=",".join(STAGES))
     c.add_argument("--batches", default="256,2048")
+    c.add_argument("--plugins", default="off,tails", help=f"plugin modes to build and compare, of {PLUGIN_MODES} "
+                   "(off first: the others are compared with it; LoadGen runs the last)")
+    c.add_argument("--models", default="resnet50,efficientnet-lite0")
     c.add_argument("--seconds", type=float, default=5.0, help="engine-only timing per engine")
     c.add_argument("--server-batch", type=int, default=256, help="engine batch for Server (built by 'build')")
     # Streams (and worker threads) of the LoadGen runs' backend (engines get one profile each) and whether
@@ -333,9 +348,13 @@ def main(argv=None) -> int:
     unknown = set(stages) - set(STAGES)
     if unknown:
         p.error(f"unknown stages {sorted(unknown)}; choose from {STAGES}")
+    modes = [plugin_mode(m) for m in args.plugins.split(",") if m]
+    if modes[0] != "off":
+        p.error("--plugins must start with off (the other modes are compared with it)")
     return run(args.bundle, args.out, stages, [int(b) for b in args.batches.split(",")], args.seconds,
                args.server_batch, args.server_tries, args.offline_streams, args.server_streams,
-               args.server_serial_compute, args.server_start_qps, args.offline_serial_compute)
+               args.server_serial_compute, args.server_start_qps, args.offline_serial_compute, modes,
+               [m for m in args.models.split(",") if m])
 
 
 if __name__ == "__main__":

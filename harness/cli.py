@@ -69,7 +69,8 @@ def _add_run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--input-format", dest="tensorrt.input_format", choices=["float", "int8"],
                    help="TensorRT: the engine's input (int8: quantized on the host once, a quarter of the bytes)")
     p.add_argument("--plugins", dest="tensorrt.plugins", choices=["off", "tails", "all", "on"],
-                   help="TensorRT: off, or tails: the bottleneck tails on trtfuse's fused kernels (on: the same)")
+                   help="TensorRT: off; tails: the bottleneck tails on trtfuse's fused kernels (on: the same); "
+                        "all: the tails and the projections")
     p.add_argument("--devices", dest="tensorrt.devices",
                    help="TensorRT: the GPUs to run on, one engine each (all, or e.g. 0,1; default GPU 0)")
     p.add_argument("--triton-url", dest="triton.url", metavar="HOST:PORT", nargs="+",
@@ -145,11 +146,8 @@ def load_settings(args: argparse.Namespace) -> dict:
                             f"drop {', '.join(given)}, or drop --official for a quick run")
     if isinstance(plain.get("triton.url"), list):  # --triton-url A B, or A,B: one comma-separated list
         plain["triton.url"] = ",".join(plain["triton.url"])
-    if plain.get("tensorrt.plugins") == "all":
-        raise UserError("--plugins all needs kernels for every ResNet-50 conv, which trtfuse does not have yet",
-                        "use --plugins tails or --plugins off")
     if plain.get("tensorrt.plugins") is not None:
-        plain["tensorrt.plugins"] = plain["tensorrt.plugins"] in ("tails", "on")
+        plain["tensorrt.plugins"] = config.plugin_mode(plain["tensorrt.plugins"])
     # The scenario flags apply to the scenario being run: the config's, unless --scenario.
     scenario = config.load(args.config, plain)["run"]["scenario"]
     min_duration_ms = None if args.min_duration_s is None else int(args.min_duration_s * 1000)

@@ -22,6 +22,17 @@ from trtfuse.report import read_report
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]*")
 
 
+
+def _plugin_mode(value) -> str:
+    """A report's tensorrt.plugins as off/tails/all (older reports say true/false); an unknown value as given."""
+    from trtfuse.config import plugin_mode
+    from trtfuse.errors import UserError
+
+    try:
+        return plugin_mode(value)
+    except UserError:
+        return str(value)
+
 def add_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
         "report", help="runs side by side: a table, NAME.json and a chart NAME.png",
@@ -86,7 +97,7 @@ def summarize(report: dict, label: str, path: Path) -> dict:
         "model": report.get("model"),
         "random_weights": bool(report.get("random_weights")),
         "backend": report.get("backend"),
-        "plugins": None if plugins is None else bool(plugins),
+        "plugins": None if plugins is None else _plugin_mode(plugins),
         "scenario": scenario or None,
         "mode": mode or None,
         "batch_size": report.get("batch_size"),
@@ -138,7 +149,7 @@ def table_rows(runs: list[dict]) -> list[tuple[str, list[str]]]:
     rows = [
         row("model", lambda r: str(r["model"] or "-") + (" (random weights)" if r["random_weights"] else "")),
         row("backend", lambda r: str(r["backend"] or "-")),
-        row("plugins", lambda r: "-" if r["plugins"] is None else "on" if r["plugins"] else "off"),
+        row("plugins", lambda r: "-" if r["plugins"] is None else r["plugins"]),
         row("scenario / mode", lambda r: f"{r['scenario'] or '-'} / {r['mode'] or '-'}"),
         row("batch size", lambda r: "-" if r["batch_size"] is None else str(r["batch_size"])),
         row("throughput", lambda r: _num(r["throughput"])),

@@ -22,6 +22,22 @@ from trtfuse.errors import UserError
 
 SCENARIOS = ("offline", "server")
 MODES = ("performance", "accuracy")
+# tensorrt.plugins: which layers run on trtfuse's fused plugins. "tails": the bottleneck tails; "all": the tails and
+# every projection the plugin runs faster than TensorRT (models/residual_conv_rewrite.py).
+PLUGIN_MODES = ("off", "tails", "all")
+
+
+def plugin_mode(value: Any) -> str:
+    """tensorrt.plugins as one of PLUGIN_MODES. Older configs, reports and callers said true/false (and the CLI
+    "on"): true and "on" mean "tails"."""
+    if value is True or value == "on":
+        return "tails"
+    if value is False or value is None or value == "":
+        return "off"
+    if value in PLUGIN_MODES:
+        return value
+    raise UserError(f"tensorrt.plugins must be one of {', '.join(PLUGIN_MODES)}, not {value!r}",
+                    'e.g. plugins = "tails" (the fused bottleneck tails) or "all" (tails and projections)')
 Settings = dict[str, dict[str, Any]]
 
 
@@ -63,6 +79,8 @@ def merge(base: Settings, updates: dict[str, Any], source: str) -> Settings:
     valid = [f"{s}.{k}" for s, keys in base.items() for k in keys]
     for key, value in flat.items():
         section, _, name = key.partition(".")
+        if key == "tensorrt.plugins":  # true/false from configs written before the modes
+            value = plugin_mode(value)
         if key not in valid:
             close = difflib.get_close_matches(key, valid, n=1)
             hint = f"did you mean {close[0]}? " if close else ""

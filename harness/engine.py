@@ -5,7 +5,8 @@
 
 int8 needs an explicitly quantized graph: ``MODEL_DIR/model.int8.onnx`` (written by the quantize step
 from ``--calibration``, reused afterwards). ``--plugins tails`` rewrites its residual tails into
-TrtfuseResidualConv nodes (``model.int8.plugins.onnx``) and loads the plugin library before parsing.
+TrtfuseResidualConv nodes (``model.int8.plugins.onnx``), ``--plugins all`` its projections too
+(``model.int8.plugins-all.onnx``; the counts per kind are printed), and loads the plugin library before parsing.
 Engines are cached under ``$TRTFUSE_HOME/engines/`` keyed by the hash of the ONNX bytes handed to
 the parser + the build config + the TensorRT version (its major also in the file name) + the GPU name;
 a timing cache lives beside them. TensorRT 8.5 to 11 (``trt_compat``): where weak typing is gone (11),
@@ -31,14 +32,15 @@ QDQ_FILE = "model.int8.onnx"
 # that k int32 per sample leave the device instead of the scores. The scores stay an output too
 # (for `infer`, agreement checks); the serving path copies back only this one.
 TOP_CLASSES = "top_classes"
-PLUGIN_FILE = "model.int8.plugins.onnx"
+PLUGIN_FILE = "model.int8.plugins.onnx"          # --plugins tails
+PLUGIN_ALL_FILE = "model.int8.plugins-all.onnx"  # --plugins all
 QUANT_META = "quantize.json"
 
 
 @dataclasses.dataclass
 class BuildConfig:
     precision: str = "int8"          # int8 | fp16 | fp32
-    plugins: bool = False
+    plugins: str = "off"             # off | tails | all (config.PLUGIN_MODES; true/false accepted, see __post_init__)
     batch: int = 256                 # max (= opt) batch of the optimization profile
     min_batch: int = 1
     workspace_gb: float = 8.0
@@ -49,6 +51,11 @@ class BuildConfig:
     weight_dtype: str = "int32"      # how the plugin's int8 weights travel in the ONNX attribute
     profiles: int = 2                # one optimization profile per concurrent context (stream)
     top_k: int = 5                   # a TopK output (TOP_CLASSES) of this many classes; 0: scores only
+
+    def __post_init__(self):
+        from trtfuse.config import plugin_mode
+
+        self.plugins = plugin_mode(self.plugins)
 
     def key(self) -> dict:
         return dataclasses.asdict(self)
@@ -131,11 +138,11 @@ def onnx_for_build(model_dir: Path, cfg: BuildConfig) -> bytes:
     import onnx
     from trtfuse.models import load_prepared
     from trtfuse.models.quantize import weights_as_float_qdq
-    from trtfuse.models.residual_conv_rewrite import rewrite
+    from trtfuse.models.residual_conv_rewrite import plugin_counts, rewrite
 
     if cfg.precision != "int8":
-        if cfg.plugins:
-            raise UserError("--plugins on needs --precision int8 (the fused plugin is int8)",
+        if cfg.plugins != "off":
+            raise UserError(f"--plugins {cfg.plugins} needs --precision int8 (the fused plugin is int8)",
                             "add --precision int8, or use --plugins off")
         return Path(load_prepared(model_dir).onnx_path).read_bytes()
     qdq = model_dir / QDQ_FILE
@@ -144,13 +151,15 @@ def onnx_for_build(model_dir: Path, cfg: BuildConfig) -> bytes:
                         f"quantize first: `trtfuse build {model_dir} --precision int8 --calibration "
                         "IMAGES --quantize-only` (IMAGES: a folder of labelled images)")
     model = onnx.load(qdq)
-    if cfg.plugins:
-        model, n = rewrite(model, cfg.weight_dtype)
-        print(f"trtfuse: replaced {n} residual tails with TrtfuseResidualConv", file=sys.stderr)
+    if cfg.plugins != "off":
+        model, n = rewrite(model, cfg.weight_dtype, projections=cfg.plugins == "all")
+        counts = plugin_counts(model)
+        print(f"trtfuse: --plugins {cfg.plugins}: TrtfuseResidualConv for {counts['tail']} residual tails and "
+              f"{counts['proj']} projections", file=sys.stderr)
         if n == 0:
-            raise UserError("--plugins on found no residual tail to fuse in this model",
+            raise UserError(f"--plugins {cfg.plugins} found no layer to fuse in this model",
                             "use --plugins off for it")
-        onnx.save(model, model_dir / PLUGIN_FILE)
+        onnx.save(model, model_dir / (PLUGIN_FILE if cfg.plugins == "tails" else PLUGIN_ALL_FILE))
     # TensorRT 8.5's parser wants quantized weights as float constants behind a QuantizeLinear; every
     # later version parses that form too, so it is the one handed over.
     model = weights_as_float_qdq(model)
@@ -232,7 +241,7 @@ def build_engine(model_dir: str | Path, cfg: BuildConfig, plugin_lib: str | None
     key = engine_key(onnx_bytes, cfg, trt.__version__, gpu)
     cache = engine_cache_dir()
     cache.mkdir(parents=True, exist_ok=True)
-    kind = "plugins" if cfg.plugins else "stock"
+    kind = {"off": "stock", "tails": "plugins", "all": "plugins-all"}[cfg.plugins]
     path = cache / f"{prepared.name}-{cfg.precision}-{kind}-b{cfg.batch}-trt{trt_compat.major_version(trt)}-{key}.engine"
     if path.is_file() and not rebuild:
         print(f"trtfuse: engine cached: {path}", file=sys.stderr)
@@ -240,7 +249,7 @@ def build_engine(model_dir: str | Path, cfg: BuildConfig, plugin_lib: str | None
 
     logger = trt.Logger(trt.Logger.WARNING)
     trt.init_libnvinfer_plugins(logger, "")
-    if cfg.plugins:
+    if cfg.plugins != "off":
         print(f"trtfuse: plugin library {load_plugin_library(plugin_lib)}", file=sys.stderr)
     builder = trt.Builder(logger)
     network = builder.create_network(trt_compat.network_flags(trt))
@@ -275,7 +284,7 @@ def build_engine(model_dir: str | Path, cfg: BuildConfig, plugin_lib: str | None
     config.set_timing_cache(timing, ignore_mismatch=False)
 
     print(f"trtfuse: building {path.name} on {gpu} with TensorRT {trt.__version__} "
-          f"(precision {cfg.precision}, plugins {'on' if cfg.plugins else 'off'}, batch {cfg.batch}) ...",
+          f"(precision {cfg.precision}, plugins {cfg.plugins}, batch {cfg.batch}) ...",
           file=sys.stderr, flush=True)
     t0 = time.time()
     serialized = builder.build_serialized_network(network, config)
@@ -333,7 +342,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--precision", choices=("int8", "fp16", "fp32"), default="int8")
     p.add_argument("--plugins", choices=("off", "tails", "all", "on"), default="off",
                    help="off: TensorRT's own kernels; tails: each bottleneck's conv + BN + residual + ReLU on "
-                        "trtfuse's fused int8 kernel (on: the same); all: every conv (not available yet)")
+                        "trtfuse's fused int8 kernel (on: the same); all: the tails and the projections (downsample "
+                        "conv + BN) where the plugin is faster than TensorRT")
     p.add_argument("--batch", type=int, default=256)
     p.add_argument("--workspace", type=float, default=8.0, metavar="GB")
     p.add_argument("--input-format", choices=("float", "int8"), default="float")
@@ -378,10 +388,7 @@ def cli_main(argv: list[str]) -> int:
         if not args.calibration:
             raise UserError("--quantize-only needs --calibration IMAGES", "pass the calibration images")
         return 0
-    if args.plugins == "all":
-        raise UserError("--plugins all needs kernels for every ResNet-50 conv, which trtfuse does not have yet",
-                        "use --plugins tails (the fused bottleneck tails) or --plugins off")
-    cfg = BuildConfig(precision=args.precision, plugins=args.plugins in ("tails", "on"), batch=args.batch,
+    cfg = BuildConfig(precision=args.precision, plugins=args.plugins, batch=args.batch,
                       workspace_gb=args.workspace, input_format=args.input_format,
                       tactic_sources=args.tactic_sources or default_tactic_sources(),
                       weight_dtype=args.weight_dtype,

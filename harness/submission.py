@@ -32,6 +32,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from trtfuse.config import plugin_mode
 from trtfuse.errors import UserError
 from trtfuse.files import swap_into_place
 
@@ -377,7 +378,7 @@ def _command_line(report: dict) -> tuple[str, bool]:
         trt = s.get("tensorrt") or {}
         if trt.get("engine"):
             args += ["--engine", str(trt["engine"])]
-        args += ["--precision", str(trt.get("precision", "int8")), "--plugins", "on" if trt.get("plugins") else "off"]
+        args += ["--precision", str(trt.get("precision", "int8")), "--plugins", plugin_mode(trt.get("plugins"))]
     return shlex.join(args), False
 
 
@@ -450,7 +451,7 @@ def implementation(runs: list[Run]) -> dict:
     trt = settings.get("tensorrt") or {}
     if backend == "tensorrt":
         precision = str(trt.get("precision") or "fp32")
-        plugins = bool(trt.get("plugins"))
+        plugins = plugin_mode(trt.get("plugins"))
         inputs = "int8" if str(trt.get("input_format", "float")) == "int8" else "fp32"
         steps = []
         if precision == "int8":
@@ -458,12 +459,14 @@ def implementation(runs: list[Run]) -> dict:
                          "BatchNorm folded into the convolutions")
         elif precision == "fp16":
             steps.append("fp32 weights converted to fp16 by TensorRT")
-        if plugins:
+        if plugins != "off":
             steps.append("bottleneck tails (1x1 conv + BN + residual add + ReLU) fused into trtfuse's "
                          "TrtfuseResidualConv TensorRT plugin")
+        if plugins == "all":
+            steps.append("projection shortcuts (1x1 conv + BN, stride 1 or 2) run by the same plugin")
         transformations = "; ".join(steps) or "none"
     else:
-        precision, plugins, inputs, transformations = "fp32", False, "fp32", "none"
+        precision, plugins, inputs, transformations = "fp32", "off", "fp32", "none"
     return {
         "starting_weights_filename": _starting_weights(report),
         "retraining": "no",
@@ -473,7 +476,7 @@ def implementation(runs: list[Run]) -> dict:
         "model": runs[0].model,
         "backend": backend,
         "precision": precision,
-        "plugins": ["TrtfuseResidualConv"] if plugins else [],
+        "plugins": ["TrtfuseResidualConv"] if plugins != "off" else [],
         "batch_size": report.get("batch_size"),
         "loadgen_version": runs[0].loadgen.get("loadgen_version"),
         "implementation": "trtfuse (LoadGen harness + TensorRT plugins)",

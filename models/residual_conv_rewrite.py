@@ -1,4 +1,5 @@
-"""Replace every residual block tail of a Q/DQ graph with one TrtfuseResidualConv plugin node.
+"""Replace the residual block tails (and, when asked, the projections) of a Q/DQ graph with TrtfuseResidualConv
+plugin nodes.
 
 A tail, as ``models/quantize.py`` leaves it (BN folded, so "conv" means conv + BN):
 
@@ -11,6 +12,14 @@ with kCHW32, feeds it straight from the int8 conv before it). The Add's inputs m
 order (torchvision: ``Add(main, identity)``; TensorFlow exports such as MLPerf's resnet50_v1.onnx
 may swap them); the identity may be a plain tensor or a projection conv's output, as long as it
 passed through a Q/DQ. EfficientNet-Lite's MBConv tails have no ReLU (``relu=0``).
+
+A projection (ResNet's downsample: conv 1x1 + BN, stride 1 or 2, no ReLU, its output quantized on its own)
+
+    Q(x) -> DQ -> Conv 1x1, stride s -> Q(out)
+
+becomes ``Q(x) -> TrtfuseResidualConv(x_q; r_scale 0, stride s) -> ...``, only where the plugin is faster than
+TensorRT's own kernel: input channels up to ``MAX_PROJECTION_CIN`` (see there). A 1x1 conv followed by a ReLU (a
+bottleneck's conv1) is left to TensorRT, which runs it at the DRAM floor already.
 
 Fields follow docs/ARCHITECTURE.md exactly; the activation scales are copied from the neighbouring
 Q/DQ nodes because TensorRT passes no scales to plugins in explicitly quantized networks.
@@ -31,6 +40,10 @@ from onnx import TensorProto, helper, numpy_helper
 PLUGIN_OP = "TrtfuseResidualConv"
 PLUGIN_DOMAIN = "trtfuse"
 WEIGHT_DTYPES = {"int8": np.int8, "int32": np.int32, "float": np.float32}
+# Projections with more input channels stay with TensorRT: the Hopper kernel keeps a 256 x Cin weight slice in shared
+# memory and holds Cin <= 512; above it the sm80 kernel runs, measured at 0.42-0.48x TensorRT 8.5 on ResNet-50's
+# layer4 projection (1024 -> 2048) on the H100 (benchmarks/results/conv_layers_h100.json).
+MAX_PROJECTION_CIN = 512
 
 
 @dataclass
@@ -119,8 +132,10 @@ def _attr(node, name, default):
     return default
 
 
-def _is_pointwise(conv) -> bool:
-    return (_attr(conv, "kernel_shape", [1, 1]) == [1, 1] and set(_attr(conv, "strides", [1])) == {1}
+def _is_pointwise(conv, strides=frozenset({1})) -> bool:
+    """A 1x1 conv without padding, dilation or groups whose stride (the same along H and W) is in ``strides``."""
+    s = _attr(conv, "strides", [1, 1])
+    return (_attr(conv, "kernel_shape", [1, 1]) == [1, 1] and len(set(s)) == 1 and s[0] in strides
             and set(_attr(conv, "pads", [0])) == {0} and set(_attr(conv, "dilations", [1])) == {1}
             and _attr(conv, "group", 1) == 1)
 
@@ -178,22 +193,83 @@ def _match(g: _Graph, add, main: str, ident: str) -> Tail | None:
     return Tail(conv, add, relu, q_out, x[0], r[0], fields)
 
 
-def plugin_node(name: str, x_q: str, r_q: str, out_q: str, fields: dict,
+@dataclass
+class Projection:
+    conv: onnx.NodeProto
+    q_out: onnx.NodeProto
+    x_q: str
+    fields: dict
+
+
+def find_projections(model: onnx.ModelProto, max_cin: int = MAX_PROJECTION_CIN) -> list[Projection]:
+    """Every projection of a Q/DQ graph that the plugin computes faster than TensorRT (see MAX_PROJECTION_CIN)."""
+    g = _Graph(model.graph)
+    found = (_match_projection(g, conv, max_cin) for conv in model.graph.node if conv.op_type == "Conv")
+    return [p for p in found if p is not None]
+
+
+def _match_projection(g: _Graph, conv, max_cin: int) -> Projection | None:
+    if not _is_pointwise(conv, frozenset({1, 2})):
+        return None
+    y = conv.output[0]
+    readers = g.users[y]
+    # its only reader quantizes it (a ReLU or an Add in between: a conv1 or a tail, not a projection)
+    if y in g.outputs or len(readers) != 1 or readers[0].op_type != "QuantizeLinear":
+        return None
+    q_out = readers[0]
+    s_out = g.const(q_out.input[1])
+    if s_out is None or s_out.size != 1 or not _zero(g, q_out):
+        return None
+    x = g.quantized_source(conv.input[0])
+    weight = g.int8_weight(conv.input[1])
+    if x is None or weight is None:
+        return None
+    w, w_scale = weight
+    cout, cin = w.shape[:2]
+    if cin > max_cin:
+        return None
+    bias = g.const(conv.input[2]) if len(conv.input) > 2 and conv.input[2] else np.zeros(cout)
+    if bias is None:
+        return None
+    fields = dict(weights=w.reshape(cout, cin), w_scale=w_scale, bias=np.asarray(bias, np.float32),
+                  x_scale=x[1], r_scale=0.0, out_scale=float(s_out.item()), relu=0, cin=int(cin), cout=int(cout),
+                  stride=int(_attr(conv, "strides", [1, 1])[0]))
+    return Projection(conv, q_out, x[0], fields)
+
+
+def plugin_node(name: str, x_q: str, r_q: str | None, out_q: str, fields: dict,
                 weight_dtype: str = "int32") -> onnx.NodeProto:
-    """The TrtfuseResidualConv node (docs/ARCHITECTURE.md field names and types)."""
+    """The TrtfuseResidualConv node (docs/ARCHITECTURE.md field names and types); r_q None: a layer without a
+    residual input (r_scale 0)."""
     weights = fields["weights"].astype(WEIGHT_DTYPES[weight_dtype])
     return helper.make_node(
-        PLUGIN_OP, [x_q, r_q], [out_q], name=name, domain=PLUGIN_DOMAIN,
+        PLUGIN_OP, [x_q] + ([r_q] if r_q else []), [out_q], name=name, domain=PLUGIN_DOMAIN,
         plugin_version="1", plugin_namespace="",
         weights=numpy_helper.from_array(weights, f"{name}_weights"),
         w_scale=[float(v) for v in fields["w_scale"]], bias=[float(v) for v in fields["bias"]],
         x_scale=float(fields["x_scale"]), r_scale=float(fields["r_scale"]),
         out_scale=float(fields["out_scale"]), relu=int(fields["relu"]),
-        cin=int(fields["cin"]), cout=int(fields["cout"]))
+        cin=int(fields["cin"]), cout=int(fields["cout"]), stride=int(fields.get("stride", 1)))
 
 
-def rewrite(model: onnx.ModelProto, weight_dtype: str = "int32") -> tuple[onnx.ModelProto, int]:
-    """A copy of the Q/DQ ``model`` with every residual tail fused; returns (model, tails replaced).
+def plugin_kind(node: onnx.NodeProto) -> str:
+    """"tail" (a plugin node with a residual input) or "proj" (without)."""
+    return "tail" if len(node.input) > 1 else "proj"
+
+
+def plugin_counts(model: onnx.ModelProto) -> dict[str, int]:
+    """Plugin nodes of a rewritten graph by kind: {"tail": n, "proj": m}."""
+    counts = {"tail": 0, "proj": 0}
+    for n in model.graph.node:
+        if n.op_type == PLUGIN_OP and n.domain == PLUGIN_DOMAIN:
+            counts[plugin_kind(n)] += 1
+    return counts
+
+
+def rewrite(model: onnx.ModelProto, weight_dtype: str = "int32",
+            projections: bool = False) -> tuple[onnx.ModelProto, int]:
+    """A copy of the Q/DQ ``model`` with every residual tail fused, and every projection the plugin takes (see
+    MAX_PROJECTION_CIN) when ``projections``; returns (model, plugin nodes). ``plugin_counts`` splits them by kind.
 
     ``weight_dtype``: how the int8 weight values travel in the ``weights`` tensor attribute. int32
     by default: TensorRT 8.5's ONNX parser is known to pass INT32 and FLOAT tensor attributes to
@@ -202,8 +278,16 @@ def rewrite(model: onnx.ModelProto, weight_dtype: str = "int32") -> tuple[onnx.M
     model = onnx.ModelProto.FromString(model.SerializeToString())
     graph = model.graph
     tails = find_tails(model)
+    projs = find_projections(model) if projections else []
     g = _Graph(graph)
     replace, drop = {}, set()
+    # A projection's plugin node takes the place of its output QuantizeLinear (same output name, so the tail that
+    # reads the projection as its residual still finds it); its conv goes.
+    for k, p in enumerate(projs):
+        replace[id(p.q_out)] = plugin_node(f"{PLUGIN_OP}_proj{k}", p.x_q, None, p.q_out.output[0], p.fields,
+                                           weight_dtype)
+        drop.add(id(p.conv))
+        graph.value_info.append(helper.make_tensor_value_info(p.q_out.output[0], TensorProto.INT8, None))
     for k, t in enumerate(tails):
         out_q = t.q_out.output[0]
         node = plugin_node(f"{PLUGIN_OP}_{k}", t.x_q, t.r_q, out_q, t.fields, weight_dtype)
@@ -228,9 +312,9 @@ def rewrite(model: onnx.ModelProto, weight_dtype: str = "int32") -> tuple[onnx.M
     graph.node.extend(_toposort(_live(nodes, {o.name for o in graph.output}),
                                 {i.name for i in graph.input} | set(g.inits)))
     _drop_unused(graph)
-    if tails and not any(o.domain == PLUGIN_DOMAIN for o in model.opset_import):
+    if (tails or projs) and not any(o.domain == PLUGIN_DOMAIN for o in model.opset_import):
         model.opset_import.append(helper.make_opsetid(PLUGIN_DOMAIN, 1))
-    return model, len(tails)
+    return model, len(tails) + len(projs)
 
 
 def _live(nodes, outputs: set[str]) -> list:
@@ -269,14 +353,19 @@ def _drop_unused(graph) -> None:
 
 
 # ----------------------------------------------------------------------------- CPU check
-def plugin_reference(x: np.ndarray, r: np.ndarray, node: onnx.NodeProto) -> np.ndarray:
-    """The plugin's output for int8 NCHW inputs, by the exact numpy reference (trtfuse.ops)."""
+def plugin_reference(x: np.ndarray, r: np.ndarray | None, node: onnx.NodeProto) -> np.ndarray:
+    """The plugin's output for int8 NCHW inputs, by the exact numpy reference (trtfuse.ops); r None: a node without
+    a residual input."""
     from trtfuse.ops.residual_conv_reference import reference_fp32
 
     a = {at.name: at for at in node.attribute}
     cin, cout = a["cin"].i, a["cout"].i
+    stride = a["stride"].i if "stride" in a else 1
     w = numpy_helper.to_array(a["weights"].t).reshape(cout, cin)
-    return reference_fp32(x, w.astype(np.int8), np.asarray(a["w_scale"].floats, np.float32),
+    xs = np.ascontiguousarray(x[:, :, ::stride, ::stride])
+    if r is None:  # the rule's residual term is 0
+        r = np.zeros((xs.shape[0], cout) + xs.shape[2:], np.int8)
+    return reference_fp32(xs, w.astype(np.int8), np.asarray(a["w_scale"].floats, np.float32),
                           np.asarray(a["bias"].floats, np.float32), r, a["x_scale"].f,
                           a["r_scale"].f, a["out_scale"].f, a["relu"].i)
 
@@ -322,7 +411,8 @@ def evaluate_with_reference(model: onnx.ModelProto, feeds: dict[str, np.ndarray]
         if n.op_type == PLUGIN_OP:
             if k > start:
                 run_segment(start, k)
-            values[n.output[0]] = plugin_reference(values[n.input[0]], values[n.input[1]], n)
+            r = values[n.input[1]] if len(n.input) > 1 else None
+            values[n.output[0]] = plugin_reference(values[n.input[0]], r, n)
             start = k + 1
     if start < len(graph.node):
         run_segment(start, len(graph.node))
@@ -355,10 +445,13 @@ def main(argv=None) -> int:  # python -m trtfuse.models.residual_conv_rewrite IN
     p.add_argument("qdq_onnx")
     p.add_argument("out_onnx")
     p.add_argument("--weight-dtype", choices=sorted(WEIGHT_DTYPES), default="int32")
+    p.add_argument("--projections", action="store_true", help="the projections too (see MAX_PROJECTION_CIN)")
     args = p.parse_args(argv)
-    model, n = rewrite(onnx.load(args.qdq_onnx), args.weight_dtype)
+    model, _ = rewrite(onnx.load(args.qdq_onnx), args.weight_dtype, args.projections)
     onnx.save(model, args.out_onnx)
-    print(f"replaced {n} residual tails with {PLUGIN_OP} -> {args.out_onnx}", file=sys.stderr)
+    counts = plugin_counts(model)
+    print(f"replaced {counts['tail']} residual tails and {counts['proj']} projections with {PLUGIN_OP} "
+          f"-> {args.out_onnx}", file=sys.stderr)
     return 0
 
 

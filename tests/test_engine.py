@@ -137,6 +137,22 @@ def test_auto_calibration_picks_the_method_by_held_apart_top1(model_dir, tmp_pat
         assert q["evaluation_images"] == 7
 
 
-def test_cli_plugins_all_is_refused_until_its_kernels_exist(model_dir):
-    with pytest.raises(UserError, match="--plugins all"):
-        cli_main([str(model_dir), "--plugins", "all"])
+def test_plugins_all_adds_the_projections(model_dir, capsys):
+    data = onnx_for_build(model_dir, BuildConfig(plugins="all"))
+    graph = onnx.load_from_string(data).graph
+    plugins = [n for n in graph.node if n.op_type == PLUGIN_OP]
+    # the two tails and the first bottleneck's stride-2 projection shortcut (x its only input)
+    assert len(plugins) == 3 and sorted(len(n.input) for n in plugins) == [1, 2, 2]
+    assert "2 residual tails and 1 projections" in capsys.readouterr().err
+    assert (model_dir / "model.int8.plugins-all.onnx").is_file()
+
+
+def test_plugin_modes_and_their_older_spellings():
+    assert [BuildConfig(plugins=v).plugins for v in (False, True, "on", "off", "tails", "all")] == [
+        "off", "tails", "tails", "off", "tails", "all"]
+    with pytest.raises(UserError, match="off, tails, all"):
+        BuildConfig(plugins="most")
+    from trtfuse import config
+
+    assert config.load(overrides={"tensorrt.plugins": True})["tensorrt"]["plugins"] == "tails"
+    assert config.load()["tensorrt"]["plugins"] == "off"

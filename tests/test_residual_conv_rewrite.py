@@ -11,7 +11,9 @@ from trtfuse.models.residual_conv_rewrite import (
     PLUGIN_OP,
     compare_logits,
     evaluate_with_reference,
+    find_projections,
     find_tails,
+    plugin_counts,
     rewrite,
 )
 
@@ -42,7 +44,8 @@ def test_plugin_node_contract(toy):
         assert p.domain == "trtfuse"
         a = {x.name: x for x in p.attribute}
         assert set(a) == {"plugin_version", "plugin_namespace", "weights", "w_scale", "bias", "x_scale",
-                          "r_scale", "out_scale", "relu", "cin", "cout"}
+                          "r_scale", "out_scale", "relu", "cin", "cout", "stride"}
+        assert a["stride"].i == 1
         assert a["plugin_version"].s == b"1" and a["plugin_namespace"].s == b""
         w = numpy_helper.to_array(a["weights"].t)
         assert w.shape == (a["cout"].i, a["cin"].i) and np.abs(w).max() <= 127
@@ -146,3 +149,52 @@ def test_plugin_fields_reproduce_the_quantized_block_output(toy):
         diff = np.abs(got - want)
         assert diff.max() <= 1 and (diff == 0).mean() > 0.99
         assert np.abs(want).max() > 20  # the block output really spans the int8 range
+
+
+def test_projections_become_plugin_nodes_without_a_residual_input(toy):
+    """--plugins all: the first bottleneck's stride-2 projection shortcut becomes a plugin node with x as its only
+    input (r_scale 0, no ReLU, stride 2), whose int8 output the tail plugin reads as its residual; the network
+    still computes the same logits, and the node reproduces the Q/DQ graph's int8 projection output."""
+    import onnxruntime as ort
+    from trtfuse.models.residual_conv_rewrite import plugin_node, plugin_reference
+
+    (p,) = find_projections(toy)
+    assert (p.fields["cin"], p.fields["cout"], p.fields["stride"], p.fields["relu"]) == (16, 32, 2, 0)
+    out, n = rewrite(toy, projections=True)
+    assert n == 3 and plugin_counts(out) == {"tail": 2, "proj": 1}
+    assert plugin_counts(rewrite(toy)[0]) == {"tail": 2, "proj": 0}
+    onnx.checker.check_model(out)
+    (proj,) = [nd for nd in out.graph.node if nd.op_type == PLUGIN_OP and len(nd.input) == 1]
+    a = {x.name: x for x in proj.attribute}
+    assert a["r_scale"].f == 0.0 and a["relu"].i == 0 and a["stride"].i == 2
+    readers = [nd for nd in out.graph.node if proj.output[0] in nd.input]
+    assert any(nd.op_type == PLUGIN_OP and nd.input[1] == proj.output[0] for nd in readers)
+    assert not [nd for nd in out.graph.node if nd.op_type == "Conv" and nd.output[0] == p.conv.output[0]]
+
+    x = calib_batches(seed=7, n=1)[0]
+    _, ref = top1_onnxruntime(toy, x, np.zeros(len(x), np.int64), progress=False)
+    cmp = compare_logits(ref, evaluate_with_reference(out, {"input": x})[0])
+    assert cmp["top1_agreement"] >= 0.875
+    assert cmp["max_abs_logit_diff"] < 0.05 * cmp["max_abs_logit"]
+
+    probe = onnx.ModelProto.FromString(toy.SerializeToString())
+    names = [p.x_q, p.q_out.output[0]]
+    probe.graph.output.extend(onnx.helper.make_tensor_value_info(n, onnx.TensorProto.INT8, None) for n in names)
+    opts = ort.SessionOptions()
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    sess = ort.InferenceSession(probe.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+    xq, want = sess.run(names, {"input": x})
+    got = plugin_reference(xq, None, plugin_node("p", p.x_q, None, p.q_out.output[0], p.fields))
+    diff = np.abs(got.astype(np.int16) - want.astype(np.int16))
+    assert got.shape == want.shape and diff.max() <= 1 and (diff == 0).mean() > 0.99
+
+
+def test_wide_projections_and_conv1_stay_with_tensorrt(toy):
+    # above MAX_PROJECTION_CIN input channels (here: a limit below the toy's 16) the projection is not taken
+    assert find_projections(toy, max_cin=8) == []
+    # a 1x1 conv followed by a ReLU (a bottleneck's conv1) is not a projection
+    g = GraphBuilder(channels=8, size=8)
+    y = g.op("Relu", g.conv("input", 8, 16))
+    out = g.op("Flatten", g.op("GlobalAveragePool", g.conv(y, 16, 8, k=3)))
+    qdq = _quantized(g.model(out), size=8, channels=8)
+    assert find_projections(qdq) == []

@@ -29,6 +29,7 @@ from pathlib import Path
 import numpy as np
 from trtfuse.backends import TOP_K, Backend
 from trtfuse.backends.lanes import LanesBackend
+from trtfuse.config import plugin_mode
 from trtfuse.engine import (
     QDQ_FILE,
     TOP_CLASSES,
@@ -143,7 +144,7 @@ class StagedBatch:
 
 class TensorRTBackend(Backend):
     """Options: engine (a built engine file; else one is built for the model), precision ("int8"),
-    plugins (False), streams (2), cuda_graphs (True), input_format ("float" | "int8"), plugin_lib,
+    plugins ("off" | "tails" | "all"; true/false as "tails"/"off"), streams (2), cuda_graphs (True), input_format ("float" | "int8"), plugin_lib,
     graph_buckets (16: batch sizes with a CUDA graph, max_batch / 16 apart; a batch runs at the next one up),
     serial_compute (True: the streams' engine runs go one after another, in launch order, while the
     copies overlap them; False: they may overlap each other), tactic_sources ("default": TensorRT's;
@@ -167,7 +168,7 @@ class TensorRTBackend(Backend):
             lane._engine_of = lanes[0]  # LanesBackend loads the first lane alone, then the others
         return lanes[0] if len(lanes) == 1 else LanesBackend(lanes)
 
-    def __init__(self, engine: str | None = None, precision: str = "int8", plugins: bool = False,
+    def __init__(self, engine: str | None = None, precision: str = "int8", plugins: str | bool = "off",
                  streams: int = 2, cuda_graphs: bool = True, input_format: str = "float",
                  plugin_lib: str | None = None, serial_compute: bool = True, graph_buckets: int = 16,
                  tactic_sources: str | None = None, device: int = 0, **_ignored):
@@ -179,7 +180,7 @@ class TensorRTBackend(Backend):
         self.device = int(device)
         self.engine_path = engine
         self._engine_of = None  # a lane loaded before this one, whose engine this one loads too (create)
-        self.precision, self.plugins = precision, bool(plugins)
+        self.precision, self.plugins = precision, plugin_mode(plugins)
         self.n_streams, self.cuda_graphs, self.input_format = int(streams), bool(cuda_graphs), input_format
         self.plugin_lib = plugin_lib
         self.serial_compute = bool(serial_compute)
@@ -213,7 +214,7 @@ class TensorRTBackend(Backend):
             raise UserError(f"engine file {path} does not exist", "build one with `trtfuse build`")
         self.logger = trt.Logger(trt.Logger.WARNING)
         trt.init_libnvinfer_plugins(self.logger, "")
-        if self.plugins:
+        if self.plugins != "off":
             load_plugin_library(self.plugin_lib)
         else:
             # An engine built with plugins needs their creators registered to deserialize, even when

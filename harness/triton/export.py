@@ -33,6 +33,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from trtfuse.config import plugin_mode
 from trtfuse.errors import UserError
 from trtfuse.files import swap_into_place
 from trtfuse.triton import model_io
@@ -103,7 +104,8 @@ def engine_io_from_sidecar(sidecar: dict, prepared) -> EngineIO:
         scores_name=prepared.output_name, scores_dtype="FP32", num_classes=int(prepared.num_classes),
         top_k=int(cfg["top_k"]), max_batch=int(cfg["batch"]),
         profiles=max(int(cfg["profiles"]), 1),  # as build_engine: at least one profile
-        plugins=bool(cfg["plugins"]), tensorrt=str(sidecar.get("tensorrt", "")),
+        # "off" / "tails" / "all" (sidecars of older builds: true / false)
+        plugins=plugin_mode(cfg["plugins"]) != "off", tensorrt=str(sidecar.get("tensorrt", "")),
         gpu=str(sidecar.get("gpu", "")))
 
 

@@ -39,7 +39,8 @@ def add_parser(sub) -> None:
                    help="what runs the batches (auto: TensorRT if usable, else ONNX Runtime; null: answers at "
                         "once, to measure what the server and its transport cost)")
     p.add_argument("--engine", metavar="FILE", help="TensorRT: a built engine (default: built/cached for the model)")
-    p.add_argument("--plugins", choices=["off", "tails"], default="off", help="TensorRT: trtfuse's fused plugins")
+    p.add_argument("--plugins", choices=["off", "tails", "all"], default="off",
+                   help="TensorRT: trtfuse's fused plugins (tails; all: tails and projections)")
     p.add_argument("--precision", default="int8", help="TensorRT: int8, fp16, fp32")
     p.add_argument("--devices", default="", help='TensorRT: GPUs to serve from: "" (GPU 0), "all", or "0,1"')
     p.add_argument("--input-format", choices=["float", "int8"],
@@ -72,7 +73,7 @@ def add_parser(sub) -> None:
 
 
 def _backend_options(args) -> dict:
-    trt = {"engine": args.engine, "precision": args.precision, "plugins": args.plugins == "tails",
+    trt = {"engine": args.engine, "precision": args.precision, "plugins": args.plugins,
            "input_format": args.input_format or "float"}
     return {k: v for k, v in trt.items() if v not in (None, "")}
 
