@@ -1,0 +1,103 @@
+"""benchmarks/results/resnet50_fullnet_h100.json, the ResNet-50 full-network record (issue 14's format), composed from
+the two device runs that measure it; nothing is measured here:
+
+  - the layers: benchmarks/conv_layers_device.sh -> conv_layers_h100.json (each replaced layer's plugin against
+    TensorRT's own kernel for the same layer, in one run; copy bandwidth);
+  - the network: benchmarks/resnet50_e2e.py run --plugins off,tails,all -> resnet50_fullnet_e2e_h100.json (engines
+    off / tails / all at batch 256 and 2048, TensorRT's per-layer profile, agreement, LoadGen Offline and Server).
+
+    python benchmarks/resnet50_fullnet.py [--layers FILE] [--e2e FILE] [--out FILE]
+
+A field the runs did not measure is null, with the reason under "missing". Prints a table of the result.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from trtfuse.models.residual_conv_rewrite import MAX_PROJECTION_CIN
+from trtfuse.tuning import RESNET50_STAGES
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def compose(layers: dict, e2e: dict) -> dict:
+    missing = {}
+    rows = [{"name": r["stage"], "kind": r.get("kind", "tail"), "batch": r["batch"], "ours_ms": round(r["ours_ms"], 4),
+             "trt_ms": round(r["trt_ms"], 4), "speedup": round(r["trt_ms"] / r["ours_ms"], 3),
+             # what --plugins all replaces (models/residual_conv_rewrite.py): every tail, projections up to
+             # MAX_PROJECTION_CIN input channels
+             "replaced": r.get("kind", "tail") == "tail" or RESNET50_STAGES[r["stage"]][0] <= MAX_PROJECTION_CIN,
+             "exact": all(c["ok"] for c in r["checks"])} for r in layers.get("rows", [])]
+    prof = (e2e.get("profile") or {}).get("all")
+    offline = e2e.get("offline")
+    server = e2e.get("server")
+    agreement = (e2e.get("resnet50_agreement") or {}).get("all")
+    accuracy = e2e.get("accuracy")
+    if not accuracy or accuracy.get("int8_plugins_all_top1") is None:
+        missing["accuracy"] = "EfficientNet-Lite0 with --plugins all was not run"
+        accuracy = None
+    if server and e2e.get("server_search"):
+        server = {**server, "search": e2e["server_search"]}
+    return {
+        "gpu": e2e.get("gpu"), "trt_version": e2e.get("trt_version"), "copy_gbps": round(layers.get("copy_gbps", 0), 1),
+        "weights": "random (no ImageNet ResNet-50 weights can be installed here): performance only",
+        "layers": rows,
+        "engine": [{"model": r["model"], "batch": r["batch"], "plugins": r["plugins"],
+                    "samples_per_s": r["samples_per_s"]} for r in e2e.get("engine", []) if r["model"] == "resnet50"],
+        "speedup": e2e.get("speedup"),
+        "profile": None if not prof else {k: prof[k] for k in ("batch", "total_ms", "ours_ms", "trt_ms")},
+        "offline": None if not offline else {k: offline.get(k) for k in
+                                             ("batch", "plugins", "samples_per_s", "engine_samples_per_s", "valid")},
+        "server": server,
+        "agreement": None if not agreement else {k: agreement[k] for k in
+                                                 ("n", "top1_agreement", "centered_top1_agreement",
+                                                  "max_abs_logit_diff", "max_abs_logit")},
+        "accuracy": accuracy,
+        "missing": missing,
+        "sources": {"layers": "conv_layers_h100.json (benchmarks/conv_layers_device.sh)",
+                    "network": "resnet50_fullnet_e2e_h100.json (resnet50_e2e.py --plugins off,tails,all)"},
+    }
+
+
+def table(d: dict) -> str:
+    lines = [f"{d['gpu']}, TensorRT {d['trt_version']}, copy {d['copy_gbps']:.0f} GB/s ({d['weights']})",
+             f"{'layer':6} {'kind':5} {'batch':>5} {'ours ms':>8} {'TRT ms':>8} {'speedup':>7}  replaced"]
+    for r in d["layers"]:
+        lines.append(f"{r['name']:6} {r['kind']:5} {r['batch']:5d} {r['ours_ms']:8.4f} {r['trt_ms']:8.4f} "
+                     f"{r['speedup']:7.3f}  {'yes' if r['replaced'] else 'no'}")
+    lines.append(f"{'engine':6} {'plugins':7} {'batch':>5} {'samples/s':>10}")
+    for r in d["engine"]:
+        lines.append(f"{'':6} {r['plugins']:7} {r['batch']:5d} {r['samples_per_s']:10,.0f}")
+    for key in ("speedup", "profile", "offline", "agreement"):
+        lines.append(f"{key}: {json.dumps(d[key])}")
+    s = d["server"] or {}
+    lines.append(f"server: {s.get('qps')} QPS valid {s.get('valid')} p99 {s.get('p99_ms')} ms")
+    if d["missing"]:
+        lines.append(f"missing: {d['missing']}")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--layers", type=Path, default=RESULTS / "conv_layers_h100.json")
+    p.add_argument("--e2e", type=Path, default=RESULTS / "resnet50_fullnet_e2e_h100.json")
+    p.add_argument("--out", type=Path, default=RESULTS / "resnet50_fullnet_h100.json")
+    args = p.parse_args(argv)
+    for f in (args.layers, args.e2e):
+        if not f.is_file():
+            p.error(f"{f} does not exist: make it on the GPU machine first (see this script's docstring)")
+    d = compose(json.loads(args.layers.read_text()), json.loads(args.e2e.read_text()))
+    tmp = args.out.with_suffix(".tmp")
+    tmp.write_text(json.dumps(d, indent=1) + "\n")
+    tmp.replace(args.out)
+    print(table(d))
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
