@@ -4,9 +4,11 @@ the two device runs that measure it; nothing is measured here:
   - the layers: benchmarks/conv_layers_device.sh -> conv_layers_h100.json (each replaced layer's plugin against
     TensorRT's own kernel for the same layer, in one run; copy bandwidth);
   - the network: benchmarks/resnet50_e2e.py run --plugins off,tails,all -> resnet50_fullnet_e2e_h100.json (engines
-    off / tails / all at batch 256 and 2048, TensorRT's per-layer profile, agreement, LoadGen Offline and Server).
+    off / tails / all at batch 256 and 2048, TensorRT's per-layer profile, agreement, LoadGen Offline and Server);
+  - optionally a second network run (--e2e2, e.g. on a machine without Server latency tails): its Server and
+    accuracy replace the first's, which stay in the record under "first_run".
 
-    python benchmarks/resnet50_fullnet.py [--layers FILE] [--e2e FILE] [--out FILE]
+    python benchmarks/resnet50_fullnet.py [--layers FILE] [--e2e FILE] [--e2e2 FILE] [--out FILE]
 
 A field the runs did not measure is null, with the reason under "missing". Prints a table of the result.
 """
@@ -24,8 +26,14 @@ from trtfuse.tuning import RESNET50_STAGES
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
-def compose(layers: dict, e2e: dict) -> dict:
+def compose(layers: dict, e2e: dict, e2e2: dict | None = None) -> dict:
     missing = {}
+    first_run = {}
+    if e2e2:
+        for key in ("server", "server_search", "accuracy"):
+            if e2e2.get(key) is not None:
+                first_run[key] = e2e.get(key)
+        e2e = {**e2e, **{k: v for k, v in e2e2.items() if k in ("server", "server_search", "accuracy") and v}}
     rows = [{"name": r["stage"], "kind": r.get("kind", "tail"), "batch": r["batch"], "ours_ms": round(r["ours_ms"], 4),
              "trt_ms": round(r["trt_ms"], 4), "speedup": round(r["trt_ms"] / r["ours_ms"], 3),
              # what --plugins all replaces (models/residual_conv_rewrite.py): every tail, projections up to
@@ -58,8 +66,11 @@ def compose(layers: dict, e2e: dict) -> dict:
                                                   "max_abs_logit_diff", "max_abs_logit")},
         "accuracy": accuracy,
         "missing": missing,
+        "first_run": first_run or None,
+        "second_run_note": (e2e2 or {}).get("note"),
         "sources": {"layers": "conv_layers_h100.json (benchmarks/conv_layers_device.sh)",
-                    "network": "resnet50_fullnet_e2e_h100.json (resnet50_e2e.py --plugins off,tails,all)"},
+                    "network": "resnet50_fullnet_e2e_h100.json (resnet50_e2e.py --plugins off,tails,all)",
+                    "second_run": "resnet50_fullnet_e2e2_h100.json" if e2e2 else None},
     }
 
 
@@ -75,7 +86,8 @@ def table(d: dict) -> str:
     for key in ("speedup", "profile", "offline", "agreement"):
         lines.append(f"{key}: {json.dumps(d[key])}")
     s = d["server"] or {}
-    lines.append(f"server: {s.get('qps')} QPS valid {s.get('valid')} p99 {s.get('p99_ms')} ms")
+    lines.append(f"server (plugins {s.get('plugins')}): {s.get('qps')} QPS valid {s.get('valid')} p99 {s.get('p99_ms')} ms")
+    lines.append(f"accuracy: {json.dumps(d['accuracy'])}")
     if d["missing"]:
         lines.append(f"missing: {d['missing']}")
     return "\n".join(lines)
@@ -85,12 +97,15 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--layers", type=Path, default=RESULTS / "conv_layers_h100.json")
     p.add_argument("--e2e", type=Path, default=RESULTS / "resnet50_fullnet_e2e_h100.json")
+    p.add_argument("--e2e2", type=Path, default=RESULTS / "resnet50_fullnet_e2e2_h100.json",
+                   help="a second network run whose Server and accuracy replace the first's (skipped if absent)")
     p.add_argument("--out", type=Path, default=RESULTS / "resnet50_fullnet_h100.json")
     args = p.parse_args(argv)
     for f in (args.layers, args.e2e):
         if not f.is_file():
             p.error(f"{f} does not exist: make it on the GPU machine first (see this script's docstring)")
-    d = compose(json.loads(args.layers.read_text()), json.loads(args.e2e.read_text()))
+    e2e2 = json.loads(args.e2e2.read_text()) if args.e2e2.is_file() else None
+    d = compose(json.loads(args.layers.read_text()), json.loads(args.e2e.read_text()), e2e2)
     tmp = args.out.with_suffix(".tmp")
     tmp.write_text(json.dumps(d, indent=1) + "\n")
     tmp.replace(args.out)
