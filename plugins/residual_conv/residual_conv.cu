@@ -51,15 +51,17 @@ template <class C>
 constexpr ConfigInfo info_sm80(char const* name) {
     return {name, C::BM, C::BN, C::THREADS, C::SMEM, {conv_kernel_sm80<C, false>, conv_kernel_sm80<C, true>}};
 }
+constexpr int kWeightSliceRows = 256;  // the sm90 kernel's BN: Layer::w_img holds slices of this many rows
+
 template <class C>
 int sm90_smem(int k_tiles) { return wgw_smem_bytes<C>(k_tiles); }
 template <class C>
 constexpr ConfigInfo info_sm90(char const* name) {
+    static_assert(C::BN == kWeightSliceRows, "Layer::w_img is packed in slices of kWeightSliceRows rows");
     return {name,   C::BM, C::BN, C::THREADS, C::SMEM, {conv_kernel_sm90<C, false>, conv_kernel_sm90<C, true>},
             true,   C::BK, sm90_smem<C>, C::PINGPONG};
 }
 constexpr int kMaxSmem = 227 * 1024;   // dynamic shared memory per block (sm_90)
-constexpr int kWeightSliceRows = 256;  // the sm90 kernel's BN: Layer::w_img holds slices of this many rows
 
 ConfigInfo const kConfigs[] = {
     info_sm80<M0>("sm80_128x128x64_s2"),   // config 0: the tuner's exactness gate (runs everywhere)
