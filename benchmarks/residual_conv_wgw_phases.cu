@@ -158,10 +158,12 @@ void run(char const* name, int cin, int cout, int hw, int batch) {
 }
 
 int main() {
-    // the offered wgw configs (residual_conv.cu: W0, W1, W2)
+    // the offered wgw configs (residual_conv.cu: W0 .. W4)
     using W0 = WgwConfig<128, 2, 2, false, false>;
     using W1 = WgwConfig<128, 2, 3, true, false>;
     using W2 = WgwConfig<128, 4, 2, true, true>;
+    using W3 = WgwConfig<64, 4, 2, false, false>;
+    using W4 = WgwConfig<64, 4, 2, true, false>;
     int const shapes[4][3] = {{512, 2048, 49}, {256, 1024, 196}, {128, 512, 784}, {64, 256, 3136}};
 #ifdef TRTFUSE_WGW_TRACE_GLOBALTIMER
     for (int batch : {256, 2048})
@@ -173,6 +175,8 @@ int main() {
             if (s[0] < 512)   // res5's weight slice leaves no room for a third residual buffer
                 run<W1>("wgw_64x256x128_s2_r3_p2", s[0], s[1], s[2], batch);
             run<W2>("wgw_64x256x128_s4_r2_p2_pp_sh", s[0], s[1], s[2], batch);
+            run<W3>("wgw_64x256x64_s4_r2", s[0], s[1], s[2], batch);
+            run<W4>("wgw_64x256x64_s4_r2_p2", s[0], s[1], s[2], batch);
         }
     return 0;
 }

@@ -5,9 +5,9 @@
 //   conv_kernel_sm80 (kernel_sm80.cuh): mma.sync, cp.async multistage pipeline; any GPU from sm_80, any K;
 //   conv_kernel_sm90 (kernel_sm90.cuh): wgmma, warp specialized (producers, two consumers), weight slice in shared
 //     memory, TMA output stores; sm_90a only, K up to what the weight slice leaves of shared memory.
-// The configurations below are those the tuner picked for some ResNet-50 stage and batch on the H100, with the sm80
-// kernel ranked on its own for GPUs without sm_90a (docs/residual_conv.md, Version 12, has the A/B numbers behind
-// every configuration dropped).
+// The configurations below are those the tuner picked for some ResNet-50 stage and batch on the H100 or the H200,
+// with the sm80 kernel ranked on its own for GPUs without sm_90a (docs/residual_conv.md, Version 12, has the A/B
+// numbers behind every configuration dropped).
 #include "common/cuda_check.h"
 #include "residual_conv/kernel_sm80.cuh"
 #include "residual_conv/kernel_sm90.cuh"
@@ -36,6 +36,8 @@ using M1 = Sm80Config<128, 128, 128, 64, 32, 2, 2>;   // res3-res5: BK 128 halve
 using W0 = WgwConfig<128, 2, 2, false, false>;   // res3 2048, res4 2048
 using W1 = WgwConfig<128, 2, 3, true, false>;    // res2 256: a third residual buffer keeps the producers ahead
 using W2 = WgwConfig<128, 4, 2, true, true>;     // res2 2048, res4 256, res5: consumers take turns
+using W3 = WgwConfig<64, 4, 2, false, false>;    // H200 res2 2048: BK 64, 4 x stages per consumer
+using W4 = WgwConfig<64, 4, 2, true, false>;     // H200 res2 256
 
 struct ConfigInfo {
     char const* name;
@@ -69,6 +71,8 @@ ConfigInfo const kConfigs[] = {
     info_sm90<W0>("wgw_64x256x128_s2_r2"),
     info_sm90<W1>("wgw_64x256x128_s2_r3_p2"),
     info_sm90<W2>("wgw_64x256x128_s4_r2_p2_pp_sh"),
+    info_sm90<W3>("wgw_64x256x64_s4_r2"),
+    info_sm90<W4>("wgw_64x256x64_s4_r2_p2"),
 };
 constexpr int kNumConfigs = sizeof(kConfigs) / sizeof(kConfigs[0]);
 
