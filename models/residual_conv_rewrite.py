@@ -18,7 +18,8 @@ A projection (ResNet's downsample: conv 1x1 + BN, stride 1 or 2, no ReLU, its ou
     Q(x) -> DQ -> Conv 1x1, stride s -> Q(out)
 
 becomes ``Q(x) -> TrtfuseResidualConv(x_q; r_scale 0, stride s) -> ...``, only where the plugin is faster than
-TensorRT's own kernel: input channels up to ``MAX_PROJECTION_CIN`` (see there). A 1x1 conv followed by a ReLU (a
+TensorRT's own kernel: input channels up to ``MAX_PROJECTION_CIN``, output channels from ``MIN_PROJECTION_COUT``
+(see there). A 1x1 conv followed by a ReLU (a
 bottleneck's conv1) is left to TensorRT, which runs it at the DRAM floor already.
 
 Fields follow docs/ARCHITECTURE.md exactly; the activation scales are copied from the neighbouring
@@ -44,6 +45,10 @@ WEIGHT_DTYPES = {"int8": np.int8, "int32": np.int32, "float": np.float32}
 # memory and holds Cin <= 512; above it the sm80 kernel runs, measured at 0.42-0.48x TensorRT 8.5 on ResNet-50's
 # layer4 projection (1024 -> 2048) on the H100 (benchmarks/results/conv_layers_h100.json).
 MAX_PROJECTION_CIN = 512
+# ... and with fewer output channels: the Hopper kernel's N tile is 256 channels, so a narrower projection (as
+# EfficientNet-Lite0's, 24 to 192) would leave most of each tile padding. Not measured against TensorRT; until it is,
+# those stay with TensorRT. (Every projection measured, ResNet-50's, has 256 to 2048.)
+MIN_PROJECTION_COUT = 256
 
 
 @dataclass
@@ -201,14 +206,18 @@ class Projection:
     fields: dict
 
 
-def find_projections(model: onnx.ModelProto, max_cin: int = MAX_PROJECTION_CIN) -> list[Projection]:
-    """Every projection of a Q/DQ graph that the plugin computes faster than TensorRT (see MAX_PROJECTION_CIN)."""
+def find_projections(model: onnx.ModelProto, max_cin: int | None = None,
+                     min_cout: int | None = None) -> list[Projection]:
+    """Every projection of a Q/DQ graph that the plugin computes faster than TensorRT: input channels up to
+    ``max_cin``, output channels from ``min_cout`` (default: MAX_PROJECTION_CIN, MIN_PROJECTION_COUT)."""
     g = _Graph(model.graph)
-    found = (_match_projection(g, conv, max_cin) for conv in model.graph.node if conv.op_type == "Conv")
+    max_cin = MAX_PROJECTION_CIN if max_cin is None else max_cin
+    min_cout = MIN_PROJECTION_COUT if min_cout is None else min_cout
+    found = (_match_projection(g, conv, max_cin, min_cout) for conv in model.graph.node if conv.op_type == "Conv")
     return [p for p in found if p is not None]
 
 
-def _match_projection(g: _Graph, conv, max_cin: int) -> Projection | None:
+def _match_projection(g: _Graph, conv, max_cin: int, min_cout: int) -> Projection | None:
     if not _is_pointwise(conv, frozenset({1, 2})):
         return None
     y = conv.output[0]
@@ -226,7 +235,7 @@ def _match_projection(g: _Graph, conv, max_cin: int) -> Projection | None:
         return None
     w, w_scale = weight
     cout, cin = w.shape[:2]
-    if cin > max_cin:
+    if cin > max_cin or cout < min_cout:
         return None
     bias = g.const(conv.input[2]) if len(conv.input) > 2 and conv.input[2] else np.zeros(cout)
     if bias is None:

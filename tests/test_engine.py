@@ -137,7 +137,11 @@ def test_auto_calibration_picks_the_method_by_held_apart_top1(model_dir, tmp_pat
         assert q["evaluation_images"] == 7
 
 
-def test_plugins_all_adds_the_projections(model_dir, capsys):
+def test_plugins_all_adds_the_projections(model_dir, capsys, monkeypatch):
+    from trtfuse.models import residual_conv_rewrite
+
+    # the toy's projection has 32 output channels, below the rule's 256: at the toy's width, the path runs
+    monkeypatch.setattr(residual_conv_rewrite, "MIN_PROJECTION_COUT", 32)
     data = onnx_for_build(model_dir, BuildConfig(plugins="all"))
     graph = onnx.load_from_string(data).graph
     plugins = [n for n in graph.node if n.op_type == PLUGIN_OP]

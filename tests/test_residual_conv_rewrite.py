@@ -151,13 +151,16 @@ def test_plugin_fields_reproduce_the_quantized_block_output(toy):
         assert np.abs(want).max() > 20  # the block output really spans the int8 range
 
 
-def test_projections_become_plugin_nodes_without_a_residual_input(toy):
+def test_projections_become_plugin_nodes_without_a_residual_input(toy, monkeypatch):
     """--plugins all: the first bottleneck's stride-2 projection shortcut becomes a plugin node with x as its only
     input (r_scale 0, no ReLU, stride 2), whose int8 output the tail plugin reads as its residual; the network
     still computes the same logits, and the node reproduces the Q/DQ graph's int8 projection output."""
     import onnxruntime as ort
+    from trtfuse.models import residual_conv_rewrite as rcr
     from trtfuse.models.residual_conv_rewrite import plugin_node, plugin_reference
 
+    assert find_projections(toy) == []  # 32 output channels: below MIN_PROJECTION_COUT, left to TensorRT
+    monkeypatch.setattr(rcr, "MIN_PROJECTION_COUT", 32)  # the toy's width, to exercise the path
     (p,) = find_projections(toy)
     assert (p.fields["cin"], p.fields["cout"], p.fields["stride"], p.fields["relu"]) == (16, 32, 2, 0)
     out, n = rewrite(toy, projections=True)
@@ -191,7 +194,8 @@ def test_projections_become_plugin_nodes_without_a_residual_input(toy):
 
 def test_wide_projections_and_conv1_stay_with_tensorrt(toy):
     # above MAX_PROJECTION_CIN input channels (here: a limit below the toy's 16) the projection is not taken
-    assert find_projections(toy, max_cin=8) == []
+    assert len(find_projections(toy, min_cout=32)) == 1
+    assert find_projections(toy, max_cin=8, min_cout=32) == []
     # a 1x1 conv followed by a ReLU (a bottleneck's conv1) is not a projection
     g = GraphBuilder(channels=8, size=8)
     y = g.op("Relu", g.conv("input", 8, 16))

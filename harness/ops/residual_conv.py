@@ -55,23 +55,25 @@ def _raise(status: int, what: str) -> None:
         raise RuntimeError(f"trtfuse_residual_conv_{what} failed ({status}): {msg}")
 
 
+def _arrays(w, w_scale, bias) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The layer's arrays as the C ABI reads them (keep them alive during the call that gets their pointers)."""
+    return (np.ascontiguousarray(w, dtype=np.int8), np.ascontiguousarray(w_scale, dtype=np.float32),
+            np.ascontiguousarray(bias, dtype=np.float32))
+
+
+def _fields(cin, cout, arrays, x_scale, r_scale, out_scale) -> tuple:
+    """cin, cout, weights, w_scale, bias, x_scale, r_scale, out_scale: the arguments check and create share."""
+    w, ws, b = arrays
+    return (cin, cout, _ptr(w, ctypes.c_int8), _ptr(ws, ctypes.c_float), _ptr(b, ctypes.c_float), x_scale, r_scale,
+            out_scale)
+
+
 def check(cin, cout, w, w_scale, bias, x_scale, r_scale, out_scale) -> int:
     """Validation of the layer fields (no GPU): 0 or the C ABI's negative status."""
-    w = np.ascontiguousarray(w, dtype=np.int8)
-    ws = np.ascontiguousarray(w_scale, dtype=np.float32)
-    b = np.ascontiguousarray(bias, dtype=np.float32)
-    if w.size != cin * cout or ws.size != cout or b.size != cout:
+    arrays = _arrays(w, w_scale, bias)
+    if arrays[0].size != cin * cout or arrays[1].size != cout or arrays[2].size != cout:
         return -2
-    return library().trtfuse_residual_conv_check(
-        cin,
-        cout,
-        _ptr(w, ctypes.c_int8),
-        _ptr(ws, ctypes.c_float),
-        _ptr(b, ctypes.c_float),
-        x_scale,
-        r_scale,
-        out_scale,
-    )
+    return library().trtfuse_residual_conv_check(*_fields(cin, cout, arrays, x_scale, r_scale, out_scale))
 
 
 def num_configs() -> int:
@@ -141,22 +143,10 @@ class ResidualConv:
         relu: bool,
         stride: int = 1,
     ):
-        w = np.ascontiguousarray(w, dtype=np.int8)
-        self.cout, self.cin = w.shape
-        ws = np.ascontiguousarray(w_scale, dtype=np.float32)
-        b = np.ascontiguousarray(bias, dtype=np.float32)
+        arrays = _arrays(w, w_scale, bias)
+        self.cout, self.cin = arrays[0].shape
         h = ctypes.c_void_p()
-        fields = (
-            self.cin,
-            self.cout,
-            _ptr(w, ctypes.c_int8),
-            _ptr(ws, ctypes.c_float),
-            _ptr(b, ctypes.c_float),
-            x_scale,
-            r_scale,
-            out_scale,
-            int(relu),
-        )
+        fields = _fields(self.cin, self.cout, arrays, x_scale, r_scale, out_scale) + (int(relu),)
         if r_scale != 0 and stride == 1:  # the residual form: the same layer as the general create makes
             _raise(library().trtfuse_residual_conv_create(*fields, ctypes.byref(h)), "create")
         else:
