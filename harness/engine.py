@@ -205,11 +205,14 @@ def load_plugin_library(path: str | None = None) -> Path:
     """dlopen libtrtfuse_plugins.so (RTLD_GLOBAL) so its creators register before parsing."""
     from trtfuse.plugin_build import library_path
 
+    from trtfuse.ops.residual_conv import use_shipped_tuning_cache
+
     lib = Path(path) if path else Path(library_path("plugins"))
     if not lib.is_file():
         raise UserError(f"the TensorRT plugin library {lib} does not exist",
                         "build it with `trtfuse plugins build --tensorrt-root $TENSORRT_ROOT` "
                         "(or set TRTFUSE_PLUGIN_LIB)")
+    use_shipped_tuning_cache()  # before the plugin's first forward reads it
     ctypes.CDLL(str(lib), mode=ctypes.RTLD_GLOBAL)
     return lib
 
@@ -250,7 +253,8 @@ def build_engine(model_dir: str | Path, cfg: BuildConfig, plugin_lib: str | None
     logger = trt.Logger(trt.Logger.WARNING)
     trt.init_libnvinfer_plugins(logger, "")
     if cfg.plugins != "off":
-        print(f"trtfuse: plugin library {load_plugin_library(plugin_lib)}", file=sys.stderr)
+        print(f"trtfuse: plugin library {load_plugin_library(plugin_lib)}; fused conv tile choices from "
+              f"{os.environ.get('TRTFUSE_RESIDUAL_CONV_CACHE') or 'the heuristic (no tuning cache)'}", file=sys.stderr)
     builder = trt.Builder(logger)
     network = builder.create_network(trt_compat.network_flags(trt))
     parser = trt.OnnxParser(network, logger)

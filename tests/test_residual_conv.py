@@ -353,7 +353,7 @@ def test_small_every_config(cuda, shape, config):
     run_case(cuda, *shape, True, config, np.random.default_rng())
 
 
-def test_config_list_is_covered():
+def test_config_list_is_covered(tmp_path):
     # CPU (needs only the built library): the GPU parametrizations must reach every configuration offered; the
     # sm80 ones come first (config 0 is the tuner's exactness gate and must run on every GPU)
     op = _kernels_lib()
@@ -369,13 +369,38 @@ def test_config_list_is_covered():
         want = [True, True, True, name != "wgw_64x256x128_s2_r3_p2"]
         assert [op.config_fits(c, cin, cout) for cin, cout in stages] == want, name
         assert op.config_fits(c, 1152, 192) == (not sm90), name
-    if not os.environ.get("TRTFUSE_RESIDUAL_CONV_CACHE"):
-        # no cache: the heuristic, on the sm90 kernel's turn-taking configuration where it runs and holds the layer
+    # an empty cache: the heuristic, on the sm90 kernel's turn-taking configuration where it runs and holds the layer
+    empty = tmp_path / "empty.json"
+    empty.write_text('{"version": 1, "entries": []}')
+    assert op.load_cache(str(empty)) == 0
+    try:
         pingpong = names.index("wgw_64x256x128_s4_r2_p2_pp_sh")
         for cin, cout, hw in [(64, 256, 3136), (512, 2048, 49), (1152, 192, 49), (32, 64, 9)]:
             sm90 = op.config_supported(pingpong) and op.config_fits(pingpong, cin, cout)
             want = "wgw_64x256x128_s4_r2_p2_pp_sh" if sm90 else "sm80_128x128x128_s2_b2"
             assert names[op.select_config(cin, cout, 2048, hw)] == want
+    finally:
+        op.load_cache(None)  # back to $TRTFUSE_RESIDUAL_CONV_CACHE (the shipped cache unless set)
+
+
+def test_the_shipped_tuning_cache_is_the_committed_one():
+    # trtfuse/configs/residual_conv_tuning.json (what the kernels read unless $TRTFUSE_RESIDUAL_CONV_CACHE says
+    # otherwise) is the tuner's committed result, byte for byte, and the C reader takes every entry of it
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    shipped = root / "configs" / "residual_conv_tuning.json"
+    committed = root / "benchmarks" / "results" / "residual_conv_tuning_h100.json"
+    assert shipped.read_bytes() == committed.read_bytes(), f"copy {committed} to {shipped} (the shipped tile choices)"
+    entries = json.loads(shipped.read_text())["entries"]
+    assert {e["gpu"] for e in entries} >= {"NVIDIA H100 80GB HBM3", "NVIDIA H200"}
+    op = _kernels_lib()
+    try:
+        # without a GPU every entry counts; with one, that GPU's (none for a GPU the cache has no entries of)
+        per_gpu = {sum(e["gpu"] == g for e in entries) for g in {e["gpu"] for e in entries}}
+        assert op.load_cache(str(shipped)) in {len(entries), 0} | per_gpu
+    finally:
+        op.load_cache(None)
 
 
 # Shapes with more tiles than any configuration has resident blocks (132 SMs x up to 6), so every block
