@@ -15,6 +15,7 @@ import re
 import textwrap
 from pathlib import Path
 
+from trtfuse.config import plugin_mode
 from trtfuse.errors import UserError
 from trtfuse.plots import as_number, load_matplotlib, new_figure, thousands_formatter
 from trtfuse.report import read_report
@@ -22,16 +23,13 @@ from trtfuse.report import read_report
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]*")
 
 
-
 def _plugin_mode(value) -> str:
     """A report's tensorrt.plugins as off/tails/all (older reports say true/false); an unknown value as given."""
-    from trtfuse.config import plugin_mode
-    from trtfuse.errors import UserError
-
     try:
         return plugin_mode(value)
     except UserError:
         return str(value)
+
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser(

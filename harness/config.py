@@ -38,6 +38,8 @@ def plugin_mode(value: Any) -> str:
         return value
     raise UserError(f"tensorrt.plugins must be one of {', '.join(PLUGIN_MODES)}, not {value!r}",
                     'e.g. plugins = "tails" (the fused bottleneck tails) or "all" (tails and projections)')
+
+
 Settings = dict[str, dict[str, Any]]
 
 

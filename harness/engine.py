@@ -203,9 +203,8 @@ def import_tensorrt():
 
 def load_plugin_library(path: str | None = None) -> Path:
     """dlopen libtrtfuse_plugins.so (RTLD_GLOBAL) so its creators register before parsing."""
-    from trtfuse.plugin_build import library_path
-
     from trtfuse.ops.residual_conv import use_shipped_tuning_cache
+    from trtfuse.plugin_build import library_path
 
     lib = Path(path) if path else Path(library_path("plugins"))
     if not lib.is_file():
@@ -253,8 +252,10 @@ def build_engine(model_dir: str | Path, cfg: BuildConfig, plugin_lib: str | None
     logger = trt.Logger(trt.Logger.WARNING)
     trt.init_libnvinfer_plugins(logger, "")
     if cfg.plugins != "off":
+        from trtfuse.ops.residual_conv import use_shipped_tuning_cache
+
         print(f"trtfuse: plugin library {load_plugin_library(plugin_lib)}; fused conv tile choices from "
-              f"{os.environ.get('TRTFUSE_RESIDUAL_CONV_CACHE') or 'the heuristic (no tuning cache)'}", file=sys.stderr)
+              f"{use_shipped_tuning_cache() or 'the heuristic (no tuning cache)'}", file=sys.stderr)
     builder = trt.Builder(logger)
     network = builder.create_network(trt_compat.network_flags(trt))
     parser = trt.OnnxParser(network, logger)

@@ -19,8 +19,8 @@ A projection (ResNet's downsample: conv 1x1 + BN, stride 1 or 2, no ReLU, its ou
 
 becomes ``Q(x) -> TrtfuseResidualConv(x_q; r_scale 0, stride s) -> ...``, only where the plugin is faster than
 TensorRT's own kernel: input channels up to ``MAX_PROJECTION_CIN``, output channels from ``MIN_PROJECTION_COUT``
-(see there). A 1x1 conv followed by a ReLU (a
-bottleneck's conv1) is left to TensorRT, which runs it at the DRAM floor already.
+(see there). A 1x1 conv followed by a ReLU (a bottleneck's conv1) is left to TensorRT, which runs it at the DRAM
+floor already.
 
 Fields follow docs/ARCHITECTURE.md exactly; the activation scales are copied from the neighbouring
 Q/DQ nodes because TensorRT passes no scales to plugins in explicitly quantized networks.
@@ -46,7 +46,7 @@ WEIGHT_DTYPES = {"int8": np.int8, "int32": np.int32, "float": np.float32}
 # layer4 projection (1024 -> 2048) on the H100 (benchmarks/results/conv_layers_h100.json).
 MAX_PROJECTION_CIN = 512
 # ... and with fewer output channels: the Hopper kernel's N tile is 256 channels, so a narrower projection (as
-# EfficientNet-Lite0's, 24 to 192) would leave most of each tile padding. Not measured against TensorRT; until it is,
+# EfficientNet-Lite0's, 16 to 112) would leave most of each tile padding. Not measured against TensorRT; until it is,
 # those stay with TensorRT. (Every projection measured, ResNet-50's, has 256 to 2048.)
 MIN_PROJECTION_COUT = 256
 
@@ -160,19 +160,31 @@ def find_tails(model: onnx.ModelProto) -> list[Tail]:
     return tails
 
 
-def _match(g: _Graph, add, main: str, ident: str) -> Tail | None:
-    conv = g.op(main, "Conv")
-    if conv is None or not _is_pointwise(conv) or len(g.users[main]) != 1 or main in g.outputs:
+def _conv_fields(g: _Graph, conv, q_out) -> tuple[str, dict] | None:
+    """(x's QuantizeLinear output, the plugin fields a conv brings: weights, w_scale, bias, x_scale, out_scale, cin,
+    cout) when its input is DQ(Q(x)), its weights per-channel int8 and ``q_out`` quantizes per tensor; else None."""
+    s_out = g.const(q_out.input[1])
+    if s_out is None or s_out.size != 1 or not _zero(g, q_out):
         return None
     x = g.quantized_source(conv.input[0])
-    r = g.quantized_source(ident)
     weight = g.int8_weight(conv.input[1])
-    if x is None or r is None or weight is None:
+    if x is None or weight is None:
         return None
     w, w_scale = weight
     cout, cin = w.shape[:2]
     bias = g.const(conv.input[2]) if len(conv.input) > 2 and conv.input[2] else np.zeros(cout)
     if bias is None:
+        return None
+    return x[0], dict(weights=w.reshape(cout, cin), w_scale=w_scale, bias=np.asarray(bias, np.float32),
+                      x_scale=x[1], out_scale=float(s_out.item()), cin=int(cin), cout=int(cout))
+
+
+def _match(g: _Graph, add, main: str, ident: str) -> Tail | None:
+    conv = g.op(main, "Conv")
+    if conv is None or not _is_pointwise(conv) or len(g.users[main]) != 1 or main in g.outputs:
+        return None
+    r = g.quantized_source(ident)
+    if r is None:
         return None
     out, relu = add.output[0], None
     after = g.users[out]
@@ -185,17 +197,15 @@ def _match(g: _Graph, add, main: str, ident: str) -> Tail | None:
     if len(q_outs) != 1:
         return None
     q_out = q_outs[0]
-    s_out = g.const(q_out.input[1])
-    if s_out is None or s_out.size != 1 or not _zero(g, q_out):
+    conv_fields = _conv_fields(g, conv, q_out)
+    if conv_fields is None:
         return None
     # Everything else reading the float block output must be able to read the dequantized one.
     dq_outs = [n for n in g.users[q_out.output[0]] if n.op_type == "DequantizeLinear"]
     if len(g.users[out]) > 1 and not dq_outs:
         return None
-    fields = dict(weights=w.reshape(cout, cin), w_scale=w_scale, bias=np.asarray(bias, np.float32),
-                  x_scale=x[1], r_scale=r[1], out_scale=float(s_out.item()), relu=int(relu is not None),
-                  cin=int(cin), cout=int(cout))
-    return Tail(conv, add, relu, q_out, x[0], r[0], fields)
+    x_q, fields = conv_fields
+    return Tail(conv, add, relu, q_out, x_q, r[0], {**fields, "r_scale": r[1], "relu": int(relu is not None)})
 
 
 @dataclass
@@ -226,24 +236,14 @@ def _match_projection(g: _Graph, conv, max_cin: int, min_cout: int) -> Projectio
     if y in g.outputs or len(readers) != 1 or readers[0].op_type != "QuantizeLinear":
         return None
     q_out = readers[0]
-    s_out = g.const(q_out.input[1])
-    if s_out is None or s_out.size != 1 or not _zero(g, q_out):
+    conv_fields = _conv_fields(g, conv, q_out)
+    if conv_fields is None:
         return None
-    x = g.quantized_source(conv.input[0])
-    weight = g.int8_weight(conv.input[1])
-    if x is None or weight is None:
+    x_q, fields = conv_fields
+    if fields["cin"] > max_cin or fields["cout"] < min_cout:
         return None
-    w, w_scale = weight
-    cout, cin = w.shape[:2]
-    if cin > max_cin or cout < min_cout:
-        return None
-    bias = g.const(conv.input[2]) if len(conv.input) > 2 and conv.input[2] else np.zeros(cout)
-    if bias is None:
-        return None
-    fields = dict(weights=w.reshape(cout, cin), w_scale=w_scale, bias=np.asarray(bias, np.float32),
-                  x_scale=x[1], r_scale=0.0, out_scale=float(s_out.item()), relu=0, cin=int(cin), cout=int(cout),
-                  stride=int(_attr(conv, "strides", [1, 1])[0]))
-    return Projection(conv, q_out, x[0], fields)
+    return Projection(conv, q_out, x_q, {**fields, "r_scale": 0.0, "relu": 0,
+                                         "stride": int(_attr(conv, "strides", [1, 1])[0])})
 
 
 def plugin_node(name: str, x_q: str, r_q: str | None, out_q: str, fields: dict,
@@ -278,7 +278,7 @@ def plugin_counts(model: onnx.ModelProto) -> dict[str, int]:
 def rewrite(model: onnx.ModelProto, weight_dtype: str = "int32",
             projections: bool = False) -> tuple[onnx.ModelProto, int]:
     """A copy of the Q/DQ ``model`` with every residual tail fused, and every projection the plugin takes (see
-    MAX_PROJECTION_CIN) when ``projections``; returns (model, plugin nodes). ``plugin_counts`` splits them by kind.
+    find_projections) when ``projections``; returns (model, plugin nodes). ``plugin_counts`` splits them by kind.
 
     ``weight_dtype``: how the int8 weight values travel in the ``weights`` tensor attribute. int32
     by default: TensorRT 8.5's ONNX parser is known to pass INT32 and FLOAT tensor attributes to
@@ -371,12 +371,9 @@ def plugin_reference(x: np.ndarray, r: np.ndarray | None, node: onnx.NodeProto) 
     cin, cout = a["cin"].i, a["cout"].i
     stride = a["stride"].i if "stride" in a else 1
     w = numpy_helper.to_array(a["weights"].t).reshape(cout, cin)
-    xs = np.ascontiguousarray(x[:, :, ::stride, ::stride])
-    if r is None:  # the rule's residual term is 0
-        r = np.zeros((xs.shape[0], cout) + xs.shape[2:], np.int8)
-    return reference_fp32(xs, w.astype(np.int8), np.asarray(a["w_scale"].floats, np.float32),
+    return reference_fp32(x, w.astype(np.int8), np.asarray(a["w_scale"].floats, np.float32),
                           np.asarray(a["bias"].floats, np.float32), r, a["x_scale"].f,
-                          a["r_scale"].f, a["out_scale"].f, a["relu"].i)
+                          a["r_scale"].f, a["out_scale"].f, a["relu"].i, stride=stride)
 
 
 def evaluate_with_reference(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:

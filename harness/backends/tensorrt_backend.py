@@ -144,7 +144,8 @@ class StagedBatch:
 
 class TensorRTBackend(Backend):
     """Options: engine (a built engine file; else one is built for the model), precision ("int8"),
-    plugins ("off" | "tails" | "all"; true/false as "tails"/"off"), streams (2), cuda_graphs (True), input_format ("float" | "int8"), plugin_lib,
+    plugins ("off" | "tails" | "all"; true/false as "tails"/"off"), streams (2), cuda_graphs (True),
+    input_format ("float" | "int8"), plugin_lib,
     graph_buckets (16: batch sizes with a CUDA graph, max_batch / 16 apart; a batch runs at the next one up),
     serial_compute (True: the streams' engine runs go one after another, in launch order, while the
     copies overlap them; False: they may overlap each other), tactic_sources ("default": TensorRT's;

@@ -20,6 +20,10 @@ and per element, with acc[m, n] = sum_k int32(x[m, k]) * int32(w[n, k]) exact in
 same formula in float64 (the "ideal" result, what TensorRT's own int8 conv approximates in its own way): it may
 differ from the rule by 1 LSB where v / out_scale lies near a .5 boundary; compare with `count_lsb_diffs`.
 
+A layer without a residual input (r None) has a residual term of 0; with stride 2 output (oh, ow) reads input
+(2 oh, 2 ow), no padding: both references take ``stride`` and apply it to x (and ``accumulate`` too, for an acc
+computed once and passed to both).
+
 Tensors are NCHW int8 here; `to_nc32hw32` / `from_nc32hw32` convert to TensorRT's kCHW32 (channels padded
 to a multiple of 32 with zeros, [N][ceil(C/32)][H][W][32]).
 """
@@ -44,8 +48,14 @@ def from_nc32hw32(a: np.ndarray, c: int) -> np.ndarray:
     return np.ascontiguousarray(a.transpose(0, 1, 4, 2, 3).reshape(n, cb * 32, h, w)[:, :c])
 
 
-def accumulate(x: np.ndarray, w: np.ndarray) -> np.ndarray:
-    """int32 acc [N, Cout, H, W] of x [N, Cin, H, W] int8 and w [Cout, Cin] int8 (exact)."""
+def strided(x: np.ndarray, stride: int) -> np.ndarray:
+    """The input positions a 1x1 conv of this stride reads (no padding)."""
+    return x if stride == 1 else np.ascontiguousarray(x[:, :, ::stride, ::stride])
+
+
+def accumulate(x: np.ndarray, w: np.ndarray, stride: int = 1) -> np.ndarray:
+    """int32 acc [N, Cout, Ho, Wo] of x [N, Cin, H, W] int8 and w [Cout, Cin] int8 (exact)."""
+    x = strided(x, stride)
     n, cin, h, wd = x.shape
     # float64 BLAS: every product and partial sum is an integer below 2**53, so the result is exact
     assert cin * 128 * 128 < 2**53
@@ -87,10 +97,11 @@ def constants(w_scale, bias, x_scale, r_scale, out_scale, relu):
 
 
 def reference_fp32(
-    x, w, w_scale, bias, r, x_scale, r_scale, out_scale, relu, acc=None
+    x, w, w_scale, bias, r, x_scale, r_scale, out_scale, relu, acc=None, stride=1
 ) -> np.ndarray:
-    """The rounding rule, bit for bit (NCHW int8 in and out)."""
-    acc = accumulate(x, w) if acc is None else acc
+    """The rounding rule, bit for bit (NCHW int8 in and out; r None: no residual input)."""
+    acc = accumulate(x, w, stride) if acc is None else acc
+    r = np.zeros(acc.shape, np.int8) if r is None else r
     a, b, s, lo = constants(w_scale, bias, x_scale, r_scale, out_scale, relu)
     inner = fma32(r.astype(np.float32), s, b[None, :, None, None])
     t = fma32(acc.astype(np.float32), a[None, :, None, None], inner)
@@ -99,10 +110,11 @@ def reference_fp32(
 
 
 def reference_fp64(
-    x, w, w_scale, bias, r, x_scale, r_scale, out_scale, relu, acc=None
+    x, w, w_scale, bias, r, x_scale, r_scale, out_scale, relu, acc=None, stride=1
 ) -> np.ndarray:
     """The same formula in float64 (no intermediate fp32 rounding)."""
-    acc = accumulate(x, w) if acc is None else acc
+    acc = accumulate(x, w, stride) if acc is None else acc
+    r = np.zeros(acc.shape, np.int8) if r is None else r
     v = (
         acc.astype(np.float64)
         * (float(x_scale) * np.asarray(w_scale, np.float64))[None, :, None, None]

@@ -247,17 +247,22 @@ extern "C" int trtfuse_residual_conv_create(int cin, int cout, int8_t const* wei
     return trtfuse_conv1x1_create(cin, cout, weights, w_scale, bias, x_scale, r_scale, out_scale, relu, 1, handle);
 }
 
+extern "C" int trtfuse_conv1x1_check(int cin, int cout, int8_t const* weights, float const* w_scale,
+                                     float const* bias, float x_scale, float r_scale, float out_scale, int stride) {
+    if (stride != 1 && stride != 2) return TRTFUSE_RCONV_ERR_STRIDE;
+    // the checks of the residual form; without a residual input (r_scale 0) r_scale takes no part
+    return trtfuse_residual_conv_check(cin, cout, weights, w_scale, bias, x_scale, r_scale != 0.f ? r_scale : 1.f,
+                                       out_scale);
+}
+
 extern "C" int trtfuse_conv1x1_create(int cin, int cout, int8_t const* weights, float const* w_scale,
                                       float const* bias, float x_scale, float r_scale, float out_scale, int relu,
                                       int stride, void** handle) {
     if (!handle) return TRTFUSE_RCONV_ERR_NULL;
     *handle = nullptr;
-    if (stride != 1 && stride != 2) return TRTFUSE_RCONV_ERR_STRIDE;
-    bool const residual = r_scale != 0.f;
-    // the checks of the residual form; without a residual input r_scale is 0 and takes no part
-    if (int st = trtfuse_residual_conv_check(cin, cout, weights, w_scale, bias, x_scale, residual ? r_scale : 1.f,
-                                             out_scale))
+    if (int st = trtfuse_conv1x1_check(cin, cout, weights, w_scale, bias, x_scale, r_scale, out_scale, stride))
         return st;
+    bool const residual = r_scale != 0.f;
     wgmma_available();   // cache the sm_90a probe now, outside any stream capture of forward()
     cudaGetLastError();
     Layer L;
@@ -270,12 +275,10 @@ extern "C" int trtfuse_conv1x1_create(int cin, int cout, int8_t const* weights, 
     L.kpad = round_up(L.kc * 32, 128);   // every BK divides 128: the B loader needs no K predicate
     L.npad = round_up(L.nc * 32, 256);   // every BN divides 256: no N predicate
     L.lo = relu ? 0.f : -128.f;
-    std::vector<int8_t> w(static_cast<size_t>(L.npad) * L.kpad, 0);
     std::vector<float> abs(6 * static_cast<size_t>(L.npad), 0.f);   // zero in the padding: padded channels -> 0
     // The rounding rule's constants, each an fp32 operation in this order (docs/residual_conv.md).
     float const inv_out = 1.0f / out_scale;
     for (int n = 0; n < cout; ++n) {
-        for (int k = 0; k < cin; ++k) w[static_cast<size_t>(n) * L.kpad + k] = weights[static_cast<size_t>(n) * cin + k];
         float alpha = x_scale * w_scale[n];
         abs[n] = alpha * inv_out;
         abs[L.npad + n] = bias[n] * inv_out;
@@ -286,12 +289,15 @@ extern "C" int trtfuse_conv1x1_create(int cin, int cout, int8_t const* weights, 
         L.sat = L.sat && sat_exact(abs[i]);
         abs[3 * static_cast<size_t>(L.npad) + i] = std::ldexp(abs[i], -8);   // exact for these magnitudes
     }
-    // the packed rows in the epilogue's order (tile_layout.h), and the sm90 kernel's weight slices of them
-    std::vector<int8_t> w_rows(w.size(), 0);
-    for (int row = 0; row < L.npad; ++row)
-        std::copy_n(&w[static_cast<size_t>(packed_row_channel(row)) * L.kpad], L.kpad,
-                    &w_rows[static_cast<size_t>(row) * L.kpad]);
-    std::vector<int8_t> w_img(w.size());
+    // the weights packed [npad][kpad], zero padded, rows in the epilogue's order (tile_layout.h), and the sm90
+    // kernel's weight slices of them
+    std::vector<int8_t> w_rows(static_cast<size_t>(L.npad) * L.kpad, 0);
+    for (int row = 0; row < L.npad; ++row) {
+        int const ch = packed_row_channel(row);
+        if (ch < cout)
+            std::copy_n(&weights[static_cast<size_t>(ch) * cin], cin, &w_rows[static_cast<size_t>(row) * L.kpad]);
+    }
+    std::vector<int8_t> w_img(w_rows.size());
     pack_weight_slices(w_rows.data(), L.npad, L.kpad, kWeightSliceRows, w_img.data());
     cudaError_t e = cudaMalloc(&L.w, w_rows.size());
     if (e == cudaSuccess) e = cudaMalloc(&L.w_img, w_img.size());

@@ -39,6 +39,9 @@ int trtfuse_residual_conv_create(int cin, int cout, int8_t const* weights, float
    trtfuse_residual_conv_create(...) is trtfuse_conv1x1_create(..., stride 1) with r_scale > 0. */
 int trtfuse_conv1x1_create(int cin, int cout, int8_t const* weights, float const* w_scale, float const* bias,
                            float x_scale, float r_scale, float out_scale, int relu, int stride, void** handle);
+/* Validation of the general form's fields (no GPU): 0 if trtfuse_conv1x1_create would accept them. */
+int trtfuse_conv1x1_check(int cin, int cout, int8_t const* weights, float const* w_scale, float const* bias,
+                          float x_scale, float r_scale, float out_scale, int stride);
 int trtfuse_residual_conv_destroy(void* handle);
 
 /* out = q(act(...)) for x [n, cin, h, w] and r, out [n, cout, ho, wo] (ho = ceil(h/stride), wo = ceil(w/stride)), all

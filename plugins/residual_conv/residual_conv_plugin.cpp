@@ -46,13 +46,8 @@ struct Fields {
             *why = "w_scale and bias must hold cout values";
             return false;
         }
-        if (stride != 1 && stride != 2) {
-            *why = "stride must be 1 or 2";
-            return false;
-        }
-        // r_scale 0: no residual input; its check is then the residual form's with any valid r_scale
-        int st = trtfuse_residual_conv_check(cin, cout, weights.data(), w_scale.data(), bias.data(), x_scale,
-                                             residual() ? r_scale : 1.f, out_scale);
+        int st = trtfuse_conv1x1_check(cin, cout, weights.data(), w_scale.data(), bias.data(), x_scale, r_scale,
+                                       out_scale, stride);
         if (st != 0) {
             *why = trtfuse_residual_conv_error_string(st);
             return false;
