@@ -2,8 +2,8 @@
 # A/B of two builds of the kernels library on the GPU machine, in one call: the tuner's timings of the wgw configs,
 # old and new interleaved (old, new, old, new per stage; per config the minimum of the two repeats), plus the GPU
 # tests (and optionally a sanitizer) of the new one. Results under $OUT (ab.log and a per-shape summary on stdout).
-#   OLD_LIB=path/old.so NEW_LIB=path/new.so [K=pytest-k] [SAN=racecheck SANK=pytest-k] [STAGES="res2 res5"] \
-#     [CFGS=wgw_] [REPS=30] bash benchmarks/residual_conv_ab.sh
+#   OLD_LIB=path/old.so NEW_LIB=path/new.so [OLD_TREE=checkout of the old library's code] [K=pytest-k] \
+#     [SAN=racecheck SANK=pytest-k] [STAGES="res2 res5"] [CFGS=wgw_] [REPS=30] bash benchmarks/residual_conv_ab.sh
 # (build each library here with `python -m trtfuse.plugin_build build --kernels-only --archs 90a` and carry both;
 # the iteration log of stop 10 is results/logs/residual_conv_wgw_v10_ab.log)
 set -u
@@ -23,8 +23,10 @@ fi
 for st in ${STAGES:-res2 res3 res4 res5}; do
   for lib in old new old new; do
     [ "$lib" = old ] && L=$OLD_LIB || L=$NEW_LIB
-    TRTFUSE_KERNELS_LIB=$L timeout -s KILL 90 python3 -m trtfuse.tuning --stages "$st" --configs "${CFGS:-wgw_}" \
-      --reps "${REPS:-30}" --out /tmp/ab_tune.json 2>&1 | grep -E "^tune .*best|MISMATCH|Error" | sed "s/^/$lib /" >> "$OUT/ab.log"
+    # OLD_TREE: the old library runs under its own checkout's Python (its C ABI may lack what the new code binds)
+    ( if [ "$lib" = old ] && [ -n "${OLD_TREE:-}" ]; then source "$OLD_TREE/tools/dev_env.sh"; fi
+      TRTFUSE_KERNELS_LIB=$L timeout -s KILL 90 python3 -m trtfuse.tuning --stages "$st" --configs "${CFGS:-wgw_}" \
+        --reps "${REPS:-30}" --out /tmp/ab_tune.json 2>&1 ) | grep -E "^tune .*best|MISMATCH|Error" | sed "s/^/$lib /" >> "$OUT/ab.log"
   done
 done
 grep -E "MISMATCH|Error" "$OUT/ab.log"

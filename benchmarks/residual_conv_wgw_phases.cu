@@ -84,10 +84,12 @@ void run(char const* name, int cin, int cout, int hw, int batch) {
     CK(cudaMemset(w, 1, wb));
     CK(cudaMemset(f, 0, Npad * 24));
     Params p{};
-    p.x = x; p.r = r; p.out = o; p.w = w; p.a = f; p.b = f + Npad; p.s = f + 2 * Npad;
-    p.a8 = f + 3 * Npad; p.b8 = f + 4 * Npad; p.s8 = f + 5 * Npad;
-    p.lo = 0; p.small_acc = cin <= 258; p.sat = 1;   // ReLU: the saturating epilogue
-    p.M = batch * hw; p.HW = hw; p.Kc = Kc; p.Kpad = Kpad; p.Nc = Nc;
+    p.x = Operand{x, Kc, 1, hw, 0};
+    p.r = r; p.out = o; p.w = w;
+    p.rule = Rule{f, f + Npad, f + 2 * Npad, f + 3 * Npad, f + 4 * Npad, f + 5 * Npad,
+                  0.f, cin <= 258, 1};   // ReLU: the saturating epilogue
+    p.M = batch * hw; p.HW = hw; p.Kpad = Kpad; p.Nc = Nc;
+    p.ow_div = FastDivmod(hw);
     p.n_blocks = (Nc * 32 + Cfg::BN - 1) / Cfg::BN;
     p.hw_div = FastDivmod(hw);
     p.nb_div = FastDivmod(p.n_blocks);
@@ -113,7 +115,7 @@ void run(char const* name, int cin, int cout, int hw, int batch) {
     CK(cudaMalloc(&span, size_t(grid) * 4 * 8));
     CK(cudaMemset(span, 0, size_t(grid) * 4 * 8));
     CK(cudaMemcpyToSymbol(g_wgw_span, &span, sizeof(span)));
-    auto kernel = conv_kernel_sm90<Cfg, true>;
+    auto kernel = conv_kernel_sm90<Cfg, kResidual>;
     CK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     cudaEvent_t e0, e1;
     CK(cudaEventCreate(&e0));

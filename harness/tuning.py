@@ -7,7 +7,9 @@ winners to a JSON cache that the C ABI and the TensorRT plugin read (``$TRTFUSE_
     {"version": 1, "entries": [{"gpu", "cin", "cout", "hw", "batch", "residual", "stride", "config", "ms",
                                 "candidates_ms"}, ...]}
 
-(hw: output positions per image; residual 1 for a bottleneck tail, 0 for a projection.)
+(hw: output positions per image; residual 1 for a bottleneck tail, 0 for a projection; a stage's first block with its
+projection fused into the tail (trtfuse_proj_tail_create) also has "proj_cin", the projection's input channels, and
+"stride" is the projection's.)
 
 Entries of other GPUs in an existing cache are kept. Needs torch with CUDA (device buffers and events).
 """
@@ -31,6 +33,15 @@ RESNET50_STAGES = {  # name: (cin, cout, input h == w, stride, residual)
     "proj3": (512, 1024, 28, 2, False),
     "proj4": (1024, 2048, 14, 2, False),
 }
+# a stage's first block, its projection and tail in one kernel: name: (proj_cin, cin, cout, input h == w, stride);
+# its candidates also include "separate": the two layers as two launches, each on its own tuned configuration
+RESNET50_FUSED = {
+    "fused1": (64, 64, 256, 56, 1),
+    "fused2": (256, 128, 512, 56, 2),
+    "fused3": (512, 256, 1024, 28, 2),  # never fits the fused kernel: timed to show it
+}
+SEPARATE = "separate"
+ALL_STAGES = [*RESNET50_STAGES, *RESNET50_FUSED]
 L2_FLUSH_BYTES = 256 << 20  # rotate among enough input sets that every launch reads from DRAM
 
 
@@ -157,10 +168,96 @@ def tune_shape(
     }
 
 
+def tune_fused_shape(proj_cin: int, cin: int, cout: int, hw: int, stride: int, batch: int, reps: int = 60,
+                     only: list[str] | None = None) -> dict:
+    """Times a stage's first block (hw: the block input's side) on every configuration that runs it: the sm90 ones
+    that fuse it, the sm80 ones (two launches each on that config), and SEPARATE (two launches on their own tuned
+    configurations: what the network ran before the fused form). The gate: config 0's output, byte for byte."""
+    import torch
+    from trtfuse.ops import residual_conv as op
+    from trtfuse.ops import residual_conv_reference as ref
+
+    rng = np.random.default_rng(0)
+    T, P = ref.random_layer(rng, cin, cout, True), ref.random_layer(rng, proj_cin, cout, False)
+    layer = op.ProjTail(T["w"], T["w_scale"], T["bias"], T["x_scale"], T["r_scale"], T["out_scale"], True,
+                        P["w"], P["w_scale"], P["bias"], P["x_scale"], P["out_scale"], stride)
+    ho = -(-hw // stride)
+    xb, xpb = batch * -(-cin // 32) * ho * ho * 32, batch * -(-proj_cin // 32) * hw * hw * 32
+    ob = batch * -(-cout // 32) * ho * ho * 32
+    sets = max(1, min(8, -(-L2_FLUSH_BYTES // (xb + xpb + ob))))
+    g = torch.Generator(device="cuda").manual_seed(0)
+    bufs = [(torch.randint(-128, 128, (xb,), dtype=torch.int8, device="cuda", generator=g),
+             torch.randint(-128, 128, (xpb,), dtype=torch.int8, device="cuda", generator=g),
+             torch.empty(ob, dtype=torch.int8, device="cuda")) for _ in range(sets)]
+    ws = torch.empty(ob, dtype=torch.int8, device="cuda")
+    stream = torch.cuda.current_stream().cuda_stream
+    names = op.config_names()
+    skipped = {n for n in names if only and not n.startswith(tuple(only)) and n != names[0]}
+    unsupported = [name for c, name in enumerate(names) if not op.config_supported(c)]
+    sm90 = [name for name in names if name.startswith("wgw_")]
+    # sm90 configurations that cannot hold both weight matrices would only repeat SEPARATE: not candidates
+    unfit = [name for c, name in enumerate(names) if name in sm90 and name not in unsupported and not layer.fuses(c)]
+    candidates = {name: c for c, name in enumerate(names)
+                  if name not in skipped and name not in unsupported and name not in unfit}
+    candidates[SEPARATE] = -1
+
+    def run(c, i):  # fused where config c holds the layer, else its two launches on c
+        x, xp, o = bufs[i]
+        layer.forward(x.data_ptr(), xp.data_ptr(), o.data_ptr(), batch, hw, hw, ws.data_ptr(), c, stream)
+
+    # SEPARATE: the projection and the tail as plain layers, each on its own tuned configuration
+    proj = op.ResidualConv(P["w"], P["w_scale"], P["bias"], P["x_scale"], 0.0, P["out_scale"], False, stride)
+    tail = op.ResidualConv(T["w"], T["w_scale"], T["bias"], T["x_scale"], T["r_scale"], T["out_scale"], True)
+
+    def separate(i):
+        x, xp, o = bufs[i]
+        proj.forward(xp.data_ptr(), 0, ws.data_ptr(), batch, hw, hw, -1, stream)
+        tail.forward(x.data_ptr(), ws.data_ptr(), o.data_ptr(), batch, ho, ho, -1, stream)
+
+    o0 = bufs[0][2]
+    run(0, 0)
+    want = o0.clone()
+    mismatched = []
+    for name, c in candidates.items():
+        o0.fill_(0x5A)
+        separate(0) if c == -1 else run(c, 0)
+        if not torch.equal(o0, want):
+            print(f"tune fused {proj_cin}+{cin}->{cout} {hw}x{hw} s{stride} batch {batch}: {name} MISMATCH "
+                  f"({int((o0 != want).sum())} bytes differ from {names[0]}): excluded", flush=True)
+            mismatched.append(name)
+    times = {}
+    for name, c in candidates.items():
+        if name not in mismatched:
+            times[name] = time_launches(separate if c == -1 else (lambda i, c=c: run(c, i)), sets, reps=reps)
+    for obj in (layer, proj, tail):
+        obj.close()
+    del bufs, ws
+    torch.cuda.empty_cache()
+    # the choice may be SEPARATE: the library then runs the two layers on their own choices (select_config)
+    best = min(times, key=times.get)
+    return {
+        "gpu": torch.cuda.get_device_name(),
+        "cin": cin,
+        "cout": cout,
+        "hw": ho * ho,
+        "batch": batch,
+        "residual": 1,
+        "stride": stride,
+        "proj_cin": proj_cin,
+        "config": best,
+        "ms": times[best],
+        "candidates_ms": times,
+        "mismatched": mismatched,
+        "unsupported": unsupported,
+        "unfit": unfit,
+    }
+
+
 def merge_cache(path: Path, new: list[dict]) -> dict:
     old = json.loads(path.read_text()) if path.is_file() else {"version": 1, "entries": []}
-    def key(e):  # residual and stride are absent from caches that hold tails only
-        return (e["gpu"], e["cin"], e["cout"], e["hw"], e["batch"], e.get("residual", 1), e.get("stride", 1))
+    def key(e):  # residual, stride and proj_cin are absent from older caches
+        return (e["gpu"], e["cin"], e["cout"], e["hw"], e["batch"], e.get("residual", 1), e.get("stride", 1),
+                e.get("proj_cin", 0))
 
     keys = {key(e) for e in new}
     kept = [e for e in old.get("entries", []) if key(e) not in keys]
@@ -171,8 +268,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m trtfuse.tuning", description=__doc__.split("\n")[0])
     p.add_argument(
         "--stages",
-        default=",".join(RESNET50_STAGES),
-        help=f"ResNet-50 layers (comma-separated, of {', '.join(RESNET50_STAGES)})",
+        default=",".join(ALL_STAGES),
+        help=f"ResNet-50 layers (comma-separated, of {', '.join(ALL_STAGES)})",
     )
     p.add_argument(
         "--shape",
@@ -187,10 +284,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", required=True, help="the cache JSON (merged with an existing one)")
     args = p.parse_args(argv)
     stages = [s for s in args.stages.split(",") if s]
-    unknown = [s for s in stages if s not in RESNET50_STAGES]
+    unknown = [s for s in stages if s not in ALL_STAGES]
     if unknown:
-        p.error(f"unknown stage(s) {', '.join(unknown)}: choose from {', '.join(RESNET50_STAGES)}")
-    shapes = [RESNET50_STAGES[s] for s in stages]
+        p.error(f"unknown stage(s) {', '.join(unknown)}: choose from {', '.join(ALL_STAGES)}")
+    shapes = [RESNET50_STAGES[s] for s in stages if s in RESNET50_STAGES]
     shapes += [tuple(int(v) for v in s.split(",")) + (1, True) for s in args.shape]
     entries = []
     for cin, cout, hw, stride, residual in shapes:
@@ -204,6 +301,14 @@ def main(argv: list[str] | None = None) -> int:
                 f"best {e['config']} {e['ms']:.4f} ms | {cands}",
                 flush=True,
             )
+    for proj_cin, cin, cout, hw, stride in (RESNET50_FUSED[s] for s in stages if s in RESNET50_FUSED):
+        for batch in (int(b) for b in args.batches.split(",")):
+            only = [c for c in args.configs.split(",") if c] or None
+            e = tune_fused_shape(proj_cin, cin, cout, hw, stride, batch, args.reps, only)
+            entries.append(e)
+            cands = "  ".join(f"{k}={v:.4f}" for k, v in e["candidates_ms"].items())
+            print(f"tune {cin}->{cout} {hw}x{hw} fused+{proj_cin} s{stride} batch {batch}: "
+                  f"best {e['config']} {e['ms']:.4f} ms | {cands}", flush=True)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(merge_cache(out, entries), indent=1) + "\n")

@@ -600,3 +600,119 @@ def test_forward_rejects_bad_arguments(cuda):
     finally:
         layer.close()
         cuda.free(buf)
+
+
+# ------------------------------------------------------------------------- a stage's first block: projection + tail
+# (n, proj_cin, cin, cout, h, w, stride): h x w is the block input (the projection's); the tail's input and the
+# output are ceil(h / stride) x ceil(w / stride).
+PROJ_TAIL = [
+    (2, 64, 64, 256, 9, 7, 1),  # layer1.0 shape class: M = 126, tiles straddle images, the last one partial
+    (2, 256, 128, 512, 9, 11, 2),  # layer2.0: stride 2, odd input width
+    (1, 96, 40, 72, 5, 7, 2),  # channels not multiples of 32 (padded)
+    (4, 64, 64, 256, 56, 56, 1),  # layer1.0 at batch 4: several tiles per block
+    (4, 256, 128, 512, 56, 56, 2),  # layer2.0 at batch 4
+    (2, 512, 256, 1024, 28, 28, 2),  # layer3.0: its weight rows (768 bytes) never fit: two launches everywhere
+]
+
+
+def run_proj_tail(cuda, shape, config, rng, edit=None):
+    """One projection + tail layer on the GPU against the two layers' fp32 rounding rule, composed: the projection's
+    int8 output is the tail's residual. Returns whether the fused kernel ran (else the two launches did)."""
+    n, pcin, cin, cout, h, w, stride = shape
+    T, P = ref.random_layer(rng, cin, cout, True), ref.random_layer(rng, pcin, cout, False)
+    if edit:
+        edit(T, P)
+    ho, wo = -(-h // stride), -(-w // stride)
+    x = rng.integers(-128, 128, size=(n, cin, ho, wo), dtype=np.int8)
+    xp = rng.integers(-128, 128, size=(n, pcin, h, w), dtype=np.int8)
+    layer = cuda.op.ProjTail(T["w"], T["w_scale"], T["bias"], T["x_scale"], T["r_scale"], T["out_scale"], True,
+                             P["w"], P["w_scale"], P["bias"], P["x_scale"], P["out_scale"], stride)
+    out_shape = (n, -(-cout // 32), ho, wo, 32)
+    poisoned = np.full(out_shape, POISON, np.int8)
+    fused = layer.fuses(config) if config >= 0 else layer.workspace_size(n, h, w) == 0
+    dx, dxp, do = cuda.upload(ref.to_nc32hw32(x)), cuda.upload(ref.to_nc32hw32(xp)), cuda.upload(poisoned)
+    ws = None if fused else cuda.upload(poisoned)  # the two launches: the projection's output goes here
+    try:
+        layer.forward(dx.value, dxp.value, do.value, n, h, w, ws.value if ws else 0, config)
+        cuda.sync()
+        got32 = cuda.download(do, poisoned)
+    finally:
+        layer.close()
+        cuda.free(dx, dxp, do, *([ws] if ws else []))
+    assert (ref.from_nc32hw32(got32, out_shape[1] * 32)[:, cout:] == 0).all()
+    proj = ref.reference_fp32(xp, P["w"], P["w_scale"], P["bias"], None, P["x_scale"], 0.0, P["out_scale"], False,
+                              stride=stride)
+    want = ref.reference_fp32(x, T["w"], T["w_scale"], T["bias"], proj, T["x_scale"], T["r_scale"], T["out_scale"],
+                              True)
+    got = ref.from_nc32hw32(got32, cout)
+    mism = int((got != want).sum())
+    assert mism == 0, f"{mism} of {got.size} outputs differ from the projection + tail rounding rule"
+    return fused
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("config", [-1] + list(range(NUM_CONFIGS)), ids=lambda c: f"cfg{c}" if c >= 0 else "auto")
+@pytest.mark.parametrize("shape", PROJ_TAIL, ids=lambda s: "x".join(map(str, s[:6])) + f"_s{s[6]}")
+def test_proj_tail_every_config(cuda, shape, config):
+    if config >= 0 and not cuda.op.config_supported(config):
+        _skip_unless_supported(cuda.op, config)
+    fused = run_proj_tail(cuda, shape, config, np.random.default_rng())
+    sm90 = config >= 0 and cuda.op.config_names()[config].startswith(SM90_PREFIX)
+    if sm90 and shape[3] <= 512:  # ResNet-50's layer1.0 and layer2.0 classes: every sm90 configuration holds them
+        assert fused, "an sm90 configuration that holds both weight matrices must run the fused kernel"
+    if not sm90 and config >= 0:
+        assert not fused
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("config", range(NUM_CONFIGS), ids=lambda c: f"cfg{c}")
+def test_proj_tail_rounding_ties(cuda, config):
+    # both rules at ties and far outside the clamp range (a = s = 0.5, b = 0): the projection's bytes, rounded in
+    # the kernel, must be the ones its own kernel writes, and the tail's rounding of them too
+    def ties(T, P):
+        for L in (T, P):
+            L.update(x_scale=1.0, r_scale=0.5, out_scale=1.0)
+            L["w_scale"] = np.full_like(L["w_scale"], 0.5)
+            L["bias"] = np.zeros_like(L["bias"])
+
+    _skip_unless_supported(cuda.op, config)
+    run_proj_tail(cuda, (2, 256, 128, 512, 9, 11, 2), config, np.random.default_rng(), edit=ties)
+
+
+@pytest.mark.gpu
+def test_proj_tail_refuses_the_wrong_forward_and_a_missing_workspace(cuda):
+    rng = np.random.default_rng()
+    T, P = ref.random_layer(rng, 64, 256), ref.random_layer(rng, 64, 256, False)
+    layer = cuda.op.ProjTail(T["w"], T["w_scale"], T["bias"], T["x_scale"], T["r_scale"], T["out_scale"], True,
+                             P["w"], P["w_scale"], P["bias"], P["x_scale"], P["out_scale"], 1)
+    plain = cuda.op.ResidualConv(T["w"], T["w_scale"], T["bias"], T["x_scale"], T["r_scale"], T["out_scale"], True)
+    buf = cuda.upload(np.zeros(256 * 64, np.int8))
+    try:
+        lib = cuda.op.library()
+        assert lib.trtfuse_residual_conv_forward(layer._h, buf.value, buf.value, buf.value, 1, 8, 8, -1, None) == -12
+        assert lib.trtfuse_proj_tail_forward(plain._h, buf.value, buf.value, buf.value, 1, 8, 8, None, -1, None) == -12
+        assert b"trtfuse_proj_tail_forward" in lib.trtfuse_residual_conv_error_string(-12)
+        sm80 = 0  # config 0 runs everywhere, and never fused: the projection needs a workspace
+        assert not layer.fuses(sm80)
+        with pytest.raises(RuntimeError, match=r"\(-13\).*workspace"):
+            layer.forward(buf.value, buf.value, buf.value, 1, 8, 8, 0, sm80)
+    finally:
+        layer.close()
+        plain.close()
+        cuda.free(buf)
+
+
+def test_proj_tail_check_without_gpu():
+    op = _kernels_lib()
+    rng = np.random.default_rng()
+    T, P = ref.random_layer(rng, 64, 256), ref.random_layer(rng, 96, 256, False)
+    tail = (64, 256, T["w"], T["w_scale"], T["bias"], T["x_scale"], T["r_scale"], T["out_scale"])
+    proj = (P["w"], P["w_scale"], P["bias"], P["x_scale"], P["out_scale"])
+    assert op.check_proj_tail(*tail, *proj, 2) == 0
+    assert op.check_proj_tail(*tail, *proj, 3) == -11  # stride 1 or 2
+    assert op.check_proj_tail(*tail[:6], 0.0, tail[7], *proj, 1) == -3  # the tail's residual scale is required
+    bad = P["w"].copy()
+    bad[0, 0] = -128
+    assert op.check_proj_tail(*tail, bad, *proj[1:], 1) == -4  # the projection's weights are checked too
+    assert op.check_proj_tail(*tail, P["w"][:100], *proj[1:], 1) == -2  # its rows must be cout
+

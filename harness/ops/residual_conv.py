@@ -43,12 +43,20 @@ def library(path: str | None = None) -> ctypes.CDLL:
     layer = [ctypes.c_int, ctypes.c_int, c_i8p, c_fp, c_fp, ctypes.c_float, ctypes.c_float, ctypes.c_float]
     lib.trtfuse_residual_conv_check.argtypes = layer
     lib.trtfuse_residual_conv_create.argtypes = layer + [ctypes.c_int, ctypes.POINTER(ctypes.c_void_p)]
-    if hasattr(lib, "trtfuse_conv1x1_create"):  # absent from builds older than the projection forms (A/B runs)
-        lib.trtfuse_conv1x1_create.argtypes = layer + [
-            ctypes.c_int,
-            ctypes.c_int,
-            ctypes.POINTER(ctypes.c_void_p),
-        ]
+    lib.trtfuse_conv1x1_create.argtypes = layer + [ctypes.c_int, ctypes.c_int, ctypes.POINTER(ctypes.c_void_p)]
+    # the tail's fields (+ relu for create), then the projection's: proj_cin, weights, w_scale, bias, x_scale,
+    # out_scale, stride
+    proj = [ctypes.c_int, c_i8p, c_fp, c_fp, ctypes.c_float, ctypes.c_float, ctypes.c_int]
+    lib.trtfuse_proj_tail_check.argtypes = layer + proj
+    lib.trtfuse_proj_tail_create.argtypes = layer + [ctypes.c_int] + proj + [ctypes.POINTER(ctypes.c_void_p)]
+    lib.trtfuse_proj_tail_forward.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int] * 3 + [
+        ctypes.c_void_p,
+        ctypes.c_int,
+        ctypes.c_void_p,
+    ]
+    lib.trtfuse_proj_tail_fuses.argtypes = [ctypes.c_void_p, ctypes.c_int]
+    lib.trtfuse_proj_tail_workspace_size.restype = ctypes.c_int64
+    lib.trtfuse_proj_tail_workspace_size.argtypes = [ctypes.c_void_p] + [ctypes.c_int] * 3
     lib.trtfuse_residual_conv_destroy.argtypes = [ctypes.c_void_p]
     lib.trtfuse_residual_conv_forward.argtypes = (
         [ctypes.c_void_p] * 4 + [ctypes.c_int] * 4 + [ctypes.c_void_p]
@@ -88,12 +96,36 @@ def _fields(cin, cout, arrays, x_scale, r_scale, out_scale) -> tuple:
             out_scale)
 
 
+def _proj_fields(proj_arrays, proj_x_scale, proj_out_scale, proj_stride) -> tuple:
+    """The projection's arguments of the proj_tail calls: proj_cin, weights, w_scale, bias, x_scale, out_scale,
+    stride."""
+    w, ws, b = proj_arrays
+    return (w.shape[1] if w.ndim == 2 else 0, _ptr(w, ctypes.c_int8), _ptr(ws, ctypes.c_float),
+            _ptr(b, ctypes.c_float), proj_x_scale, proj_out_scale, proj_stride)
+
+
 def check(cin, cout, w, w_scale, bias, x_scale, r_scale, out_scale) -> int:
     """Validation of the layer fields (no GPU): 0 or the C ABI's negative status."""
     arrays = _arrays(w, w_scale, bias)
     if arrays[0].size != cin * cout or arrays[1].size != cout or arrays[2].size != cout:
         return -2
     return library().trtfuse_residual_conv_check(*_fields(cin, cout, arrays, x_scale, r_scale, out_scale))
+
+
+def check_proj_tail(cin, cout, w, w_scale, bias, x_scale, r_scale, out_scale, proj_w, proj_w_scale, proj_bias,
+                    proj_x_scale, proj_out_scale, proj_stride) -> int:
+    """Validation of a projection + tail layer's fields (no GPU): 0 or the C ABI's negative status. The projection's
+    weights are [cout][proj_cin]."""
+    arrays, proj_arrays = _arrays(w, w_scale, bias), _arrays(proj_w, proj_w_scale, proj_bias)
+    pw, pws, pb = proj_arrays
+    if arrays[0].size != cin * cout or arrays[1].size != cout or arrays[2].size != cout:
+        return -2
+    if pw.ndim != 2 or pw.shape[0] != cout or pws.size != cout or pb.size != cout:
+        return -2
+    return library().trtfuse_proj_tail_check(
+        *_fields(cin, cout, arrays, x_scale, r_scale, out_scale),
+        *_proj_fields(proj_arrays, proj_x_scale, proj_out_scale, proj_stride),
+    )
 
 
 def num_configs() -> int:
@@ -146,7 +178,24 @@ def load_cache(path: str | None) -> int:
     return st
 
 
-class ResidualConv:
+class _Layer:
+    """A layer handle of the C ABI (any form): freed by close() or when collected."""
+
+    _h = None
+
+    def close(self) -> None:
+        if self._h:
+            _raise(library().trtfuse_residual_conv_destroy(self._h), "destroy")
+            self._h = None
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+class ResidualConv(_Layer):
     """One layer's packed weights on the device; forward() on kCHW32 int8 device buffers.
 
     r_scale 0: a layer without a residual input (a projection with relu False, a bottleneck's conv1 with relu True),
@@ -193,13 +242,44 @@ class ResidualConv:
             "forward",
         )
 
-    def close(self) -> None:
-        if self._h:
-            _raise(library().trtfuse_residual_conv_destroy(self._h), "destroy")
-            self._h = None
 
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:
-            pass
+class ProjTail(_Layer):
+    """A stage's first block in one kernel: its tail (1x1 conv + BN + residual Add + ReLU, stride 1) whose residual
+    is its projection (1x1 conv of the block input, stride 1 or 2, no ReLU), computed in the same kernel on the sm90
+    configurations that hold both weight matrices; exactly ResidualConv(projection) then ResidualConv(tail).
+    Elsewhere forward() runs the two as separate launches through a workspace (workspace_size)."""
+
+    def __init__(self, w, w_scale, bias, x_scale: float, r_scale: float, out_scale: float, relu: bool,
+                 proj_w, proj_w_scale, proj_bias, proj_x_scale: float, proj_out_scale: float, proj_stride: int):
+        arrays, proj_arrays = _arrays(w, w_scale, bias), _arrays(proj_w, proj_w_scale, proj_bias)
+        self.cout, self.cin = arrays[0].shape
+        self.proj_cin = proj_arrays[0].shape[1]
+        self.proj_stride = proj_stride
+        h = ctypes.c_void_p()
+        fields = (
+            _fields(self.cin, self.cout, arrays, x_scale, r_scale, out_scale)
+            + (int(relu),)
+            + _proj_fields(proj_arrays, proj_x_scale, proj_out_scale, proj_stride)
+        )
+        _raise(library().trtfuse_proj_tail_create(*fields, ctypes.byref(h)), "create")
+        self._h = h
+
+    def fuses(self, config: int) -> bool:
+        """Whether forward on `config` runs the fused kernel on this device (else two launches, with a workspace)."""
+        return bool(library().trtfuse_proj_tail_fuses(self._h, config))
+
+    def workspace_size(self, n: int, h: int, w: int) -> int:
+        """Bytes of workspace forward(config=-1) needs for a block input of n x h x w (0 where it fuses)."""
+        size = library().trtfuse_proj_tail_workspace_size(self._h, n, h, w)
+        _raise(min(size, 0), "workspace_size")
+        return size
+
+    def forward(self, x_ptr: int, xp_ptr: int, out_ptr: int, n: int, h: int, w: int, workspace_ptr: int = 0,
+                config: int = -1, stream: int = 0) -> None:
+        """x (the tail's input) and out [n, c, ceil(h / stride), ceil(w / stride)], xp (the block input, the
+        projection's) [n, proj_cin, h, w]: int8 kCHW32 device pointers; config -1 = pick."""
+        _raise(
+            library().trtfuse_proj_tail_forward(self._h, x_ptr, xp_ptr, out_ptr, n, h, w, workspace_ptr, config,
+                                                stream),
+            "forward",
+        )

@@ -9,11 +9,11 @@
 // quarter-rate I2F/F2I where an exact trick exists:
 //   1.5 * 2^23 = 12582912 is a float whose last mantissa bit weighs 1, so for |i| < 2^22 the bits of
 //   (12582912 + i) are 0x4B400000 + i, and adding it to a float in [-128, 127] rounds half to even. With
-//   |acc| < 2^22 (p.small_acc) the kernels start their accumulators at the magic bits 0x4B400000: the tensor cores
+//   |acc| < 2^22 (Rule::small_acc) the kernels start their accumulators at the magic bits 0x4B400000: the tensor cores
 //   add exactly in int32, so the accumulator already IS the magic float of 1.5*2^23 + acc and one FADD gives
 //   float(acc).
 //
-// SAT, the saturating form of the rule with ReLU (p.sat), which takes work off the ALU pipe (the epilogue's clamps,
+// SAT, the saturating form of the rule with ReLU (Rule::sat), which takes work off the ALU pipe (the epilogue's clamps,
 // byte permutes and packs all ran there, measured as math-pipe stalls, while the FMA pipes had room): with a, b, s
 // scaled by 2^-8 (exact),
 //   t8 = fma.sat(float(acc), a8, fma(float(r), s8, b8)) = clamp(t, 0, 256) * 2^-8,
@@ -105,14 +105,15 @@ __device__ __forceinline__ uint32_t q_quad_t(float t0, float t1, float t2, float
 // 2k+1 hold channels 16k + 4*tig .. 16k + 4*tig + 3 for this thread: one 32-bit word per row of the tile.
 // tile: [slab][ROWS][32] (swz_offset) starting at the fragment's first column; n0: that column's channel.
 template <int ROWS, int MI, int NI, bool RESIDUAL, bool SMALL, bool SAT>
-__device__ __forceinline__ void epilogue_fragment_form(int const (&acc)[MI][NI * 4], Params const& p, int8_t* tile,
+__device__ __forceinline__ void epilogue_fragment_form(int const (&acc)[MI][NI * 4], Rule const& rule, int8_t* tile,
                                                        int row, int tig, int n0) {
     static_assert(NI % 2 == 0, "n8 chunks come in pairs (16-channel groups)");
     std::integral_constant<bool, SMALL> small;
     // this thread's first channel of the per-channel constants: each chunk's loads are then an immediate offset from
     // it (indexing with n0 + col per chunk cost two 64-bit adds per load, ~7 % of the epilogue's instructions)
     int const c0 = n0 + tig * 4;
-    float const *pa = (SAT ? p.a8 : p.a) + c0, *pb = (SAT ? p.b8 : p.b) + c0, *ps = (SAT ? p.s8 : p.s) + c0;
+    float const *pa = (SAT ? rule.a8 : rule.a) + c0, *pb = (SAT ? rule.b8 : rule.b) + c0;
+    float const* ps = (SAT ? rule.s8 : rule.s) + c0;
 #pragma unroll
     for (int n = 0; n < NI; n += 2) {
         int const col = n * 8 + tig * 4;
@@ -147,7 +148,7 @@ __device__ __forceinline__ void epilogue_fragment_form(int const (&acc)[MI][NI *
                     v[2] = rule_t_plain<SAT>(c[2], a.z, b.z);
                     v[3] = rule_t_plain<SAT>(c[3], a.w, b.w);
                 }
-                q[i][h] = q_quad_t<SAT>(v[0], v[1], v[2], v[3], p.lo);
+                q[i][h] = q_quad_t<SAT>(v[0], v[1], v[2], v[3], rule.lo);
             }
 #pragma unroll
         for (int i = 0; i < MI; ++i)
@@ -156,16 +157,16 @@ __device__ __forceinline__ void epilogue_fragment_form(int const (&acc)[MI][NI *
     }
 }
 
-// The form is chosen per launch (p.sat, p.small_acc), the same for every thread: no divergence.
+// The form is chosen per launch (rule.sat, rule.small_acc), the same for every thread: no divergence.
 template <int ROWS, int MI, int NI, bool RESIDUAL>
-__device__ __forceinline__ void epilogue_fragment(int const (&acc)[MI][NI * 4], Params const& p, int8_t* tile, int row,
+__device__ __forceinline__ void epilogue_fragment(int const (&acc)[MI][NI * 4], Rule const& rule, int8_t* tile, int row,
                                                   int tig, int n0) {
-    if (p.sat) {
-        if (p.small_acc) epilogue_fragment_form<ROWS, MI, NI, RESIDUAL, true, true>(acc, p, tile, row, tig, n0);
-        else epilogue_fragment_form<ROWS, MI, NI, RESIDUAL, false, true>(acc, p, tile, row, tig, n0);
+    if (rule.sat) {
+        if (rule.small_acc) epilogue_fragment_form<ROWS, MI, NI, RESIDUAL, true, true>(acc, rule, tile, row, tig, n0);
+        else epilogue_fragment_form<ROWS, MI, NI, RESIDUAL, false, true>(acc, rule, tile, row, tig, n0);
     } else {
-        if (p.small_acc) epilogue_fragment_form<ROWS, MI, NI, RESIDUAL, true, false>(acc, p, tile, row, tig, n0);
-        else epilogue_fragment_form<ROWS, MI, NI, RESIDUAL, false, false>(acc, p, tile, row, tig, n0);
+        if (rule.small_acc) epilogue_fragment_form<ROWS, MI, NI, RESIDUAL, true, false>(acc, rule, tile, row, tig, n0);
+        else epilogue_fragment_form<ROWS, MI, NI, RESIDUAL, false, false>(acc, rule, tile, row, tig, n0);
     }
 }
 

@@ -118,9 +118,9 @@ conv_kernel_sm80(Params p) {
     int const m_blocks = static_cast<int>((p.M + BM - 1) / BM);
     int const tiles = m_blocks * p.n_blocks;
     int const my_tiles = blockIdx.x < tiles ? (tiles - 1 - blockIdx.x) / gridDim.x + 1 : 0;
-    int const k_tiles = (p.Kc * 32 + BK - 1) / BK;
+    int const k_tiles = (p.x.Kc * 32 + BK - 1) / BK;
     int const iters = my_tiles * k_tiles;
-    int const init = p.small_acc ? kMagicBits : 0;   // accumulator start (epilogue.cuh)
+    int const init = p.rule.small_acc ? kMagicBits : 0;   // accumulator start (epilogue.cuh)
 
     auto tile_mn = [&](int j, int& m0, int& n0) {   // j-th tile of this block, N fastest
         int t = blockIdx.x + j * gridDim.x;
@@ -133,7 +133,7 @@ conv_kernel_sm80(Params p) {
     auto my_row_offset = [&](int m0, bool x, bool& ok) -> int64_t {
         int const m = m0 + my_row;
         ok = m < p.M;
-        return (x ? x_row_offset(p, m) : out_row_offset(p, m)) + my_half * 16;
+        return (x ? x_row_offset(p, p.x, m) : out_row_offset(p, m)) + my_half * 16;
     };
 
     // cp.asyncs of k stage kt of tile j into pipeline slot `slot`; kt == 0 also brings the tile's residual
@@ -160,9 +160,9 @@ conv_kernel_sm80(Params p) {
 #pragma unroll
             for (int i = 0; i < A_PIECES; ++i) {
                 int chunk = my_slab0 + i * SLAB_STEP, kc = kt * KCH + chunk;
-                bool ok = row_ok && kc < p.Kc;
+                bool ok = row_ok && kc < p.x.Kc;
                 cp_async_16(smem_u32(a_dst + swz_offset(chunk, BM, my_row, my_half * 16)),
-                            p.x + (ok ? base + kc * (static_cast<int64_t>(p.in_hw) * 32) : 0), ok ? 16 : 0);
+                            p.x.data + (ok ? base + kc * (static_cast<int64_t>(p.x.in_hw) * 32) : 0), ok ? 16 : 0);
             }
         }
         int8_t* b_dst = sB + slot * Cfg::B_STAGE;
@@ -210,7 +210,7 @@ conv_kernel_sm80(Params p) {
         tile_mn(j, m0, n0);
         int8_t* r_tile = sR + (j % STAGES) * Cfg::R_TILE;
         // this warp's fragment: rows warp_m * WM + 16i + g (+8), channels from its first 32-channel slab
-        epilogue_fragment<BM, MI, NI, RESIDUAL>(mma.acc, p, r_tile + (warp_n * WN / 32) * BM * 32, warp_m * WM + g, tig,
+        epilogue_fragment<BM, MI, NI, RESIDUAL>(mma.acc, p.rule, r_tile + (warp_n * WN / 32) * BM * 32, warp_m * WM + g, tig,
                                       n0 + warp_n * WN);
         mma.fill(init);
         __syncthreads();

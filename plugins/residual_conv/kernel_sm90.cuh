@@ -48,6 +48,17 @@
 // map of the weights were tried too (first tile stored 12.3 us after block start; 10.3 with the bulk copies).
 // Extra blocks (schedule_sm90.h) reload it where their run of tiles crosses into the next N block.
 //
+// Form::kProjResidual, a stage's first block in one kernel (issue 14, step 3): the residual of the tail is the
+// block's projection (a strided 1x1 conv of the block input xp, no ReLU), computed by the same consumer just before
+// the tail: a tile's k stages are the projection's (from xp, by the first proj_kpad bytes of each weight row), then
+// the tail's (from x). After the projection's last stage the consumer rounds its accumulators by proj_rule into the
+// residual tile in shared memory (exactly the bytes the projection kernel would write, and where a residual read
+// from memory would land), starts the accumulators over, and the tail's epilogue reads them as its residual. The
+// projection's output never goes to memory (ResNet-50 res2 at batch 2048: 1.6 GB written and read again). Two
+// accumulators summed into one would round differently from the network's int8 graph, whose projection output is
+// quantized before the Add; this keeps the int8 tensor the graph defines. The consumer holds its tensor-core turn
+// (PINGPONG) through the projection's epilogue: the turns then stay one per tile.
+//
 // Compiled only in the sm_90a pass (ptx_sm90.cuh; kHasWgmma guards the launch).
 #pragma once
 #include <cstdint>
@@ -133,20 +144,29 @@ constexpr int wgw_smem_bytes(int k_tiles) {
     return Cfg::BN * k_tiles * Cfg::BK + Cfg::SMEM;
 }
 
-// RESIDUAL: the layer has a residual input (p.r); without one the producers only hand the residual buffers on
-// and the epilogue only writes them (they stage the output for its TMA store).
-template <class Cfg, bool RESIDUAL>
+// FORM: kResidual, the layer has a residual input (p.r); kPlain, none: the producers only hand the residual
+// buffers on and the epilogue only writes them (they stage the output for its TMA store); kProjResidual, the residual
+// is the projection of p.xp, computed here (see above).
+template <class Cfg, int FORM>
 __global__ void __launch_bounds__(Cfg::THREADS, 1)
 conv_kernel_sm90(const __grid_constant__ Params p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     constexpr int BM = Cfg::BM, BN = Cfg::BN, BK = Cfg::BK, STAGES = Cfg::STAGES, RBUF = Cfg::RBUF;
     constexpr int KCH = Cfg::KCH, NI = BN / 8;
+    constexpr bool RESIDUAL = FORM == kResidual, FUSED = FORM == kProjResidual;
 
-    int const k_tiles = (p.Kc * 32 + BK - 1) / BK;   // <= MAX_K_TILES: the host's shared-memory fit rule
+    // k stages per tile: the projection's k0 (FUSED), then x's. Weight k tile of stage kt: kt for the projection's,
+    // x's from w_x0 on (the projection's K is padded to 128 in a weight row). All weight tiles: <= MAX_K_TILES, the
+    // host's shared-memory fit rule.
+    int const k0 = FUSED ? (p.xp.Kc * 32 + BK - 1) / BK : 0;
+    int const k_tiles = k0 + (p.x.Kc * 32 + BK - 1) / BK;
+    int const w_x0 = FUSED ? p.proj_kpad / BK : 0;
+    int const w_tiles = w_x0 + k_tiles - k0;
+    auto w_tile_of = [&](int kt) { return kt < k0 ? kt : w_x0 + kt - k0; };
     extern __shared__ __align__(1024) int8_t wg_smem[];
-    int8_t* sW = wg_smem;                          // k_tiles*KCH chunks x [BN][32] (swz_offset)
+    int8_t* sW = wg_smem;                          // w_tiles*KCH chunks x [BN][32] (swz_offset)
     constexpr int XS = Cfg::X_SLOTS;
-    int8_t* sA = sW + BN * k_tiles * BK;           // [slot]: [KCH][64][32] (swz_offset)
+    int8_t* sA = sW + BN * w_tiles * BK;           // [slot]: [KCH][64][32] (swz_offset)
     int8_t* sR = sA + XS * Cfg::A_STAGE;           // [consumer][buffer]: 4 warp blocks [BN/32][16][32], residual/output
     uint32_t const bars = smem_u32(sR + 2 * RBUF * Cfg::R_TILE);
     // barriers of x slot s, of consumer c's buffer b (index c * RBUF + b), of weight chunk kt
@@ -168,7 +188,6 @@ conv_kernel_sm90(const __grid_constant__ Params p) {
     constexpr int XW = Cfg::SPLIT ? 2 : 1;   // producer warps per ring
     int const tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     int64_t const slab_bytes = static_cast<int64_t>(p.HW) * 32;       // between slabs of r and out
-    int64_t const x_slab_bytes = static_cast<int64_t>(p.in_hw) * 32;  // ... of x
     int const m_blocks = static_cast<int>((p.M + BM - 1) / BM);
     // This block's tiles (schedule_sm90.h): a regular block keeps one N block; an extra block's run may
     // cross into the next N blocks, and the consumer of the first tile with a new N block reloads the weight slice
@@ -181,7 +200,7 @@ conv_kernel_sm90(const __grid_constant__ Params p) {
     auto load_weights = [&](int nb) {
         int8_t const* src = p.w_img + static_cast<int64_t>(nb) * BN * p.Kpad;
 #pragma unroll 1
-        for (int kt = 0; kt < k_tiles; ++kt) {
+        for (int kt = 0; kt < w_tiles; ++kt) {
             mbar_arrive_expect_tx(w_full(kt), BN * BK);
             bulk_load(smem_u32(sW + kt * BK * BN), src + kt * BK * BN, BN * BK, w_full(kt));
         }
@@ -191,7 +210,7 @@ conv_kernel_sm90(const __grid_constant__ Params p) {
         WGW_SPAN(0);
         for (int s = 0; s < XS; ++s) { mbar_init(x_full(s), 32 * XW); mbar_init(x_empty(s), 4); }
         for (int b = 0; b < 2 * RBUF; ++b) { mbar_init(r_full(b), 32 * XW); mbar_init(r_empty(b), 128); }
-        for (int kt = 0; kt < k_tiles; ++kt) mbar_init(w_full(kt), 1);
+        for (int kt = 0; kt < w_tiles; ++kt) mbar_init(w_full(kt), 1);
         for (int c = 0; c < 2; ++c) { mbar_init(mma_turn(c), 128); mbar_init(mma_done(c), 4); }
         fence_mbarrier_init();
         if (my_tiles > 0) load_weights(tiles.n_block(0));   // the first slice, ahead of every other load
@@ -231,29 +250,29 @@ conv_kernel_sm90(const __grid_constant__ Params p) {
                     cp_async_16(dst + sl * slab_step + i * row_step, base + off[i], ok ? bytes[i] : 0);
             }
         };
-        // per tile: the byte offsets of this lane's rows (slab 0, its half) in x (X) or the residual, and their
-        // source sizes (0 for rows past M, clamped to a valid address and zero-filled)
-        auto row_offsets = [&](int m0, bool x, int64_t (&off)[ROWS], int (&bytes)[ROWS]) {
+        // per tile: the byte offsets of this lane's rows (slab 0, its half) in operand x (or, null, the residual),
+        // and their source sizes (0 for rows past M, clamped to a valid address and zero-filled)
+        auto row_offsets = [&](int m0, Operand const* x, int64_t (&off)[ROWS], int (&bytes)[ROWS]) {
 #pragma unroll
             for (int i = 0; i < ROWS; ++i) {
                 int m = m0 + row0 + 16 * W * i;
                 bytes[i] = m < p.M ? 16 : 0;
                 m = min(m, p.M - 1);
-                off[i] = (x ? x_row_offset(p, m) : out_row_offset(p, m)) + half * 16;
+                off[i] = (x ? x_row_offset(p, *x, m) : out_row_offset(p, m)) + half * 16;
             }
         };
         for (int t = t0; t < my_tiles; t += t_step) {
             int const m0 = tiles.m_block(t) * BM, n0 = tiles.n_block(t) * BN, u = t >> 1;
             auto load_residual = [&] {
                 int const b = (t & 1) * RBUF + u % RBUF;
-                if constexpr (!RESIDUAL) {   // no residual input: only hand the free buffer on
+                if constexpr (!RESIDUAL) {   // no residual input (or computed here): only hand the free buffer on
                     mbar_wait(r_empty(b), ((u / RBUF) & 1) ^ 1);
                     mbar_arrive(r_full(b));
                     return;
                 }
                 int64_t off[ROWS];
                 int bytes[ROWS];
-                row_offsets(m0, false, off, bytes);
+                row_offsets(m0, nullptr, off, bytes);
                 mbar_wait(r_empty(b), ((u / RBUF) & 1) ^ 1);
                 copy_slabs(smem_u32(sR + b * Cfg::R_TILE) + r_dst, 16 * 32, W * Cfg::R_BLOCK, p.r, slab_bytes, off, bytes,
                            BN / 32, n0 / 32, p.Nc);
@@ -269,17 +288,23 @@ conv_kernel_sm90(const __grid_constant__ Params p) {
             // mbarrier arrival waits for all of the thread's earlier copies, so x stage 0 lands no sooner than the
             // residual (measured: not ready at 24-36 % of res2/res3 tile starts).
             if (do_r) load_residual();
-            int64_t off[ROWS];
-            int bytes[ROWS];
-            row_offsets(m0, true, off, bytes);
-            for (int kt = 0; kt < k_tiles; ++kt) {
-                int slot, fill;
-                x_pos(t, kt, slot, fill);
-                mbar_wait(x_empty(slot), (fill & 1) ^ 1);
-                copy_slabs(smem_u32(sA + slot * Cfg::A_STAGE) + x_dst, BM * 32, 16 * W * 32, p.x, x_slab_bytes, off,
-                           bytes, KCH, kt * KCH, p.Kc);
-                mbar_arrive_on_cp_async(x_full(slot));
-            }
+            // stages kt0..kt1-1 of the tile from operand src, its slabs from 0 (offsets made once per loop: made in
+            // the loop at the operand switch, they cost the consumers' wgmmas their registers, ptxas C7511)
+            auto load_stages = [&](Operand const& src, int kt0, int kt1) {
+                int64_t off[ROWS];
+                int bytes[ROWS];
+                row_offsets(m0, &src, off, bytes);
+                for (int kt = kt0; kt < kt1; ++kt) {
+                    int slot, fill;
+                    x_pos(t, kt, slot, fill);
+                    mbar_wait(x_empty(slot), (fill & 1) ^ 1);
+                    copy_slabs(smem_u32(sA + slot * Cfg::A_STAGE) + x_dst, BM * 32, 16 * W * 32, src.data,
+                               static_cast<int64_t>(src.in_hw) * 32, off, bytes, KCH, (kt - kt0) * KCH, src.Kc);
+                    mbar_arrive_on_cp_async(x_full(slot));
+                }
+            };
+            if (FUSED) load_stages(p.xp, 0, k0);   // the projection's stages first
+            load_stages(p.x, k0, k_tiles);
         }
         asm volatile("cp.async.wait_all;\n" ::: "memory");
         return;
@@ -289,7 +314,9 @@ conv_kernel_sm90(const __grid_constant__ Params p) {
     setmaxnreg_inc<Cfg::CONSUMER_REGS>();
     int const c = warp >> 2, t128 = tid & 127, warp_in_wg = warp & 3;
     int const g = lane >> 2, tig = lane & 3;
-    int const init = p.small_acc ? kMagicBits : 0;
+    // accumulator start (epilogue.cuh): a tile begins with the projection's stages when FUSED
+    int const init = p.rule.small_acc ? kMagicBits : 0;
+    int const init0 = FUSED ? (p.proj_rule.small_acc ? kMagicBits : 0) : init;
     uint64_t const descA0 = smem_desc(smem_u32(sA));
     uint64_t const descB0 = smem_desc(smem_u32(sW));
     // the output pieces this thread stores (16-byte path): row lane / 2 of its warp's block, half lane % 2, every slab
@@ -300,7 +327,7 @@ conv_kernel_sm90(const __grid_constant__ Params p) {
 
     int acc[1][BN / 2];   // the warp's m64n256 fragment: one 16-row group of the epilogue
 #pragma unroll
-    for (int i = 0; i < BN / 2; ++i) acc[0][i] = init;
+    for (int i = 0; i < BN / 2; ++i) acc[0][i] = init0;
     // lane 0 of a warp: the buffer of its last TMA store, whose r_empty arrival it owes until the engine has read it
     int owed = -1;
     auto pay_owed = [&] {
@@ -345,16 +372,24 @@ conv_kernel_sm90(const __grid_constant__ Params p) {
                 if (t >= 2) mbar_wait(mma_done(c), ((t - 2) >> 1) & 1);
                 load_weights(nb);
             }
+            // this tile's residual/output buffer, once it is full
+            auto take_buffer = [&](int b) {
+                mbar_wait(r_full(b), (u / RBUF) & 1);
+                // the previous tile's TMA stores have had this tile's wgmmas to read their buffer: release it now
+                if (lane == 0) pay_owed();
+                return sR + b * Cfg::R_TILE + warp_in_wg * Cfg::R_BLOCK;   // this warp's block of it
+            };
             for (int kt = 0; kt < k_tiles; ++kt) {
                 int slot, fill;
                 x_pos(t, kt, slot, fill);
                 mbar_wait(x_full(slot), fill & 1);
                 if (kt == 0) WGW_TRACE(1);
-                if (wait_w) mbar_wait(w_full(kt), w_parity);
+                int const wt = w_tile_of(kt);
+                if (wait_w) mbar_wait(w_full(wt), w_parity);
                 fence_proxy_async_smem();   // the landed cp.async bytes, visible to this thread's wgmmas
                 wgmma_fence();
                 wgmma_stage<BM, KCH>(acc[0], descA0 + ((slot * Cfg::A_STAGE) >> 4),
-                                         descB0 + ((kt * KCH * BN * 32) >> 4));
+                                         descB0 + ((wt * KCH * BN * 32) >> 4));
                 wgmma_commit();
                 if (prev >= 0) {   // the previous stage's wgmmas are done: release its slot
                     wgmma_wait<1>();
@@ -362,6 +397,16 @@ conv_kernel_sm90(const __grid_constant__ Params p) {
                     if (lane == 0) mbar_arrive(x_empty(prev));
                 }
                 prev = slot;
+                if (FUSED && kt == k0 - 1) {
+                    // the projection's accumulators are complete: its output bytes go where the residual would land
+                    wgmma_wait<0>();
+                    __syncwarp();
+                    if (lane == 0) mbar_arrive(x_empty(prev));
+                    prev = -1;
+                    epilogue_fragment<16, 1, NI, false>(acc, p.proj_rule, take_buffer(c * RBUF + u % RBUF), g, tig, n0);
+#pragma unroll
+                    for (int i = 0; i < BN / 2; ++i) acc[0][i] = init;   // the tail's accumulators
+                }
             }
             if (Cfg::PINGPONG) mbar_arrive(mma_turn(1 - c));   // this tile's wgmmas are all issued
             WGW_TRACE(2);
@@ -375,18 +420,15 @@ conv_kernel_sm90(const __grid_constant__ Params p) {
 
             // ---- epilogue: in registers, written in place over the residual tile, then 16-byte stores ----
             int const b = c * RBUF + u % RBUF, m0 = tiles.template m_block<EXTRA>(t) * BM;
-            mbar_wait(r_full(b), (u / RBUF) & 1);
-            // the previous tile's TMA stores have had this tile's wgmmas to read their buffer: release it now
-            if (lane == 0) pay_owed();
+            int8_t* const w_tile = FUSED ? sR + b * Cfg::R_TILE + warp_in_wg * Cfg::R_BLOCK : take_buffer(b);
             WGW_TRACE(4);
-            int8_t* const w_tile = sR + b * Cfg::R_TILE + warp_in_wg * Cfg::R_BLOCK;   // this warp's block
-            epilogue_fragment<16, 1, NI, RESIDUAL>(acc, p, w_tile, g, tig, n0);
+            epilogue_fragment<16, 1, NI, RESIDUAL || FUSED>(acc, p.rule, w_tile, g, tig, n0);
             WGW_TRACE(5);
             // the next tile's accumulators, set here: the moves then overlap the wait below instead of delaying the
             // next tile's first wgmma (measured: ~1k cycles between a tile's start and its first wgmma otherwise)
 #pragma unroll
             for (int i = 0; i < BN / 2; ++i)   // stays here
-                asm volatile("mov.b32 %0, %1;\n" : "=r"(acc[0][i]) : "r"(init));
+                asm volatile("mov.b32 %0, %1;\n" : "=r"(acc[0][i]) : "r"(init0));
             // Each warp stores its own 16 rows, which only its epilogue wrote: a warp barrier suffices. Rows within
             // one image leave by one TMA store (p.out_map, box 16 rows x BN/32 slabs from the block's first row; rows
             // past HW or M and slabs past Nc not written), issued by lane 0, which releases the buffer after the next

@@ -42,7 +42,7 @@ using W4 = WgwConfig<64, 4, 2, true, false>;     // H200 res2 256
 struct ConfigInfo {
     char const* name;
     int bm, bn, threads, smem;   // smem: the fixed part (sm90: plus the weight slice, see config_smem)
-    void (*kernels[2])(Params);  // [residual]: without, with a residual input
+    void (*kernels[kForms])(Params);   // [Form] (params.h); null: a form this configuration does not run
     bool sm90 = false;           // needs the sm_90a module (see wgmma_available); weight slice in shared memory
     int bk = 0;
     int (*smem_bytes)(int k_tiles) = nullptr;   // sm90: the launch's shared memory for a layer of k_tiles stages
@@ -51,7 +51,7 @@ struct ConfigInfo {
 
 template <class C>
 constexpr ConfigInfo info_sm80(char const* name) {
-    return {name, C::BM, C::BN, C::THREADS, C::SMEM, {conv_kernel_sm80<C, false>, conv_kernel_sm80<C, true>}};
+    return {name, C::BM, C::BN, C::THREADS, C::SMEM, {conv_kernel_sm80<C, false>, conv_kernel_sm80<C, true>, nullptr}};
 }
 constexpr int kWeightSliceRows = 256;  // the sm90 kernel's BN: Layer::w_img holds slices of this many rows
 
@@ -60,8 +60,16 @@ int sm90_smem(int k_tiles) { return wgw_smem_bytes<C>(k_tiles); }
 template <class C>
 constexpr ConfigInfo info_sm90(char const* name) {
     static_assert(C::BN == kWeightSliceRows, "Layer::w_img is packed in slices of kWeightSliceRows rows");
-    return {name,   C::BM, C::BN, C::THREADS, C::SMEM, {conv_kernel_sm90<C, false>, conv_kernel_sm90<C, true>},
-            true,   C::BK, sm90_smem<C>, C::PINGPONG};
+    return {name,
+            C::BM,
+            C::BN,
+            C::THREADS,
+            C::SMEM,
+            {conv_kernel_sm90<C, kPlain>, conv_kernel_sm90<C, kResidual>, conv_kernel_sm90<C, kProjResidual>},
+            true,
+            C::BK,
+            sm90_smem<C>,
+            C::PINGPONG};
 }
 constexpr int kMaxSmem = 227 * 1024;   // dynamic shared memory per block (sm_90)
 
@@ -78,6 +86,11 @@ constexpr int kNumConfigs = sizeof(kConfigs) / sizeof(kConfigs[0]);
 
 struct Layer {
     int cin, cout, kc, nc, kpad, npad;
+    // A stage's first block (trtfuse_proj_tail_create): this layer is its tail, `proj` its projection (a layer of
+    // its own: its constants, and the two-launch path where the fused kernel cannot run), w_img_fused the sm90
+    // weight slices of rows [projection's kpad | tail's kpad].
+    Layer* proj = nullptr;
+    int8_t* w_img_fused = nullptr;
     bool residual;     // has a residual input (r_scale > 0)
     int stride;        // 1 or 2
     float lo;          // lower clamp: 0 with ReLU, -128 without
@@ -139,14 +152,17 @@ int wgmma_available() {
 
 bool config_supported(int config) { return !kConfigs[config].sm90 || wgmma_available(); }
 
-// Shared memory of `config` for a layer with kc input slabs (sm90: the weight slice grows with K).
-int config_smem(int config, int kc) {
+// Shared memory of `config` for a layer whose weight rows are k_bytes long (sm90: the weight slice grows with K).
+// A layer of kc input slabs: kc * 32; a fused projection and tail: the projection's K padded to 128, plus the tail's.
+int config_smem(int config, int k_bytes) {
     ConfigInfo const& C = kConfigs[config];
     if (!C.sm90) return C.smem;
-    return C.smem_bytes((kc * 32 + C.bk - 1) / C.bk);
+    return C.smem_bytes((k_bytes + C.bk - 1) / C.bk);
 }
-// Whether `config` can run a layer with kc input slabs: the sm90 kernel needs the weight slice in shared memory.
-bool layer_fits(int config, int kc) { return config_smem(config, kc) <= kMaxSmem; }
+// Whether `config` can run a layer with k_bytes weight rows: the sm90 kernel needs the weight slice in shared memory.
+bool layer_fits(int config, int k_bytes) { return config_smem(config, k_bytes) <= kMaxSmem; }
+// The weight row bytes of a layer as the kernels see it (see config_smem)
+int layer_k_bytes(Layer const& L) { return (L.proj ? L.proj->kpad : 0) + L.kc * 32; }
 
 int config_by_name(std::string const& name) {
     for (int i = 0; i < kNumConfigs; ++i)
@@ -157,39 +173,46 @@ int config_by_name(std::string const& name) {
 // Without a cache entry: the configuration with the smallest worst case over the ResNet-50 stages and batches on the
 // H100 (at most 1.17x the tuner's best, res3 at batch 2048; docs/residual_conv.md, Version 12), on the sm90 kernel
 // where it can run and hold the layer, else the sm80 one.
-int heuristic(int kc) {
+int heuristic(int k_bytes) {
     int const sm90 = config_by_name("wgw_64x256x128_s4_r2_p2_pp_sh");
-    if (config_supported(sm90) && layer_fits(sm90, kc)) return sm90;
+    if (config_supported(sm90) && layer_fits(sm90, k_bytes)) return sm90;
     return config_by_name("sm80_128x128x128_s2_b2");
 }
 
-// The configuration for a layer of this form at batch n with hw output positions per image.
-int select_config(int cin, int cout, int n, int hw, bool residual, int stride) {
+// select_config's answer for a projection + tail layer whose tuned choice is to run the two as plain layers
+constexpr int kSeparate = -2;
+
+// The configuration for a layer of this form at batch n with hw output positions per image (proj_cin > 0: a tail
+// with its projection of proj_cin channels fused, at `stride`; its weight rows are k_bytes long, see config_smem;
+// the answer may then be kSeparate: the tuner found the two plain layers faster, "config": "separate").
+int select_config(int cin, int cout, int n, int hw, bool residual, int stride, int proj_cin = 0, int k_bytes = 0) {
+    if (k_bytes == 0) k_bytes = round_up(cin, 32);
     int dev = 0;
     cudaDeviceProp prop;
     if (cudaGetDevice(&dev) != cudaSuccess || cudaGetDeviceProperties(&prop, dev) != cudaSuccess) {
         cudaGetLastError();
-        return heuristic((cin + 31) / 32);
+        return heuristic(k_bytes);
     }
     {
         std::lock_guard<std::mutex> lock(g_cache_mu);
         if (!g_cache_loaded) load_cache_locked(nullptr);
-        if (CacheEntry const* e = lookup(g_cache, prop.name, cin, cout, hw, n, residual, stride)) {
+        if (CacheEntry const* e = lookup(g_cache, prop.name, cin, cout, hw, n, residual, stride, proj_cin)) {
+            if (proj_cin > 0 && e->config == "separate") return kSeparate;
             int c = config_by_name(e->config);
             // an sm90 entry without sm_90a, or one that cannot hold this layer: the heuristic
-            if (c >= 0 && config_supported(c) && layer_fits(c, (cin + 31) / 32)) return c;
+            if (c >= 0 && config_supported(c) && layer_fits(c, k_bytes)) return c;
         }
     }
-    return heuristic((cin + 31) / 32);
+    return heuristic(k_bytes);
 }
 
-// Blocks of a kernel of `config` (its residual form or not) that fit on the whole current GPU at once (SMs x blocks
+// Blocks of a kernel of `config` (its Form `residual`) that fit on the whole current GPU at once (SMs x blocks
 // per SM) with `smem` bytes of dynamic shared memory. Also raises the kernel's dynamic shared-memory limit (sm90: to
 // the maximum, their size depends on the layer); both are cached per (device, config, form) where the size is fixed.
-int resident_blocks(int config, bool residual, int smem, int* out) {
+int resident_blocks(int config, int residual, int smem, int* out) {
     static std::mutex mu;
-    static int cache[64][kNumConfigs][2] = {};
-    static bool attr_set[64][kNumConfigs][2] = {};
+    static int cache[64][kNumConfigs][kForms] = {};
+    static bool attr_set[64][kNumConfigs][kForms] = {};
     int dev = 0;
     TRTFUSE_CUDA_RETURN(cudaGetDevice(&dev));
     ConfigInfo const& C = kConfigs[config];
@@ -219,6 +242,163 @@ int resident_blocks(int config, bool residual, int smem, int* out) {
         cache[dev][config][residual] = *out;
     }
     return 0;
+}
+
+// ---- layers: packing, upload, launch ----
+
+// The packed weights [npad][kpad] of weights [cout][cin], zero padded, rows in the epilogue's order (tile_layout.h)
+std::vector<int8_t> pack_rows(int8_t const* weights, int cin, int cout, int npad, int kpad) {
+    std::vector<int8_t> rows(static_cast<size_t>(npad) * kpad, 0);
+    for (int row = 0; row < npad; ++row) {
+        int const ch = packed_row_channel(row);
+        if (ch < cout)
+            std::copy_n(&weights[static_cast<size_t>(ch) * cin], cin, &rows[static_cast<size_t>(row) * kpad]);
+    }
+    return rows;
+}
+
+template <class T>
+int upload(std::vector<T> const& v, T** dst) {
+    cudaError_t e = cudaMalloc(dst, v.size() * sizeof(T));
+    if (e == cudaSuccess) e = cudaMemcpy(*dst, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice);
+    return static_cast<int>(e);
+}
+
+// Frees a layer, its buffers and its projection (null: nothing). The first CUDA error, or 0.
+int free_layer(Layer* L) {
+    if (!L) return 0;
+    int e = free_layer(L->proj);
+    for (void* ptr : {static_cast<void*>(L->w), static_cast<void*>(L->w_img), static_cast<void*>(L->abs),
+                      static_cast<void*>(L->w_img_fused)})
+        if (int f = static_cast<int>(cudaFree(ptr))) e = e ? e : f;
+    delete L;
+    return e;
+}
+
+// Fills L from checked fields and uploads its buffers; *rows: the packed weights (pack_rows).
+int build_layer(int cin, int cout, int8_t const* weights, float const* w_scale, float const* bias, float x_scale,
+                float r_scale, float out_scale, int relu, int stride, Layer* L, std::vector<int8_t>* rows) {
+    L->cin = cin;
+    L->cout = cout;
+    L->kc = (cin + 31) / 32;
+    L->nc = (cout + 31) / 32;
+    L->residual = r_scale != 0.f;
+    L->stride = stride;
+    L->kpad = round_up(L->kc * 32, 128);   // every BK divides 128: the B loader needs no K predicate
+    L->npad = round_up(L->nc * 32, 256);   // every BN divides 256: no N predicate
+    L->lo = relu ? 0.f : -128.f;
+    std::vector<float> abs(6 * static_cast<size_t>(L->npad), 0.f);   // zero in the padding: padded channels -> 0
+    // The rounding rule's constants, each an fp32 operation in this order (docs/residual_conv.md).
+    float const inv_out = 1.0f / out_scale;
+    for (int n = 0; n < cout; ++n) {
+        float alpha = x_scale * w_scale[n];
+        abs[n] = alpha * inv_out;
+        abs[L->npad + n] = bias[n] * inv_out;
+        abs[2 * L->npad + n] = r_scale * inv_out;
+    }
+    L->sat = relu != 0;
+    for (size_t i = 0; i < 3 * static_cast<size_t>(L->npad); ++i) {
+        L->sat = L->sat && sat_exact(abs[i]);
+        abs[3 * static_cast<size_t>(L->npad) + i] = std::ldexp(abs[i], -8);   // exact for these magnitudes
+    }
+    *rows = pack_rows(weights, cin, cout, L->npad, L->kpad);
+    std::vector<int8_t> img(rows->size());
+    pack_weight_slices(rows->data(), L->npad, L->kpad, kWeightSliceRows, img.data());
+    int st = upload(*rows, &L->w);
+    if (st == 0) st = upload(img, &L->w_img);
+    if (st == 0) st = upload(abs, &L->abs);
+    return st;
+}
+
+// The argument checks every forward shares (x: the input of spatial size h x w read at `stride`)
+int check_launch(void const* x, void const* r, void const* out, int n, int h, int w, int stride, int config) {
+    if (n <= 0 || h <= 0 || w <= 0 || static_cast<int64_t>(h) * w > (1 << 24)) return TRTFUSE_RCONV_ERR_SHAPE;
+    if ((reinterpret_cast<uintptr_t>(x) | reinterpret_cast<uintptr_t>(r) | reinterpret_cast<uintptr_t>(out)) & 15)
+        return TRTFUSE_RCONV_ERR_ALIGN;
+    if (config < -1 || config >= kNumConfigs) return TRTFUSE_RCONV_ERR_CONFIG;
+    int64_t const hw = static_cast<int64_t>((h - 1) / stride + 1) * ((w - 1) / stride + 1);
+    if (n * hw >= (int64_t(1) << 31) - 256) return TRTFUSE_RCONV_ERR_SHAPE;
+    return 0;
+}
+
+// Operand x of kc slabs, h x w, read at `stride` for an output wo wide
+Operand operand(void const* x, int kc, int stride, int h, int w, int wo) {
+    return Operand{static_cast<int8_t const*>(x), kc, stride, h * w, w - wo};
+}
+
+Rule rule_of(Layer const& L) {
+    float const* f = L.abs;
+    int const np = L.npad;
+    // 128 * 127 * Cin bounds |acc|
+    return Rule{f, f + np, f + 2 * np, f + 3 * np, f + 4 * np, f + 5 * np, L.lo, 16256LL * L.cin < (1LL << 22), L.sat};
+}
+
+// Whether the fused kernel runs a projection + tail layer on `config`: an sm90 configuration that holds its rows
+bool fuses(Layer const& L, int config) {
+    return config >= 0 && kConfigs[config].kernels[kProjResidual] && config_supported(config) &&
+           layer_fits(config, layer_k_bytes(L));
+}
+
+// One launch of layer L on `config` (>= 0) in `form`: x (and, kProjResidual, the projection's xp) in, an output of
+// n x ho x wo positions.
+int launch(Layer const& L, Form form, Operand x, Operand xp, void const* r, void* out, int n, int ho, int wo,
+           int config, cudaStream_t stream) {
+    if (!config_supported(config)) return TRTFUSE_RCONV_ERR_ARCH;
+    int const k_bytes = form == kProjResidual ? layer_k_bytes(L) : L.kc * 32;
+    if (!layer_fits(config, k_bytes)) return TRTFUSE_RCONV_ERR_FIT;
+    ConfigInfo const& C = kConfigs[config];
+    if (!C.kernels[form]) return TRTFUSE_RCONV_ERR_ARCH;
+    int const smem = config_smem(config, k_bytes), hw = ho * wo;
+    int64_t const M = static_cast<int64_t>(n) * hw;
+
+    Params p{};
+    p.x = x;
+    p.rule = rule_of(L);
+    p.r = static_cast<int8_t const*>(r);
+    p.out = static_cast<int8_t*>(out);
+    p.w = L.w;
+    p.w_img = L.w_img;
+    p.Kpad = L.kpad;
+    if (form == kProjResidual) {
+        p.xp = xp;
+        p.proj_rule = rule_of(*L.proj);
+        p.proj_kpad = L.proj->kpad;
+        p.w_img = L.w_img_fused;
+        p.Kpad = k_bytes;
+    }
+    p.M = static_cast<int>(M);
+    p.HW = hw;
+    p.ow_div = trtfuse::FastDivmod(wo);
+    p.Nc = L.nc;
+    p.n_blocks = (L.nc * 32 + C.bn - 1) / C.bn;
+    p.hw_div = trtfuse::FastDivmod(hw);
+    p.nb_div = trtfuse::FastDivmod(p.n_blocks);
+    int64_t tiles = (M + C.bm - 1) / C.bm * p.n_blocks;
+    if (tiles >= (int64_t(1) << 31)) return TRTFUSE_RCONV_ERR_SHAPE;
+    int resident = 0;
+    if (int st = resident_blocks(config, form, smem, &resident)) return st;
+    // sm80: a persistent grid, every resident block slot gets a block, each walks tiles with a grid stride.
+    int64_t blocks = std::min<int64_t>(tiles, resident);
+    if (C.sm90) {   // its own schedule (schedule_sm90.h), the packed weight slices, the output tensor map
+        WgwSchedule const s = wgw_schedule(static_cast<int>((M + C.bm - 1) / C.bm), p.n_blocks, resident, C.balance);
+        blocks = s.grid;
+        p.wgw_regular = s.regular;
+        p.wgw_quota = s.quota;
+        p.wgw_rest = s.rest;
+        if (int st = encode_out_map(p, n, C.bn)) return st;
+    }
+    C.kernels[form]<<<static_cast<unsigned>(blocks), C.threads, smem, stream>>>(p);
+    TRTFUSE_LAUNCH_CHECK();
+    return 0;
+}
+
+// A layer's own form (without its projection, if it has one) on input x of h x w, after check_launch; -1 picks.
+int forward_plain(Layer const& L, void const* x, void const* r, void* out, int n, int h, int w, int config,
+                  cudaStream_t stream) {
+    int const ho = (h - 1) / L.stride + 1, wo = (w - 1) / L.stride + 1;
+    if (config < 0) config = select_config(L.cin, L.cout, n, ho * wo, L.residual, L.stride);
+    return launch(L, L.residual ? kResidual : kPlain, operand(x, L.kc, L.stride, h, w, wo), Operand{}, r, out, n, ho,
+                  wo, config, stream);
 }
 
 }  // namespace
@@ -262,130 +442,124 @@ extern "C" int trtfuse_conv1x1_create(int cin, int cout, int8_t const* weights, 
     *handle = nullptr;
     if (int st = trtfuse_conv1x1_check(cin, cout, weights, w_scale, bias, x_scale, r_scale, out_scale, stride))
         return st;
-    bool const residual = r_scale != 0.f;
     wgmma_available();   // cache the sm_90a probe now, outside any stream capture of forward()
     cudaGetLastError();
-    Layer L;
-    L.cin = cin;
-    L.cout = cout;
-    L.kc = (cin + 31) / 32;
-    L.nc = (cout + 31) / 32;
-    L.residual = residual;
-    L.stride = stride;
-    L.kpad = round_up(L.kc * 32, 128);   // every BK divides 128: the B loader needs no K predicate
-    L.npad = round_up(L.nc * 32, 256);   // every BN divides 256: no N predicate
-    L.lo = relu ? 0.f : -128.f;
-    std::vector<float> abs(6 * static_cast<size_t>(L.npad), 0.f);   // zero in the padding: padded channels -> 0
-    // The rounding rule's constants, each an fp32 operation in this order (docs/residual_conv.md).
-    float const inv_out = 1.0f / out_scale;
-    for (int n = 0; n < cout; ++n) {
-        float alpha = x_scale * w_scale[n];
-        abs[n] = alpha * inv_out;
-        abs[L.npad + n] = bias[n] * inv_out;
-        abs[2 * L.npad + n] = r_scale * inv_out;
+    Layer* L = new Layer;
+    std::vector<int8_t> rows;
+    if (int st = build_layer(cin, cout, weights, w_scale, bias, x_scale, r_scale, out_scale, relu, stride, L, &rows)) {
+        free_layer(L);
+        return st;
     }
-    L.sat = relu != 0;
-    for (size_t i = 0; i < 3 * static_cast<size_t>(L.npad); ++i) {
-        L.sat = L.sat && sat_exact(abs[i]);
-        abs[3 * static_cast<size_t>(L.npad) + i] = std::ldexp(abs[i], -8);   // exact for these magnitudes
+    *handle = L;
+    return 0;
+}
+
+extern "C" int trtfuse_proj_tail_check(int cin, int cout, int8_t const* weights, float const* w_scale,
+                                       float const* bias, float x_scale, float r_scale, float out_scale,
+                                       int proj_cin, int8_t const* proj_weights, float const* proj_w_scale,
+                                       float const* proj_bias, float proj_x_scale, float proj_out_scale,
+                                       int proj_stride) {
+    if (!good_scale(r_scale)) return TRTFUSE_RCONV_ERR_SCALE;   // the tail has a residual: the projection's output
+    if (int st = trtfuse_conv1x1_check(cin, cout, weights, w_scale, bias, x_scale, r_scale, out_scale, 1)) return st;
+    return trtfuse_conv1x1_check(proj_cin, cout, proj_weights, proj_w_scale, proj_bias, proj_x_scale, 0.f,
+                                 proj_out_scale, proj_stride);
+}
+
+extern "C" int trtfuse_proj_tail_create(int cin, int cout, int8_t const* weights, float const* w_scale,
+                                        float const* bias, float x_scale, float r_scale, float out_scale, int relu,
+                                        int proj_cin, int8_t const* proj_weights, float const* proj_w_scale,
+                                        float const* proj_bias, float proj_x_scale, float proj_out_scale,
+                                        int proj_stride, void** handle) {
+    if (!handle) return TRTFUSE_RCONV_ERR_NULL;
+    *handle = nullptr;
+    if (int st = trtfuse_proj_tail_check(cin, cout, weights, w_scale, bias, x_scale, r_scale, out_scale, proj_cin,
+                                         proj_weights, proj_w_scale, proj_bias, proj_x_scale, proj_out_scale,
+                                         proj_stride))
+        return st;
+    wgmma_available();
+    cudaGetLastError();
+    Layer* L = new Layer;
+    L->proj = new Layer;
+    std::vector<int8_t> rows, proj_rows;
+    int st = build_layer(cin, cout, weights, w_scale, bias, x_scale, r_scale, out_scale, relu, 1, L, &rows);
+    if (st == 0)
+        st = build_layer(proj_cin, cout, proj_weights, proj_w_scale, proj_bias, proj_x_scale, 0.f, proj_out_scale, 0,
+                         proj_stride, L->proj, &proj_rows);
+    if (st == 0) {
+        // the fused kernel's weight rows: [projection (its kpad) | tail (its kpad)], as sm90 weight slices
+        int const pk = L->proj->kpad, k = pk + L->kpad;
+        std::vector<int8_t> fused(static_cast<size_t>(L->npad) * k), img(fused.size());
+        for (int row = 0; row < L->npad; ++row) {
+            std::copy_n(&proj_rows[static_cast<size_t>(row) * pk], pk, &fused[static_cast<size_t>(row) * k]);
+            std::copy_n(&rows[static_cast<size_t>(row) * L->kpad], L->kpad, &fused[static_cast<size_t>(row) * k + pk]);
+        }
+        pack_weight_slices(fused.data(), L->npad, k, kWeightSliceRows, img.data());
+        st = upload(img, &L->w_img_fused);
     }
-    // the weights packed [npad][kpad], zero padded, rows in the epilogue's order (tile_layout.h), and the sm90
-    // kernel's weight slices of them
-    std::vector<int8_t> w_rows(static_cast<size_t>(L.npad) * L.kpad, 0);
-    for (int row = 0; row < L.npad; ++row) {
-        int const ch = packed_row_channel(row);
-        if (ch < cout)
-            std::copy_n(&weights[static_cast<size_t>(ch) * cin], cin, &w_rows[static_cast<size_t>(row) * L.kpad]);
+    if (st != 0) {
+        free_layer(L);
+        return st;
     }
-    std::vector<int8_t> w_img(w_rows.size());
-    pack_weight_slices(w_rows.data(), L.npad, L.kpad, kWeightSliceRows, w_img.data());
-    cudaError_t e = cudaMalloc(&L.w, w_rows.size());
-    if (e == cudaSuccess) e = cudaMalloc(&L.w_img, w_img.size());
-    if (e == cudaSuccess) e = cudaMalloc(&L.abs, abs.size() * sizeof(float));
-    if (e == cudaSuccess) e = cudaMemcpy(L.w, w_rows.data(), w_rows.size(), cudaMemcpyHostToDevice);
-    if (e == cudaSuccess) e = cudaMemcpy(L.w_img, w_img.data(), w_img.size(), cudaMemcpyHostToDevice);
-    if (e == cudaSuccess) e = cudaMemcpy(L.abs, abs.data(), abs.size() * sizeof(float), cudaMemcpyHostToDevice);
-    if (e != cudaSuccess) {
-        cudaFree(L.w);
-        cudaFree(L.w_img);
-        cudaFree(L.abs);
-        return static_cast<int>(e);
-    }
-    *handle = new Layer(L);
+    *handle = L;
     return 0;
 }
 
 extern "C" int trtfuse_residual_conv_destroy(void* handle) {
-    if (!handle) return 0;
-    Layer* L = static_cast<Layer*>(handle);
-    cudaError_t e1 = cudaFree(L->w), e2 = cudaFree(L->abs), e3 = cudaFree(L->w_img);
-    delete L;
-    return e1 ? e1 : e2 ? e2 : e3;
+    return free_layer(static_cast<Layer*>(handle));
 }
 
 extern "C" int trtfuse_residual_conv_forward(void const* handle, void const* x, void const* r, void* out, int n,
                                              int h, int w, int config, void* stream) {
     if (!handle || !x || !out) return TRTFUSE_RCONV_ERR_NULL;
     Layer const* L = static_cast<Layer const*>(handle);
+    if (L->proj) return TRTFUSE_RCONV_ERR_FUSED;
     if ((r != nullptr) != L->residual) return TRTFUSE_RCONV_ERR_RESIDUAL;
-    if (n <= 0 || h <= 0 || w <= 0 || static_cast<int64_t>(h) * w > (1 << 24)) return TRTFUSE_RCONV_ERR_SHAPE;
-    if ((reinterpret_cast<uintptr_t>(x) | reinterpret_cast<uintptr_t>(r) | reinterpret_cast<uintptr_t>(out)) & 15)
-        return TRTFUSE_RCONV_ERR_ALIGN;
-    if (config < -1 || config >= kNumConfigs) return TRTFUSE_RCONV_ERR_CONFIG;
-    int const ho = (h - 1) / L->stride + 1, wo = (w - 1) / L->stride + 1;
-    int const hw = ho * wo;   // GEMM rows per image: output positions
-    int64_t const M = static_cast<int64_t>(n) * hw;
-    if (M >= (int64_t(1) << 31) - 256) return TRTFUSE_RCONV_ERR_SHAPE;
-    if (config < 0) config = select_config(L->cin, L->cout, n, hw, L->residual, L->stride);
-    if (!config_supported(config)) return TRTFUSE_RCONV_ERR_ARCH;
-    if (!layer_fits(config, L->kc)) return TRTFUSE_RCONV_ERR_FIT;
-    ConfigInfo const& C = kConfigs[config];
-    int const smem = config_smem(config, L->kc);
+    if (int st = check_launch(x, r, out, n, h, w, L->stride, config)) return st;
+    return forward_plain(*L, x, r, out, n, h, w, config, static_cast<cudaStream_t>(stream));
+}
 
-    Params p;
-    p.x = static_cast<int8_t const*>(x);
-    p.r = static_cast<int8_t const*>(r);
-    p.out = static_cast<int8_t*>(out);
-    p.w = L->w;
-    p.a = L->abs;
-    p.b = L->abs + L->npad;
-    p.s = L->abs + 2 * L->npad;
-    p.a8 = L->abs + 3 * L->npad;
-    p.b8 = L->abs + 4 * L->npad;
-    p.s8 = L->abs + 5 * L->npad;
-    p.lo = L->lo;
-    p.small_acc = 16256LL * L->cin < (1LL << 22);   // 128 * 127 * Cin bounds |acc|
-    p.sat = L->sat;
-    p.M = static_cast<int>(M);
-    p.HW = hw;
-    p.stride = L->stride;
-    p.in_hw = h * w;
-    p.w_gap = w - wo;
-    p.ow_div = trtfuse::FastDivmod(wo);
-    p.Kc = L->kc;
-    p.Kpad = L->kpad;
-    p.Nc = L->nc;
-    p.n_blocks = (L->nc * 32 + C.bn - 1) / C.bn;
-    p.hw_div = trtfuse::FastDivmod(hw);
-    p.nb_div = trtfuse::FastDivmod(p.n_blocks);
-    int64_t tiles = (M + C.bm - 1) / C.bm * p.n_blocks;
-    if (tiles >= (int64_t(1) << 31)) return TRTFUSE_RCONV_ERR_SHAPE;
-    int resident = 0;
-    if (int st = resident_blocks(config, L->residual, smem, &resident)) return st;
-    // sm80: a persistent grid, every resident block slot gets a block, each walks tiles with a grid stride.
-    int64_t blocks = std::min<int64_t>(tiles, resident);
-    if (C.sm90) {   // its own schedule (schedule_sm90.h), the packed weight slices, the output tensor map
-        WgwSchedule const s = wgw_schedule(static_cast<int>((M + C.bm - 1) / C.bm), p.n_blocks, resident, C.balance);
-        blocks = s.grid;
-        p.wgw_regular = s.regular;
-        p.wgw_quota = s.quota;
-        p.wgw_rest = s.rest;
-        p.w_img = L->w_img;
-        if (int st = encode_out_map(p, n, C.bn)) return st;
+extern "C" int64_t trtfuse_proj_tail_workspace_size(void const* handle, int n, int h, int w) {
+    Layer const* L = static_cast<Layer const*>(handle);
+    if (!L || !L->proj || n <= 0 || h <= 0 || w <= 0) return TRTFUSE_RCONV_ERR_NULL;
+    int const s = L->proj->stride, ho = (h - 1) / s + 1, wo = (w - 1) / s + 1;
+    int const config = select_config(L->cin, L->cout, n, ho * wo, true, s, L->proj->cin, layer_k_bytes(*L));
+    return fuses(*L, config) ? 0 : static_cast<int64_t>(n) * L->nc * ho * wo * 32;
+}
+
+extern "C" int trtfuse_proj_tail_fuses(void const* handle, int config) {
+    Layer const* L = static_cast<Layer const*>(handle);
+    if (!L || !L->proj || config < 0 || config >= kNumConfigs) return 0;
+    return fuses(*L, config) ? 1 : 0;
+}
+
+extern "C" int trtfuse_proj_tail_forward(void const* handle, void const* x, void const* xp, void* out, int n, int h,
+                                         int w, void* workspace, int config, void* stream) {
+    if (!handle || !x || !xp || !out) return TRTFUSE_RCONV_ERR_NULL;
+    Layer const* L = static_cast<Layer const*>(handle);
+    if (!L->proj) return TRTFUSE_RCONV_ERR_FUSED;
+    int const s = L->proj->stride;
+    if (int st = check_launch(xp, x, out, n, h, w, s, config)) return st;
+    int const ho = (h - 1) / s + 1, wo = (w - 1) / s + 1;
+    bool const given = config >= 0;
+    if (!given) {
+        config = select_config(L->cin, L->cout, n, ho * wo, true, s, L->proj->cin, layer_k_bytes(*L));
+        // no workspace (the caller sized it by workspace_size at another batch): the fused kernel where it can run
+        if (!workspace && !fuses(*L, config) && fuses(*L, heuristic(layer_k_bytes(*L))))
+            config = heuristic(layer_k_bytes(*L));
     }
-    C.kernels[L->residual]<<<static_cast<unsigned>(blocks), C.threads, smem, static_cast<cudaStream_t>(stream)>>>(p);
-    TRTFUSE_LAUNCH_CHECK();
-    return 0;
+    auto const st = static_cast<cudaStream_t>(stream);
+    if (fuses(*L, config)) {
+        return launch(*L, kProjResidual, operand(x, L->kc, 1, ho, wo, wo), operand(xp, L->proj->kc, s, h, w, wo),
+                      nullptr, out, n, ho, wo, config, st);
+    }
+    // two launches (an sm80 configuration, one that cannot hold the fused weight rows, or the tuner's "separate"):
+    // the projection into the workspace, then the tail with it as the residual; both on a given sm80 configuration,
+    // else each on its own choice
+    if (!workspace) return TRTFUSE_RCONV_ERR_WORKSPACE;
+    if (reinterpret_cast<uintptr_t>(workspace) & 15) return TRTFUSE_RCONV_ERR_ALIGN;
+    int const each = given && !kConfigs[config].sm90 ? config : -1;
+    if (int e = forward_plain(*L->proj, xp, nullptr, workspace, n, h, w, each, st)) return e;
+    return forward_plain(*L, x, workspace, out, n, ho, wo, each, st);   // L's own fields are the tail's
 }
 
 extern "C" int trtfuse_residual_conv_num_configs(void) { return kNumConfigs; }
@@ -401,7 +575,7 @@ extern "C" int trtfuse_residual_conv_config_supported(int config) {
 
 extern "C" int trtfuse_residual_conv_config_fits(int config, int cin, int cout) {
     if (config < 0 || config >= kNumConfigs || cin <= 0 || cout <= 0) return 0;
-    return layer_fits(config, (cin + 31) / 32) ? 1 : 0;
+    return layer_fits(config, round_up(cin, 32)) ? 1 : 0;
 }
 
 extern "C" int trtfuse_residual_conv_select_config(int cin, int cout, int n, int hw) {
@@ -453,6 +627,12 @@ extern "C" char const* trtfuse_residual_conv_error_string(int status) {
             return "r must be given exactly when the layer has a residual input (created with r_scale > 0); "
                    "a layer created with r_scale = 0 takes r = NULL";
         case TRTFUSE_RCONV_ERR_STRIDE: return "the stride must be 1 or 2";
+        case TRTFUSE_RCONV_ERR_FUSED:
+            return "a projection + tail layer (trtfuse_proj_tail_create) runs by trtfuse_proj_tail_forward, any other "
+                   "layer by trtfuse_residual_conv_forward";
+        case TRTFUSE_RCONV_ERR_WORKSPACE:
+            return "this GPU or configuration runs the projection and the tail as two launches: pass a workspace of "
+                   "trtfuse_proj_tail_workspace_size() bytes";
         case TRTFUSE_RCONV_ERR_FIT:
             return "this sm90 (wgw_*) tile configuration cannot hold this layer's weight slice in shared memory "
                    "(Cin too large): choose an sm80_* configuration, or -1 to pick";

@@ -16,6 +16,8 @@
 #define TRTFUSE_RCONV_ERR_FIT (-9)         /* sm90 config cannot hold this layer's weight slice (K too large) */
 #define TRTFUSE_RCONV_ERR_RESIDUAL (-10)   /* r given to a layer without a residual input, or missing for one with */
 #define TRTFUSE_RCONV_ERR_STRIDE (-11)     /* a stride other than 1 or 2 */
+#define TRTFUSE_RCONV_ERR_FUSED (-12)      /* a projection + tail layer given to the plain forward, or the reverse */
+#define TRTFUSE_RCONV_ERR_WORKSPACE (-13)  /* the two-launch path of a projection + tail layer needs a workspace */
 
 #ifdef __cplusplus
 extern "C" {
@@ -42,6 +44,33 @@ int trtfuse_conv1x1_create(int cin, int cout, int8_t const* weights, float const
 /* Validation of the general form's fields (no GPU): 0 if trtfuse_conv1x1_create would accept them. */
 int trtfuse_conv1x1_check(int cin, int cout, int8_t const* weights, float const* w_scale, float const* bias,
                           float x_scale, float r_scale, float out_scale, int stride);
+/* A stage's first block in one kernel: its tail (the fields of trtfuse_residual_conv_create, stride 1, r_scale > 0)
+   whose residual is its projection (proj_cin input channels, proj_weights [cout][proj_cin], no ReLU, no residual,
+   proj_stride 1 or 2, output quantized by proj_out_scale). Output: exactly the tail's output when the projection's
+   int8 output is its residual (the two layers' composition), without that tensor going to memory on the sm90
+   kernel. */
+int trtfuse_proj_tail_create(int cin, int cout, int8_t const* weights, float const* w_scale, float const* bias,
+                             float x_scale, float r_scale, float out_scale, int relu, int proj_cin,
+                             int8_t const* proj_weights, float const* proj_w_scale, float const* proj_bias,
+                             float proj_x_scale, float proj_out_scale, int proj_stride, void** handle);
+/* Validation of its fields (no GPU): 0 if trtfuse_proj_tail_create would accept them. */
+int trtfuse_proj_tail_check(int cin, int cout, int8_t const* weights, float const* w_scale, float const* bias,
+                            float x_scale, float r_scale, float out_scale, int proj_cin, int8_t const* proj_weights,
+                            float const* proj_w_scale, float const* proj_bias, float proj_x_scale,
+                            float proj_out_scale, int proj_stride);
+/* out [n, cout, ho, wo] of the tail input x [n, cin, ho, wo] and the block input xp [n, proj_cin, h, w]
+   (ho = ceil(h / proj_stride), wo likewise). The fused kernel needs an sm90 configuration that holds both layers'
+   weight rows (config -1 picks); otherwise the projection goes to `workspace` (16-byte aligned, of
+   trtfuse_proj_tail_workspace_size bytes) and the tail reads it. */
+int trtfuse_proj_tail_forward(void const* handle, void const* x, void const* xp, void* out, int n, int h, int w,
+                              void* workspace, int config, void* stream);
+/* 1 if forward on `config` (>= 0) runs the fused kernel on the current device (an sm90 configuration that holds both
+   layers' weight rows), 0 if it takes the two launches. */
+int trtfuse_proj_tail_fuses(void const* handle, int config);
+/* The workspace forward(config -1) needs on the current device for a block input of n x h x w: 0 where the fused
+   kernel runs, else the projection's output bytes; negative on bad arguments. */
+int64_t trtfuse_proj_tail_workspace_size(void const* handle, int n, int h, int w);
+/* Frees any layer (both forms). */
 int trtfuse_residual_conv_destroy(void* handle);
 
 /* out = q(act(...)) for x [n, cin, h, w] and r, out [n, cout, ho, wo] (ho = ceil(h/stride), wo = ceil(w/stride)), all

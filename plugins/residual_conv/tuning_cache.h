@@ -1,8 +1,9 @@
 // Reader of the tuner's JSON cache (written by `python -m trtfuse.tuning`), no CUDA, no TensorRT.
 // Format: {"version": 1, "entries": [{"gpu": str, "cin": int, "cout": int, "hw": int, "batch": int,
-//          "config": str, "residual": 0|1, "stride": 1|2, ...}, ...]}  (hw: output positions per image; residual
-//          and stride optional, 1 and 1 by default: the caches before them hold tails only; extra keys ignored;
-//          entry objects must not nest).
+//          "config": str, "residual": 0|1, "stride": 1|2, "proj_cin": int, ...}, ...]}  (hw: output positions per
+//          image; residual and stride optional, 1 and 1 by default: the caches before them hold tails only;
+//          proj_cin > 0: a tail with its projection fused (trtfuse_proj_tail_create), of proj_cin input channels
+//          at `stride`, default 0; extra keys ignored; entry objects must not nest).
 #pragma once
 #include <string>
 #include <vector>
@@ -12,17 +13,17 @@ namespace rconv {
 
 struct CacheEntry {
     std::string gpu, config;
-    int cin = 0, cout = 0, hw = 0, batch = 0, residual = 1, stride = 1;
+    int cin = 0, cout = 0, hw = 0, batch = 0, residual = 1, stride = 1, proj_cin = 0;
 };
 
 // false (and *error set) if the file cannot be read or parsed.
 bool parse_tuning_cache(std::string const& text, std::vector<CacheEntry>* entries, std::string* error);
 bool read_tuning_cache(std::string const& path, std::vector<CacheEntry>* entries, std::string* error);
 
-// The entry for (gpu, cin, cout, hw, residual, stride) whose batch is closest to `batch` (in log scale); nullptr if
-// none.
+// The entry for (gpu, cin, cout, hw, residual, stride, proj_cin) whose batch is closest to `batch` (in log scale);
+// nullptr if none.
 CacheEntry const* lookup(std::vector<CacheEntry> const& entries, std::string const& gpu, int cin, int cout, int hw,
-                         int batch, bool residual, int stride);
+                         int batch, bool residual, int stride, int proj_cin = 0);
 
 }  // namespace rconv
 }  // namespace trtfuse
