@@ -5,8 +5,9 @@
 
 int8 needs an explicitly quantized graph: ``MODEL_DIR/model.int8.onnx`` (written by the quantize step
 from ``--calibration``, reused afterwards). ``--plugins tails`` rewrites its residual tails into
-TrtfuseResidualConv nodes (``model.int8.plugins.onnx``), ``--plugins all`` its projections too
-(``model.int8.plugins-all.onnx``; the counts per kind are printed), and loads the plugin library before parsing.
+TrtfuseResidualConv nodes (``model.int8.plugins.onnx``), ``--plugins all`` its projections too, each one that only a
+tail reads fused with that tail into one node where the kernel holds both (``model.int8.plugins-all.onnx``; the
+counts per kind are printed), and loads the plugin library before parsing.
 Engines are cached under ``$TRTFUSE_HOME/engines/`` keyed by the hash of the ONNX bytes handed to
 the parser + the build config + the TensorRT version (its major also in the file name) + the GPU name;
 a timing cache lives beside them. TensorRT 8.5 to 11 (``trt_compat``): where weak typing is gone (11),
@@ -154,8 +155,12 @@ def onnx_for_build(model_dir: Path, cfg: BuildConfig) -> bytes:
     if cfg.plugins != "off":
         model, n = rewrite(model, cfg.weight_dtype, projections=cfg.plugins == "all")
         counts = plugin_counts(model)
-        print(f"trtfuse: --plugins {cfg.plugins}: TrtfuseResidualConv for {counts['tail']} residual tails and "
-              f"{counts['proj']} projections", file=sys.stderr)
+        def n_of(n: int, what: str) -> str:
+            return f"{n} {what}{'' if n == 1 else 's'}"
+
+        print(f"trtfuse: --plugins {cfg.plugins}: TrtfuseResidualConv for {n_of(counts['tail'], 'residual tail')}, "
+              f"{n_of(counts['proj'], 'projection')} and {n_of(counts['fused'], 'projection + tail pair')} (one node "
+              "each)", file=sys.stderr)
         if n == 0:
             raise UserError(f"--plugins {cfg.plugins} found no layer to fuse in this model",
                             "use --plugins off for it")

@@ -22,6 +22,13 @@ TensorRT's own kernel: input channels up to ``MAX_PROJECTION_CIN``, output chann
 (see there). A 1x1 conv followed by a ReLU (a bottleneck's conv1) is left to TensorRT, which runs it at the DRAM
 floor already.
 
+A stage's first block, a replaced projection whose int8 output only a tail reads (as its residual), becomes one
+node (``fuse``, the default with projections): ``TrtfuseResidualConv(x_q, xp_q) -> ...`` with the tail's fields and
+the projection's as ``proj_*`` fields (``proj_weights``, ``proj_w_scale``, ``proj_bias``, ``proj_x_scale``,
+``proj_out_scale``, ``proj_cin``, ``proj_stride``): x_q is the tail's input, xp_q the block input (the projection's),
+and the projection's output never goes to memory. Only where the fused kernel holds both weight matrices
+(``MAX_FUSED_K_BYTES``): ResNet-50's layer1.0 and layer2.0; layer3.0 keeps two nodes.
+
 Fields follow docs/ARCHITECTURE.md exactly; the activation scales are copied from the neighbouring
 Q/DQ nodes because TensorRT passes no scales to plugins in explicitly quantized networks.
 ``evaluate_with_reference`` runs a rewritten graph on CPU (ONNX Runtime between plugin nodes, the
@@ -49,6 +56,20 @@ MAX_PROJECTION_CIN = 512
 # EfficientNet-Lite0's, 16 to 112) would leave most of each tile padding. Not measured against TensorRT; until it is,
 # those stay with TensorRT. (Every projection measured, ResNet-50's, has 256 to 2048.)
 MIN_PROJECTION_COUT = 256
+# A projection and the tail that reads it fuse into one node only where the fused kernel holds both weight matrices:
+# the sm90 kernel keeps 256 rows x that many bytes (the projection's K padded to 32 then to 128, then the tail's K
+# padded to 32) in shared memory next to its rings. ResNet-50 layer1.0 (64 + 64 -> 192) and layer2.0
+# (256 + 128 -> 384) fit, layer3.0 (512 + 256 -> 768) does not (it keeps a projection node and a tail node).
+MAX_FUSED_K_BYTES = 512
+
+
+def _roundup(v: int, m: int) -> int:
+    return -(-v // m) * m
+
+
+def fused_k_bytes(proj_cin: int, cin: int) -> int:
+    """Bytes per weight row of a fused projection + tail node (see MAX_FUSED_K_BYTES)."""
+    return _roundup(_roundup(proj_cin, 32), 128) + _roundup(cin, 32)
 
 
 @dataclass
@@ -247,38 +268,59 @@ def _match_projection(g: _Graph, conv, max_cin: int, min_cout: int) -> Projectio
 
 
 def plugin_node(name: str, x_q: str, r_q: str | None, out_q: str, fields: dict,
-                weight_dtype: str = "int32") -> onnx.NodeProto:
+                weight_dtype: str = "int32", proj: Projection | None = None) -> onnx.NodeProto:
     """The TrtfuseResidualConv node (docs/ARCHITECTURE.md field names and types); r_q None: a layer without a
-    residual input (r_scale 0)."""
+    residual input (r_scale 0). ``proj``: the fused form, a tail (``fields``, r_q None) whose residual is this
+    projection: inputs [x_q, proj.x_q], its fields as the proj_* fields."""
+    assert proj is None or r_q is None, "a fused node's residual is its projection"
+    attrs = _layer_attrs(name, "", fields, weight_dtype)
+    attrs.update(r_scale=float(fields["r_scale"]), relu=int(fields["relu"]), cout=int(fields["cout"]),
+                 stride=int(fields.get("stride", 1)))
+    inputs = [x_q] + ([r_q] if r_q else [])
+    if proj is not None:
+        attrs.update(_layer_attrs(name, "proj_", proj.fields, weight_dtype),
+                     proj_stride=int(proj.fields.get("stride", 1)))
+        inputs.append(proj.x_q)
+    return helper.make_node(PLUGIN_OP, inputs, [out_q], name=name, domain=PLUGIN_DOMAIN, plugin_version="1",
+                            plugin_namespace="", **attrs)
+
+
+def _layer_attrs(name: str, prefix: str, fields: dict, weight_dtype: str) -> dict:
+    """A conv's weights, w_scale, bias, x_scale, out_scale and cin, as the attributes ``prefix`` + name."""
     weights = fields["weights"].astype(WEIGHT_DTYPES[weight_dtype])
-    return helper.make_node(
-        PLUGIN_OP, [x_q] + ([r_q] if r_q else []), [out_q], name=name, domain=PLUGIN_DOMAIN,
-        plugin_version="1", plugin_namespace="",
-        weights=numpy_helper.from_array(weights, f"{name}_weights"),
-        w_scale=[float(v) for v in fields["w_scale"]], bias=[float(v) for v in fields["bias"]],
-        x_scale=float(fields["x_scale"]), r_scale=float(fields["r_scale"]),
-        out_scale=float(fields["out_scale"]), relu=int(fields["relu"]),
-        cin=int(fields["cin"]), cout=int(fields["cout"]), stride=int(fields.get("stride", 1)))
+    return {f"{prefix}weights": numpy_helper.from_array(weights, f"{name}_{prefix}weights"),
+            f"{prefix}w_scale": [float(v) for v in fields["w_scale"]],
+            f"{prefix}bias": [float(v) for v in fields["bias"]],
+            f"{prefix}x_scale": float(fields["x_scale"]), f"{prefix}out_scale": float(fields["out_scale"]),
+            f"{prefix}cin": int(fields["cin"])}
 
 
 def plugin_kind(node: onnx.NodeProto) -> str:
-    """"tail" (a plugin node with a residual input) or "proj" (without)."""
+    """"fused" (a projection + tail node: proj_* fields), "tail" (a plugin node with a residual input) or "proj"
+    (without)."""
+    if any(a.name == "proj_weights" for a in node.attribute):
+        return "fused"
     return "tail" if len(node.input) > 1 else "proj"
 
 
 def plugin_counts(model: onnx.ModelProto) -> dict[str, int]:
-    """Plugin nodes of a rewritten graph by kind: {"tail": n, "proj": m}."""
-    counts = {"tail": 0, "proj": 0}
+    """Plugin nodes of a rewritten graph by kind: {"tail": n, "proj": m, "fused": k} (a fused node counts only as
+    "fused")."""
+    counts = {"tail": 0, "proj": 0, "fused": 0}
     for n in model.graph.node:
         if n.op_type == PLUGIN_OP and n.domain == PLUGIN_DOMAIN:
             counts[plugin_kind(n)] += 1
     return counts
 
 
-def rewrite(model: onnx.ModelProto, weight_dtype: str = "int32",
-            projections: bool = False) -> tuple[onnx.ModelProto, int]:
+def rewrite(model: onnx.ModelProto, weight_dtype: str = "int32", projections: bool = False,
+            fuse: bool = True) -> tuple[onnx.ModelProto, int]:
     """A copy of the Q/DQ ``model`` with every residual tail fused, and every projection the plugin takes (see
     find_projections) when ``projections``; returns (model, plugin nodes). ``plugin_counts`` splits them by kind.
+
+    ``fuse`` (with ``projections`` only): a replaced projection whose output only a tail reads, as its residual,
+    becomes one node with that tail where the fused kernel holds both weight matrices (``MAX_FUSED_K_BYTES``);
+    False keeps them two nodes (A/B).
 
     ``weight_dtype``: how the int8 weight values travel in the ``weights`` tensor attribute. int32
     by default: TensorRT 8.5's ONNX parser is known to pass INT32 and FLOAT tensor attributes to
@@ -289,17 +331,27 @@ def rewrite(model: onnx.ModelProto, weight_dtype: str = "int32",
     tails = find_tails(model)
     projs = find_projections(model) if projections else []
     g = _Graph(graph)
+    fused = _fusable(g, tails, projs) if fuse else {}   # id(tail) -> its projection: one node
+    fused_projs = {id(p) for p in fused.values()}
     replace, drop = {}, set()
     # A projection's plugin node takes the place of its output QuantizeLinear (same output name, so the tail that
-    # reads the projection as its residual still finds it); its conv goes.
+    # reads the projection as its residual still finds it); its conv goes. A fused one leaves no node of its own: its
+    # QuantizeLinear goes too (the residual's DequantizeLinear, then unread, with it).
     for k, p in enumerate(projs):
+        drop.add(id(p.conv))
+        if id(p) in fused_projs:
+            drop.add(id(p.q_out))
+            continue
         replace[id(p.q_out)] = plugin_node(f"{PLUGIN_OP}_proj{k}", p.x_q, None, p.q_out.output[0], p.fields,
                                            weight_dtype)
-        drop.add(id(p.conv))
         graph.value_info.append(helper.make_tensor_value_info(p.q_out.output[0], TensorProto.INT8, None))
     for k, t in enumerate(tails):
         out_q = t.q_out.output[0]
-        node = plugin_node(f"{PLUGIN_OP}_{k}", t.x_q, t.r_q, out_q, t.fields, weight_dtype)
+        p = fused.get(id(t))
+        if p is not None:   # inputs [x_q, the block input xp_q]: the residual is computed in the node
+            node = plugin_node(f"{PLUGIN_OP}_fused{k}", t.x_q, None, out_q, t.fields, weight_dtype, proj=p)
+        else:
+            node = plugin_node(f"{PLUGIN_OP}_{k}", t.x_q, t.r_q, out_q, t.fields, weight_dtype)
         replace[id(t.add)] = node
         drop.update({id(t.conv), id(t.q_out)} | ({id(t.relu)} if t.relu is not None else set()))
         # Other readers of the float block output now read the dequantized plugin output.
@@ -323,7 +375,26 @@ def rewrite(model: onnx.ModelProto, weight_dtype: str = "int32",
     _drop_unused(graph)
     if (tails or projs) and not any(o.domain == PLUGIN_DOMAIN for o in model.opset_import):
         model.opset_import.append(helper.make_opsetid(PLUGIN_DOMAIN, 1))
-    return model, len(tails) + len(projs)
+    return model, len(tails) + len(projs) - len(fused)
+
+
+def _fusable(g: _Graph, tails: list[Tail], projs: list[Projection]) -> dict[int, Projection]:
+    """{id(tail): projection} for each tail whose residual is a replaced projection's output that nothing else reads
+    (only the tail's Add, through one DequantizeLinear) and whose two weight matrices the fused kernel holds."""
+    by_out = {p.q_out.output[0]: p for p in projs}
+    fused = {}
+    for t in tails:
+        p = by_out.get(t.r_q)
+        if (p is None or t.fields.get("stride", 1) != 1 or p.fields["cout"] != t.fields["cout"]
+                or fused_k_bytes(p.fields["cin"], t.fields["cin"]) > MAX_FUSED_K_BYTES):
+            continue
+        dqs = g.users[t.r_q]
+        if t.r_q in g.outputs or not dqs or any(
+                dq.op_type != "DequantizeLinear" or dq.output[0] in g.outputs
+                or any(u is not t.add for u in g.users[dq.output[0]]) for dq in dqs):
+            continue
+        fused[id(t)] = p
+    return fused
 
 
 def _live(nodes, outputs: set[str]) -> list:
@@ -362,18 +433,26 @@ def _drop_unused(graph) -> None:
 
 
 # ----------------------------------------------------------------------------- CPU check
-def plugin_reference(x: np.ndarray, r: np.ndarray | None, node: onnx.NodeProto) -> np.ndarray:
+def plugin_reference(x: np.ndarray, r: np.ndarray | None, node: onnx.NodeProto,
+                     xp: np.ndarray | None = None) -> np.ndarray:
     """The plugin's output for int8 NCHW inputs, by the exact numpy reference (trtfuse.ops); r None: a node without
-    a residual input."""
+    a residual input. A fused node (proj_* fields) takes the block input ``xp`` instead of r: its residual is the
+    projection's reference output (the composition the fused kernel computes exactly)."""
     from trtfuse.ops.residual_conv_reference import reference_fp32
 
     a = {at.name: at for at in node.attribute}
-    cin, cout = a["cin"].i, a["cout"].i
-    stride = a["stride"].i if "stride" in a else 1
-    w = numpy_helper.to_array(a["weights"].t).reshape(cout, cin)
-    return reference_fp32(x, w.astype(np.int8), np.asarray(a["w_scale"].floats, np.float32),
-                          np.asarray(a["bias"].floats, np.float32), r, a["x_scale"].f,
-                          a["r_scale"].f, a["out_scale"].f, a["relu"].i, stride=stride)
+    cout = a["cout"].i
+
+    def conv(inp, prefix, r, r_scale, relu, stride):
+        w = numpy_helper.to_array(a[prefix + "weights"].t).reshape(cout, a[prefix + "cin"].i)
+        return reference_fp32(inp, w.astype(np.int8), np.asarray(a[prefix + "w_scale"].floats, np.float32),
+                              np.asarray(a[prefix + "bias"].floats, np.float32), r, a[prefix + "x_scale"].f,
+                              r_scale, a[prefix + "out_scale"].f, relu, stride=stride)
+
+    if "proj_weights" in a:
+        assert r is None and xp is not None, "a fused node takes x and the block input xp"
+        r = conv(xp, "proj_", None, 0.0, 0, a["proj_stride"].i if "proj_stride" in a else 1)
+    return conv(x, "", r, a["r_scale"].f, a["relu"].i, a["stride"].i if "stride" in a else 1)
 
 
 def evaluate_with_reference(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
@@ -417,8 +496,11 @@ def evaluate_with_reference(model: onnx.ModelProto, feeds: dict[str, np.ndarray]
         if n.op_type == PLUGIN_OP:
             if k > start:
                 run_segment(start, k)
-            r = values[n.input[1]] if len(n.input) > 1 else None
-            values[n.output[0]] = plugin_reference(values[n.input[0]], r, n)
+            second = values[n.input[1]] if len(n.input) > 1 else None
+            if plugin_kind(n) == "fused":   # [x, xp]: the projection's output is the residual, computed here
+                values[n.output[0]] = plugin_reference(values[n.input[0]], None, n, xp=second)
+            else:
+                values[n.output[0]] = plugin_reference(values[n.input[0]], second, n)
             start = k + 1
     if start < len(graph.node):
         run_segment(start, len(graph.node))
@@ -452,12 +534,14 @@ def main(argv=None) -> int:  # python -m trtfuse.models.residual_conv_rewrite IN
     p.add_argument("out_onnx")
     p.add_argument("--weight-dtype", choices=sorted(WEIGHT_DTYPES), default="int32")
     p.add_argument("--projections", action="store_true", help="the projections too (see MAX_PROJECTION_CIN)")
+    p.add_argument("--no-fuse", dest="fuse", action="store_false",
+                   help="with --projections: keep each projection and the tail reading it two nodes (A/B)")
     args = p.parse_args(argv)
-    model, _ = rewrite(onnx.load(args.qdq_onnx), args.weight_dtype, args.projections)
+    model, _ = rewrite(onnx.load(args.qdq_onnx), args.weight_dtype, args.projections, args.fuse)
     onnx.save(model, args.out_onnx)
     counts = plugin_counts(model)
-    print(f"replaced {counts['tail']} residual tails and {counts['proj']} projections with {PLUGIN_OP} "
-          f"-> {args.out_onnx}", file=sys.stderr)
+    print(f"replaced {counts['tail']} residual tails, {counts['proj']} projections and {counts['fused']} "
+          f"projection + tail pairs (one node each) with {PLUGIN_OP} -> {args.out_onnx}", file=sys.stderr)
     return 0
 
 

@@ -1,5 +1,8 @@
 """The residual-tail rewrite: what it matches, the plugin node contract, and CPU numerics."""
 
+import re
+from pathlib import Path
+
 import numpy as np
 import onnx
 import pytest
@@ -8,14 +11,19 @@ from test_bn_fold import GraphBuilder, toy_resnet
 from test_quantize import calib_batches
 from trtfuse.models.quantize import calibrate, quantize, top1_onnxruntime, weights_as_float_qdq
 from trtfuse.models.residual_conv_rewrite import (
+    MAX_FUSED_K_BYTES,
     PLUGIN_OP,
     compare_logits,
     evaluate_with_reference,
     find_projections,
     find_tails,
+    fused_k_bytes,
     plugin_counts,
+    plugin_kind,
     rewrite,
 )
+
+PLUGIN_SOURCE = Path(__file__).resolve().parent.parent / "plugins" / "residual_conv" / "residual_conv_plugin.cpp"
 
 
 def _quantized(model, size=16, channels=3):
@@ -152,9 +160,10 @@ def test_plugin_fields_reproduce_the_quantized_block_output(toy):
 
 
 def test_projections_become_plugin_nodes_without_a_residual_input(toy, monkeypatch):
-    """--plugins all: the first bottleneck's stride-2 projection shortcut becomes a plugin node with x as its only
-    input (r_scale 0, no ReLU, stride 2), whose int8 output the tail plugin reads as its residual; the network
-    still computes the same logits, and the node reproduces the Q/DQ graph's int8 projection output."""
+    """--plugins all without fusion (fuse=False): the first bottleneck's stride-2 projection shortcut becomes a plugin
+    node with x as its only input (r_scale 0, no ReLU, stride 2), whose int8 output the tail plugin reads as its
+    residual; the network still computes the same logits, and the node reproduces the Q/DQ graph's int8 projection
+    output."""
     import onnxruntime as ort
     from trtfuse.models import residual_conv_rewrite as rcr
     from trtfuse.models.residual_conv_rewrite import plugin_node, plugin_reference
@@ -163,9 +172,9 @@ def test_projections_become_plugin_nodes_without_a_residual_input(toy, monkeypat
     monkeypatch.setattr(rcr, "MIN_PROJECTION_COUT", 32)  # the toy's width, to exercise the path
     (p,) = find_projections(toy)
     assert (p.fields["cin"], p.fields["cout"], p.fields["stride"], p.fields["relu"]) == (16, 32, 2, 0)
-    out, n = rewrite(toy, projections=True)
-    assert n == 3 and plugin_counts(out) == {"tail": 2, "proj": 1}
-    assert plugin_counts(rewrite(toy)[0]) == {"tail": 2, "proj": 0}
+    out, n = rewrite(toy, projections=True, fuse=False)
+    assert n == 3 and plugin_counts(out) == {"tail": 2, "proj": 1, "fused": 0}
+    assert plugin_counts(rewrite(toy)[0]) == {"tail": 2, "proj": 0, "fused": 0}
     onnx.checker.check_model(out)
     (proj,) = [nd for nd in out.graph.node if nd.op_type == PLUGIN_OP and len(nd.input) == 1]
     a = {x.name: x for x in proj.attribute}
@@ -202,3 +211,175 @@ def test_wide_projections_and_conv1_stay_with_tensorrt(toy):
     out = g.op("Flatten", g.op("GlobalAveragePool", g.conv(y, 16, 8, k=3)))
     qdq = _quantized(g.model(out), size=8, channels=8)
     assert find_projections(qdq) == []
+
+
+# ----------------------------------------------------------------------------- projection + tail in one node
+def _int8_values(model, names, x):
+    """The int8 tensors ``names`` of the Q/DQ ``model`` on input x (ONNX Runtime, as the other checks run it)."""
+    import onnxruntime as ort
+
+    probe = onnx.ModelProto.FromString(model.SerializeToString())
+    probe.graph.output.extend(onnx.helper.make_tensor_value_info(n, onnx.TensorProto.INT8, None) for n in names)
+    opts = ort.SessionOptions()
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    sess = ort.InferenceSession(probe.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+    return dict(zip(names, sess.run(names, {"input": x})))
+
+
+def _assert_same_network(qdq, rewritten, x):
+    """The rewritten graph (plugin references at its plugin nodes) against the Q/DQ graph in ONNX Runtime, as the
+    tests above: fp32 summation order may move a block output by 1 LSB, which later layers carry on."""
+    _, ref = top1_onnxruntime(qdq, x, np.zeros(len(x), np.int64), progress=False)
+    got = evaluate_with_reference(rewritten, {"input": x})[0]
+    cmp = compare_logits(ref, got)
+    assert cmp["top1_agreement"] >= 0.875
+    assert cmp["max_abs_logit_diff"] < 0.05 * cmp["max_abs_logit"]
+    return got
+
+
+def test_fused_k_bytes_rule():
+    # the projection's K padded to 32 then to 128, the tail's to 32: ResNet-50's stage openings
+    assert MAX_FUSED_K_BYTES == 512
+    assert fused_k_bytes(64, 64) == 192  # layer1.0: fits
+    assert fused_k_bytes(256, 128) == 384  # layer2.0: fits
+    assert fused_k_bytes(512, 256) == 768  # layer3.0: two nodes
+    assert fused_k_bytes(16, 8) == 160 and fused_k_bytes(40, 24) == 160  # padding of odd channel counts
+
+
+def test_projection_and_its_tail_become_one_node(toy, monkeypatch):
+    """--plugins all: the first bottleneck's projection (16 -> 32, stride 2) and its tail (8 -> 32) become one node
+    with inputs [the tail's x_q, the block input] and the projection's fields as proj_*; it computes exactly what the
+    two nodes compute (fuse=False), and the network the Q/DQ graph computes."""
+    from trtfuse.models import residual_conv_rewrite as rcr
+    from trtfuse.models.residual_conv_rewrite import plugin_node, plugin_reference
+
+    monkeypatch.setattr(rcr, "MIN_PROJECTION_COUT", 32)  # the toy's width, to exercise the path
+    (p,) = find_projections(toy)
+    (t,) = [t for t in find_tails(toy) if t.r_q == p.q_out.output[0]]
+    out, n = rewrite(toy, projections=True)
+    assert n == 2 and plugin_counts(out) == {"tail": 1, "proj": 0, "fused": 1}
+    onnx.checker.check_model(out)
+    (fused,) = [nd for nd in out.graph.node if nd.op_type == PLUGIN_OP and plugin_kind(nd) == "fused"]
+    assert list(fused.input) == [t.x_q, p.x_q] and list(fused.output) == [t.q_out.output[0]]
+    a = {x.name: x for x in fused.attribute}
+    proj_fields = {"proj_weights", "proj_w_scale", "proj_bias", "proj_x_scale", "proj_out_scale", "proj_cin",
+                   "proj_stride"}
+    assert set(a) == {"plugin_version", "plugin_namespace", "weights", "w_scale", "bias", "x_scale", "r_scale",
+                      "out_scale", "relu", "cin", "cout", "stride"} | proj_fields
+    assert (a["cin"].i, a["cout"].i, a["stride"].i, a["relu"].i) == (8, 32, 1, 1)
+    assert (a["proj_cin"].i, a["proj_stride"].i) == (16, 2)
+    assert numpy_helper.to_array(a["proj_weights"].t).shape == (32, 16)
+    np.testing.assert_array_equal(numpy_helper.to_array(a["proj_weights"].t), p.fields["weights"])
+    assert a["proj_x_scale"].f == pytest.approx(p.fields["x_scale"])
+    # the tail's residual scale is the projection's output scale (one QuantizeLinear), both kept
+    assert a["r_scale"].f == pytest.approx(a["proj_out_scale"].f)
+    # the projection's conv, its QuantizeLinear and the residual's DequantizeLinear are gone: r_q is nowhere
+    assert not [nd for nd in out.graph.node if p.q_out.output[0] in list(nd.input) + list(nd.output)]
+    assert not [nd for nd in out.graph.node if nd.op_type == "Conv" and nd.output[0] == p.conv.output[0]]
+
+    x = calib_batches(seed=7, n=1)[0]
+    got = _assert_same_network(toy, out, x)
+    two = rewrite(toy, projections=True, fuse=False)[0]
+    np.testing.assert_array_equal(got, evaluate_with_reference(two, {"input": x})[0])  # exactly the composition
+
+    # the node alone, on the graph's own int8 tensors: the Q/DQ graph's block output (<= 1 LSB where fp32 summation
+    # order puts a value on a rounding edge), and exactly the projection node then the tail node
+    v = _int8_values(toy, [t.x_q, p.x_q, t.q_out.output[0]], x)
+    got = plugin_reference(v[t.x_q], None, fused, xp=v[p.x_q])
+    r = plugin_reference(v[p.x_q], None, plugin_node("p", p.x_q, None, "r", p.fields))
+    np.testing.assert_array_equal(got, plugin_reference(v[t.x_q], r, plugin_node("t", t.x_q, "r", "o", t.fields)))
+    diff = np.abs(got.astype(np.int16) - v[t.q_out.output[0]].astype(np.int16))
+    assert diff.max() <= 1 and (diff == 0).mean() > 0.99
+
+
+def test_fuse_false_and_the_k_limit_keep_two_nodes(toy, monkeypatch):
+    from trtfuse.models import residual_conv_rewrite as rcr
+
+    monkeypatch.setattr(rcr, "MIN_PROJECTION_COUT", 32)
+    two = {"tail": 2, "proj": 1, "fused": 0}
+    assert plugin_counts(rewrite(toy, projections=True, fuse=False)[0]) == two
+    assert plugin_counts(rewrite(toy, fuse=True)[0]) == {"tail": 2, "proj": 0, "fused": 0}  # no projections: no-op
+    # the toy's pair needs 128 + 32 = 160 bytes per row: at the limit it fuses, one byte below it does not
+    monkeypatch.setattr(rcr, "MAX_FUSED_K_BYTES", 160)
+    assert plugin_counts(rewrite(toy, projections=True)[0])["fused"] == 1
+    monkeypatch.setattr(rcr, "MAX_FUSED_K_BYTES", 159)
+    assert rewrite(toy, projections=True) == (rewrite(toy, projections=True, fuse=False)[0], 3)
+    assert plugin_counts(rewrite(toy, projections=True)[0]) == two
+
+
+def test_a_projection_output_read_elsewhere_is_not_fused(toy, monkeypatch):
+    from trtfuse.models import residual_conv_rewrite as rcr
+
+    monkeypatch.setattr(rcr, "MIN_PROJECTION_COUT", 32)
+    (p,) = find_projections(toy)
+    probe = onnx.ModelProto.FromString(toy.SerializeToString())
+    probe.graph.output.append(onnx.helper.make_tensor_value_info(p.q_out.output[0], onnx.TensorProto.INT8, None))
+    out, n = rewrite(probe, projections=True)
+    assert n == 3 and plugin_counts(out) == {"tail": 2, "proj": 1, "fused": 0}
+    x = calib_batches(seed=7, n=1)[0]
+    got = evaluate_with_reference(out, {"input": x})
+    assert got[1].dtype == np.int8 and got[1].shape == (8, 32, 8, 8)
+
+
+def _stage_opening(proj_cin, width, cout=64, size=8):
+    """A stage's first block alone: its input has proj_cin channels; the projection (stride 2) and the tail (width ->
+    cout) meet at the Add."""
+    g = GraphBuilder(seed=5, channels=proj_cin, size=size)
+    x = g.bottleneck("input", proj_cin, width, cout, downsample=True, stride=2)
+    return g.model(g.op("Flatten", g.op("GlobalAveragePool", x)))
+
+
+@pytest.mark.parametrize("proj_cin,width,fused", [(384, 128, True), (448, 32, False), (40, 24, True)],
+                         ids=["k512-fits", "k544-too-large", "odd-channels"])
+def test_fusion_follows_the_k_rule_on_real_widths(monkeypatch, proj_cin, width, fused):
+    from trtfuse.models import residual_conv_rewrite as rcr
+
+    monkeypatch.setattr(rcr, "MIN_PROJECTION_COUT", 64)
+    assert (fused_k_bytes(proj_cin, width) <= MAX_FUSED_K_BYTES) == fused
+    qdq = _quantized(_stage_opening(proj_cin, width), size=8, channels=proj_cin)
+    out, n = rewrite(qdq, projections=True)
+    want = {"tail": 0, "proj": 0, "fused": 1} if fused else {"tail": 1, "proj": 1, "fused": 0}
+    assert plugin_counts(out) == want and n == sum(want.values())
+    x = np.random.default_rng(2).normal(size=(8, proj_cin, 8, 8)).astype(np.float32)
+    got = _assert_same_network(qdq, out, x)
+    np.testing.assert_array_equal(got, evaluate_with_reference(rewrite(qdq, projections=True, fuse=False)[0],
+                                                               {"input": x})[0])
+
+
+def test_emitted_fields_are_the_plugin_creators(toy, monkeypatch):
+    """Every attribute a rewritten node carries (but the ONNX parser's plugin_version/plugin_namespace) is a field
+    the TrtfuseResidualConv creator declares (TensorRT's ONNX parser passes only those)."""
+    from trtfuse.models import residual_conv_rewrite as rcr
+
+    monkeypatch.setattr(rcr, "MIN_PROJECTION_COUT", 32)
+    declared = set(re.findall(r'PluginField\("(\w+)"', PLUGIN_SOURCE.read_text()))
+    assert {"weights", "proj_weights", "proj_stride"} <= declared
+    out = rewrite(toy, projections=True)[0]
+    emitted = {a.name for nd in out.graph.node if nd.op_type == PLUGIN_OP for a in nd.attribute}
+    assert "proj_weights" in emitted
+    assert emitted - {"plugin_version", "plugin_namespace"} <= declared
+
+
+@pytest.mark.slow
+def test_resnet50_fuses_layer1_and_layer2_openings(tmp_path):
+    """The real network (random weights; ~15 s): with --plugins all its 16 tails and 3 replaced projections become 14
+    tails, layer3.0's projection alone, and layer1.0 + layer2.0 as fused nodes; the fused graph computes exactly what
+    the unfused one computes."""
+    pytest.importorskip("torch")
+    from trtfuse.models import prepare
+    from trtfuse.models.bn_fold import fold_pad_into_conv
+
+    pm = prepare("resnet50", tmp_path / "resnet50")
+    fp32, _ = fold_pad_into_conv(onnx.load(pm.onnx_path))
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(2, 3, 224, 224)).astype(np.float32)
+    qdq = quantize(fp32, calibrate(fp32, [x], progress=False), "max").model
+    out, n = rewrite(qdq, projections=True)
+    assert n == 17 and plugin_counts(out) == {"tail": 14, "proj": 1, "fused": 2}
+    fused = [{a.name: a.i for a in nd.attribute if a.name in ("cin", "proj_cin", "proj_stride")}
+             for nd in out.graph.node if nd.op_type == PLUGIN_OP and plugin_kind(nd) == "fused"]
+    assert fused == [{"cin": 64, "proj_cin": 64, "proj_stride": 1}, {"cin": 128, "proj_cin": 256, "proj_stride": 2}]
+    two, n_two = rewrite(qdq, projections=True, fuse=False)
+    assert n_two == 19 and plugin_counts(two) == {"tail": 16, "proj": 3, "fused": 0}
+    np.testing.assert_array_equal(evaluate_with_reference(out, {pm.input_name: x})[0],
+                                  evaluate_with_reference(two, {pm.input_name: x})[0])

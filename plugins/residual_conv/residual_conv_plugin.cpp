@@ -1,17 +1,29 @@
 // TensorRT plugin TrtfuseResidualConv (IPluginV2DynamicExt): a thin layer over the C ABI in residual_conv.h.
-// It validates, (de)serializes the fields and calls trtfuse_residual_conv_forward, the same function the
-// tests call, so an IPluginV3 version can sit beside it without touching the kernels.
+// It validates, (de)serializes the fields and calls trtfuse_residual_conv_forward / trtfuse_proj_tail_forward, the
+// same functions the tests call, so an IPluginV3 version can sit beside it without touching the kernels.
 //
 // I/O: inputs x [N, cin, H, W] and r [N, cout, Ho, Wo], output [N, cout, Ho, Wo] (Ho = ceil(H / stride), Wo the
 // same), all INT8 in TensorRT's kCHW32 format (the only combination supportsFormatCombination accepts). With
 // r_scale = 0 the layer has no residual input and x is the only input (a projection: relu 0; a bottleneck's conv1:
 // relu 1). In an explicitly quantized network TensorRT passes no scales to plugins, so x_scale, r_scale and
 // out_scale are fields; stride (1 or 2, optional, default 1) too.
+//
+// With the proj_* fields (all or none: proj_weights [cout][proj_cin], proj_w_scale, proj_bias, proj_x_scale,
+// proj_out_scale, proj_cin; proj_stride optional, default 1) the layer is a stage's first block in one kernel: its
+// tail (stride 1, r_scale > 0) whose residual is its projection (no ReLU, no residual) of a second input. Inputs
+// x [N, cin, Ho, Wo] (the tail's) and xp [N, proj_cin, H, W] (the block input), output [N, cout, Ho, Wo]
+// (Ho = ceil(H / proj_stride)); the projection's int8 output never goes to memory where the fused kernel runs, else
+// it goes through TensorRT's workspace (getWorkspaceSize).
+//
+// Serialization: "RCV3" (written): RCV2's fields, an int32 "has projection" flag, then (if set) the projection's
+// cin, stride, x_scale, out_scale, weights, w_scale, bias. "RCV2" and "RCV1" blobs (older engines) are still read.
 #include <NvInfer.h>
 #include <NvInferRuntime.h>
 
 #include <cstdio>
 #include <cstring>
+#include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -25,29 +37,63 @@ namespace {
 
 constexpr char const* kName = "TrtfuseResidualConv";
 constexpr char const* kVersion = "1";
-constexpr uint32_t kSerialTag = 0x52435632;   // "RCV2": the fields with stride; refuses foreign blobs
+constexpr uint32_t kSerialTag = 0x52435633;   // "RCV3": RCV2 + the projection (if any); refuses foreign blobs
+constexpr uint32_t kSerialTagV2 = 0x52435632; // "RCV2": engines built before the projection + tail form
 constexpr uint32_t kSerialTagV1 = 0x52435631; // "RCV1": engines built before stride (read as stride 1)
 
 // Refusals go to stderr with the reason: TensorRT 8.5 gives plugins no logger of their own.
 void refuse(std::string const& why) { std::fprintf(stderr, "trtfuse: %s refused: %s\n", kName, why.c_str()); }
+
+// weights [cout][cin], w_scale and bias [cout]: the sizes the C ABI trusts. prefix: "" or "proj_" (field names).
+bool sizes_ok(std::vector<int8_t> const& weights, std::vector<float> const& w_scale, std::vector<float> const& bias,
+              int cin, int cout, std::string const& prefix, std::string* why) {
+    if (static_cast<int64_t>(weights.size()) != static_cast<int64_t>(cin) * cout || cin <= 0 || cout <= 0) {
+        *why = prefix + "weights must hold " + prefix + "cin * cout values (" + prefix + "cin, cout > 0)";
+        return false;
+    }
+    if (static_cast<int>(w_scale.size()) != cout || static_cast<int>(bias.size()) != cout) {
+        *why = prefix + "w_scale and " + prefix + "bias must hold cout values";
+        return false;
+    }
+    return true;
+}
+
+// The projection of the fused form (a stage's first block): a 1x1 conv of the block input xp, no ReLU, no residual.
+struct Proj {
+    int cin = 0, stride = 1;
+    float x_scale = 0, out_scale = 0;
+    std::vector<int8_t> weights;   // [cout][cin]
+    std::vector<float> w_scale, bias;
+};
 
 struct Fields {
     int cin = 0, cout = 0, relu = 1, stride = 1;
     float x_scale = 0, r_scale = 0, out_scale = 0;
     std::vector<int8_t> weights;
     std::vector<float> w_scale, bias;
+    bool has_proj = false;   // the fused form: the residual is proj's output (inputs [x, xp])
+    Proj proj;
 
     bool valid(std::string* why) const {
-        if (static_cast<int64_t>(weights.size()) != static_cast<int64_t>(cin) * cout || cin <= 0 || cout <= 0) {
-            *why = "weights must hold cin * cout values (cin, cout > 0)";
-            return false;
-        }
-        if (static_cast<int>(w_scale.size()) != cout || static_cast<int>(bias.size()) != cout) {
-            *why = "w_scale and bias must hold cout values";
-            return false;
-        }
-        int st = trtfuse_conv1x1_check(cin, cout, weights.data(), w_scale.data(), bias.data(), x_scale, r_scale,
+        if (!sizes_ok(weights, w_scale, bias, cin, cout, "", why)) return false;
+        int st;
+        if (has_proj) {
+            if (!sizes_ok(proj.weights, proj.w_scale, proj.bias, proj.cin, cout, "proj_", why)) return false;
+            if (stride != 1) {
+                *why = "the tail of a projection + tail layer has stride 1 (proj_stride is the block's)";
+                return false;
+            }
+            if (!(r_scale > 0)) {
+                *why = "a projection + tail layer needs r_scale > 0 (the tail's residual: the projection's scale)";
+                return false;
+            }
+            st = trtfuse_proj_tail_check(cin, cout, weights.data(), w_scale.data(), bias.data(), x_scale, r_scale,
+                                         out_scale, proj.cin, proj.weights.data(), proj.w_scale.data(),
+                                         proj.bias.data(), proj.x_scale, proj.out_scale, proj.stride);
+        } else {
+            st = trtfuse_conv1x1_check(cin, cout, weights.data(), w_scale.data(), bias.data(), x_scale, r_scale,
                                        out_scale, stride);
+        }
         if (st != 0) {
             *why = trtfuse_residual_conv_error_string(st);
             return false;
@@ -55,8 +101,17 @@ struct Fields {
         return true;
     }
     bool residual() const { return r_scale != 0.f; }
-    int inputs() const { return residual() ? 2 : 1; }
+    int inputs() const { return residual() || has_proj ? 2 : 1; }
 };
+
+// `out` is `in` strided: the same N, H and W divided by the stride (rounded up), where both are known.
+bool strided_shape(Dims const& in, Dims const& out, int stride) {
+    for (int i : {0, 2, 3}) {
+        int64_t const want = in.d[i] == -1 || i == 0 ? in.d[i] : (in.d[i] + stride - 1) / stride;
+        if (want != -1 && out.d[i] != -1 && out.d[i] != want) return false;
+    }
+    return true;
+}
 
 class ResidualConvPlugin : public IPluginV2DynamicExt {
 public:
@@ -65,18 +120,34 @@ public:
     ResidualConvPlugin(void const* data, size_t length) {
         Reader r(data, length);
         uint32_t const tag = r.get<uint32_t>();
-        if (tag != kSerialTag && tag != kSerialTagV1) throw std::runtime_error("not a TrtfuseResidualConv blob");
+        if (tag != kSerialTag && tag != kSerialTagV2 && tag != kSerialTagV1)
+            throw std::runtime_error("not a TrtfuseResidualConv blob");
         f_.cin = r.get<int32_t>();
         f_.cout = r.get<int32_t>();
         f_.relu = r.get<int32_t>();
-        f_.stride = tag == kSerialTag ? r.get<int32_t>() : 1;
+        f_.stride = tag == kSerialTagV1 ? 1 : r.get<int32_t>();
         f_.x_scale = r.get<float>();
         f_.r_scale = r.get<float>();
         f_.out_scale = r.get<float>();
         f_.weights = r.getVector<int8_t>();
         f_.w_scale = r.getVector<float>();
         f_.bias = r.getVector<float>();
-        std::string why;
+        if (tag == kSerialTag) {
+            int32_t const has_proj = r.get<int32_t>();
+            if (has_proj != 0 && has_proj != 1)
+                throw std::runtime_error("bad TrtfuseResidualConv blob: projection flag");
+            f_.has_proj = has_proj == 1;
+        }
+        if (f_.has_proj) {
+            f_.proj.cin = r.get<int32_t>();
+            f_.proj.stride = r.get<int32_t>();
+            f_.proj.x_scale = r.get<float>();
+            f_.proj.out_scale = r.get<float>();
+            f_.proj.weights = r.getVector<int8_t>();
+            f_.proj.w_scale = r.getVector<float>();
+            f_.proj.bias = r.getVector<float>();
+        }
+        std::string why = "trailing bytes";
         if (!r.done() || !f_.valid(&why)) throw std::runtime_error("bad TrtfuseResidualConv blob: " + why);
     }
 
@@ -87,21 +158,19 @@ public:
     AsciiChar const* getPluginVersion() const noexcept override { return kVersion; }
     int32_t getNbOutputs() const noexcept override { return 1; }
 
-    int32_t initialize() noexcept override {
-        if (handle_) return 0;
-        int st = trtfuse_conv1x1_create(f_.cin, f_.cout, f_.weights.data(), f_.w_scale.data(), f_.bias.data(),
-                                        f_.x_scale, f_.r_scale, f_.out_scale, f_.relu, f_.stride, &handle_);
-        if (st != 0) refuse(std::string("initialize: ") + trtfuse_residual_conv_error_string(st));
-        return st;
-    }
+    int32_t initialize() noexcept override { return create(); }
     void terminate() noexcept override {
         if (handle_) trtfuse_residual_conv_destroy(handle_);
         handle_ = nullptr;
     }
 
     size_t getSerializationSize() const noexcept override {
-        return sizeof(uint32_t) + 4 * sizeof(int32_t) + 3 * sizeof(float) + serializedSize(f_.weights) +
-               serializedSize(f_.w_scale) + serializedSize(f_.bias);
+        size_t size = sizeof(uint32_t) + 5 * sizeof(int32_t) + 3 * sizeof(float) + serializedSize(f_.weights) +
+                      serializedSize(f_.w_scale) + serializedSize(f_.bias);
+        if (f_.has_proj)
+            size += 2 * sizeof(int32_t) + 2 * sizeof(float) + serializedSize(f_.proj.weights) +
+                    serializedSize(f_.proj.w_scale) + serializedSize(f_.proj.bias);
+        return size;
     }
     void serialize(void* buffer) const noexcept override {
         Writer w(buffer);
@@ -116,6 +185,15 @@ public:
         w.put(f_.weights);
         w.put(f_.w_scale);
         w.put(f_.bias);
+        w.put<int32_t>(f_.has_proj ? 1 : 0);
+        if (!f_.has_proj) return;
+        w.put<int32_t>(f_.proj.cin);
+        w.put<int32_t>(f_.proj.stride);
+        w.put<float>(f_.proj.x_scale);
+        w.put<float>(f_.proj.out_scale);
+        w.put(f_.proj.weights);
+        w.put(f_.proj.w_scale);
+        w.put(f_.proj.bias);
     }
     void destroy() noexcept override { delete this; }
     void setPluginNamespace(AsciiChar const* ns) noexcept override { ns_ = ns ? ns : ""; }
@@ -137,13 +215,15 @@ public:
 
     DimsExprs getOutputDimensions(int32_t index, DimsExprs const* inputs, int32_t nbInputs,
                                   IExprBuilder& builder) noexcept override {
-        DimsExprs out = inputs[0];
-        if (index != 0 || nbInputs != f_.inputs() || inputs[0].nbDims != 4) return out;
+        // the output's grid is the strided grid of x, or of xp in the fused form (x is already on the output's grid)
+        DimsExprs out = inputs[f_.has_proj ? 1 : 0];
+        int const stride = f_.has_proj ? f_.proj.stride : f_.stride;
+        if (index != 0 || nbInputs != f_.inputs() || out.nbDims != 4) return out;
         out.d[1] = builder.constant(f_.cout);
-        if (f_.stride != 1) {   // no padding: ceil(H / stride) x ceil(W / stride)
-            IDimensionExpr const* s = builder.constant(f_.stride);
-            out.d[2] = builder.operation(DimensionOperation::kCEIL_DIV, *inputs[0].d[2], *s);
-            out.d[3] = builder.operation(DimensionOperation::kCEIL_DIV, *inputs[0].d[3], *s);
+        if (stride != 1) {   // no padding: ceil(H / stride) x ceil(W / stride)
+            IDimensionExpr const* s = builder.constant(stride);
+            out.d[2] = builder.operation(DimensionOperation::kCEIL_DIV, *out.d[2], *s);
+            out.d[3] = builder.operation(DimensionOperation::kCEIL_DIV, *out.d[3], *s);
         }
         return out;
     }
@@ -158,41 +238,64 @@ public:
     void configurePlugin(DynamicPluginTensorDesc const* in, int32_t nbInputs, DynamicPluginTensorDesc const* out,
                          int32_t nbOutputs) noexcept override {
         if (nbInputs != f_.inputs() || nbOutputs != 1)
-            return refuse(f_.residual() ? "expects inputs [x, r] and one output (r_scale > 0)"
-                                        : "expects input [x] and one output (r_scale = 0: no residual input)");
+            return refuse(f_.has_proj     ? "expects inputs [x, xp] and one output (a projection + tail layer)"
+                          : f_.residual() ? "expects inputs [x, r] and one output (r_scale > 0)"
+                                          : "expects input [x] and one output (r_scale = 0: no residual input)");
         Dims const& x = in[0].desc.dims;
         if (x.nbDims != 4) return refuse("x must be 4-D NCHW");
         if (x.d[1] != -1 && x.d[1] != f_.cin) refuse("x has " + std::to_string(x.d[1]) + " channels, cin = " +
                                                      std::to_string(f_.cin));
+        if (f_.has_proj) {
+            Dims const& xp = in[1].desc.dims;
+            if (xp.nbDims != 4) return refuse("xp must be 4-D NCHW");
+            if (xp.d[1] != -1 && xp.d[1] != f_.proj.cin)
+                refuse("xp has " + std::to_string(xp.d[1]) + " channels, proj_cin = " + std::to_string(f_.proj.cin));
+            // x (the tail's input) is on the output's grid: xp's N, its H and W divided by proj_stride (rounded up)
+            if (!strided_shape(xp, x, f_.proj.stride))
+                refuse("x must be [N, cin, ceil(H/proj_stride), ceil(W/proj_stride)] for xp [N, proj_cin, H, W]");
+            workspace_ = workspace_for(in[1].max);   // what TensorRT allocates for this profile (getWorkspaceSize)
+            return;
+        }
         if (!f_.residual()) return;
         Dims const& r = in[1].desc.dims;
         if (r.nbDims != 4) return refuse("r must be 4-D NCHW");
         if (r.d[1] != -1 && r.d[1] != f_.cout) refuse("r has " + std::to_string(r.d[1]) + " channels, cout = " +
                                                       std::to_string(f_.cout));
         // r is the output's size: x's N, and its H and W divided by the stride (rounded up)
-        for (int i : {0, 2, 3}) {
-            int64_t const want = x.d[i] == -1 || i == 0 ? x.d[i] : (x.d[i] + f_.stride - 1) / f_.stride;
-            if (want != -1 && r.d[i] != -1 && r.d[i] != want) refuse("r must be [N, cout, ceil(H/stride), ceil(W/stride)]");
-        }
+        if (!strided_shape(x, r, f_.stride)) refuse("r must be [N, cout, ceil(H/stride), ceil(W/stride)]");
     }
 
-    size_t getWorkspaceSize(PluginTensorDesc const*, int32_t, PluginTensorDesc const*, int32_t) const noexcept override {
-        return 0;
+    size_t getWorkspaceSize(PluginTensorDesc const* inputs, int32_t nbInputs, PluginTensorDesc const*,
+                            int32_t) const noexcept override {
+        // the largest dims (TensorRT's contract): the projection's output where the fused kernel does not run there
+        return workspace_ = f_.has_proj && nbInputs == 2 ? workspace_for(inputs[1].dims) : 0;
     }
 
     int32_t enqueue(PluginTensorDesc const* inputDesc, PluginTensorDesc const* /*outputDesc*/,
-                    void const* const* inputs, void* const* outputs, void* /*workspace*/,
+                    void const* const* inputs, void* const* outputs, void* workspace,
                     cudaStream_t stream) noexcept override {
         if (!handle_) {
             if (int st = initialize()) return st;
         }
         Dims const& d = inputDesc[0].dims;
-        if (d.nbDims != 4 || d.d[1] != f_.cin || (f_.residual() && inputDesc[1].dims.d[1] != f_.cout)) {
+        if (d.nbDims != 4 || d.d[1] != f_.cin ||
+            (f_.inputs() == 2 && inputDesc[1].dims.d[1] != (f_.has_proj ? f_.proj.cin : f_.cout))) {
             refuse("enqueue: unexpected input shapes");
             return -1;
         }
-        int st = trtfuse_residual_conv_forward(handle_, inputs[0], f_.residual() ? inputs[1] : nullptr, outputs[0],
+        int st;
+        if (f_.has_proj) {
+            Dims const& xp = inputDesc[1].dims;
+            // TensorRT's workspace only where this plugin asked for one (the projection's output at the largest
+            // dims, which holds it at any smaller batch; else the pointer may back nothing); without one the library
+            // runs the fused kernel where it can
+            void* ws = workspace_ > 0 ? workspace : nullptr;
+            st = trtfuse_proj_tail_forward(handle_, inputs[0], inputs[1], outputs[0], static_cast<int>(xp.d[0]),
+                                           static_cast<int>(xp.d[2]), static_cast<int>(xp.d[3]), ws, -1, stream);
+        } else {
+            st = trtfuse_residual_conv_forward(handle_, inputs[0], f_.residual() ? inputs[1] : nullptr, outputs[0],
                                                d.d[0], d.d[2], d.d[3], -1, stream);
+        }
         if (st != 0) refuse(std::string("enqueue: ") + trtfuse_residual_conv_error_string(st));
         return st;
     }
@@ -204,9 +307,33 @@ private:
     using IPluginV2::getWorkspaceSize;
     using IPluginV2Ext::configurePlugin;
 
+    // The device layer (weights uploaded); const because getWorkspaceSize may need it before initialize().
+    int create() const noexcept {
+        if (handle_) return 0;
+        int st = f_.has_proj
+                     ? trtfuse_proj_tail_create(f_.cin, f_.cout, f_.weights.data(), f_.w_scale.data(), f_.bias.data(),
+                                                f_.x_scale, f_.r_scale, f_.out_scale, f_.relu, f_.proj.cin,
+                                                f_.proj.weights.data(), f_.proj.w_scale.data(), f_.proj.bias.data(),
+                                                f_.proj.x_scale, f_.proj.out_scale, f_.proj.stride, &handle_)
+                     : trtfuse_conv1x1_create(f_.cin, f_.cout, f_.weights.data(), f_.w_scale.data(), f_.bias.data(),
+                                              f_.x_scale, f_.r_scale, f_.out_scale, f_.relu, f_.stride, &handle_);
+        if (st != 0) refuse(std::string("initialize: ") + trtfuse_residual_conv_error_string(st));
+        return st;
+    }
+
+    // Workspace bytes for a block input xp of these dims (fused form; 0 where the fused kernel runs, for unknown dims
+    // or on error).
+    size_t workspace_for(Dims const& xp) const noexcept {
+        if (!f_.has_proj || xp.nbDims != 4 || xp.d[0] <= 0 || xp.d[2] <= 0 || xp.d[3] <= 0 || create() != 0) return 0;
+        int64_t const bytes = trtfuse_proj_tail_workspace_size(handle_, static_cast<int>(xp.d[0]),
+                                                               static_cast<int>(xp.d[2]), static_cast<int>(xp.d[3]));
+        return bytes > 0 ? static_cast<size_t>(bytes) : 0;
+    }
+
     Fields f_;
     std::string ns_;
-    void* handle_ = nullptr;
+    mutable void* handle_ = nullptr;
+    mutable size_t workspace_ = 0;   // the workspace TensorRT gives enqueue (the last getWorkspaceSize/profile)
 };
 
 // ---- creator ----
@@ -224,6 +351,14 @@ public:
             PluginField("cin", nullptr, PluginFieldType::kINT32, 1),
             PluginField("cout", nullptr, PluginFieldType::kINT32, 1),
             PluginField("stride", nullptr, PluginFieldType::kINT32, 1),
+            // the fused form (a stage's first block): all or none of these (proj_stride optional)
+            PluginField("proj_weights", nullptr, PluginFieldType::kINT8, 0),
+            PluginField("proj_w_scale", nullptr, PluginFieldType::kFLOAT32, 0),
+            PluginField("proj_bias", nullptr, PluginFieldType::kFLOAT32, 0),
+            PluginField("proj_x_scale", nullptr, PluginFieldType::kFLOAT32, 1),
+            PluginField("proj_out_scale", nullptr, PluginFieldType::kFLOAT32, 1),
+            PluginField("proj_cin", nullptr, PluginFieldType::kINT32, 1),
+            PluginField("proj_stride", nullptr, PluginFieldType::kINT32, 1),
         };
         fc_.nbFields = static_cast<int32_t>(attrs_.size());
         fc_.fields = attrs_.data();
@@ -236,35 +371,47 @@ public:
     IPluginV2* createPlugin(AsciiChar const* /*name*/, PluginFieldCollection const* fc) noexcept override {
         try {
             Fields f;
-            bool seen[10] = {};
+            std::map<std::string, std::vector<int8_t>*> const weights = {{"weights", &f.weights},
+                                                                         {"proj_weights", &f.proj.weights}};
+            std::map<std::string, std::vector<float>*> const arrays = {
+                {"w_scale", &f.w_scale}, {"bias", &f.bias}, {"proj_w_scale", &f.proj.w_scale},
+                {"proj_bias", &f.proj.bias}};
+            std::map<std::string, float*> const scalars = {
+                {"x_scale", &f.x_scale},           {"r_scale", &f.r_scale},
+                {"out_scale", &f.out_scale},       {"proj_x_scale", &f.proj.x_scale},
+                {"proj_out_scale", &f.proj.out_scale}};
+            std::map<std::string, int*> const ints = {{"relu", &f.relu},         {"cin", &f.cin},
+                                                      {"cout", &f.cout},         {"stride", &f.stride},
+                                                      {"proj_cin", &f.proj.cin}, {"proj_stride", &f.proj.stride}};
+            std::set<std::string> seen;
             for (int i = 0; fc && i < fc->nbFields; ++i) {
                 PluginField const& p = fc->fields[i];
-                std::string n = p.name ? p.name : "";
-                if (n == "weights") {
-                    if (!read_weights(p, &f.weights)) return nullptr;
-                    seen[0] = true;
-                } else if (n == "w_scale") {
-                    if (!read_floats(p, &f.w_scale)) return nullptr;
-                    seen[1] = true;
-                } else if (n == "bias") {
-                    if (!read_floats(p, &f.bias)) return nullptr;
-                    seen[2] = true;
-                } else if (n == "x_scale" || n == "r_scale" || n == "out_scale") {
+                std::string const n = p.name ? p.name : "";
+                if (weights.count(n)) {
+                    if (!read_weights(p, weights.at(n))) return nullptr;
+                } else if (arrays.count(n)) {
+                    if (!read_floats(p, arrays.at(n))) return nullptr;
+                } else if (scalars.count(n)) {
                     std::vector<float> v;
                     if (!read_floats(p, &v) || v.size() != 1) return refuse(n + " must be one float"), nullptr;
-                    (n == "x_scale" ? f.x_scale : n == "r_scale" ? f.r_scale : f.out_scale) = v[0];
-                    seen[n == "x_scale" ? 3 : n == "r_scale" ? 4 : 5] = true;
-                } else if (n == "relu" || n == "cin" || n == "cout" || n == "stride") {
+                    *scalars.at(n) = v[0];
+                } else if (ints.count(n)) {
                     if (p.type != PluginFieldType::kINT32 || p.length != 1 || !p.data)
                         return refuse(n + " must be one INT32"), nullptr;
-                    int v = *static_cast<int32_t const*>(p.data);
-                    (n == "relu" ? f.relu : n == "cin" ? f.cin : n == "cout" ? f.cout : f.stride) = v;
-                    seen[n == "relu" ? 6 : n == "cin" ? 7 : n == "cout" ? 8 : 9] = true;
+                    *ints.at(n) = *static_cast<int32_t const*>(p.data);
+                } else {
+                    continue;   // other fields (plugin_version, plugin_namespace, ...) are not ours: ignored
                 }
-                // other fields (plugin_version, plugin_namespace, ...) are not ours: ignored
+                seen.insert(n);
             }
-            for (int i = 0; i < 9; ++i)   // relu (6) and stride (9) are optional
-                if (!seen[i] && i != 6) return refuse(std::string("missing field ") + attrs_[i].name), nullptr;
+            for (std::string const& n : seen) f.has_proj = f.has_proj || n.rfind("proj_", 0) == 0;
+            for (PluginField const& a : attrs_) {   // relu, stride and proj_stride are optional
+                std::string const n = a.name;
+                bool const proj = n.rfind("proj_", 0) == 0;
+                if (seen.count(n) || n == "relu" || n == "stride" || n == "proj_stride" || (proj && !f.has_proj))
+                    continue;
+                return refuse("missing field " + n + (proj ? " (the proj_* fields come all together)" : "")), nullptr;
+            }
             if (f.relu != 0 && f.relu != 1) return refuse("relu must be 0 or 1"), nullptr;
             std::string why;
             if (!f.valid(&why)) return refuse(why), nullptr;
@@ -292,18 +439,19 @@ public:
     AsciiChar const* getPluginNamespace() const noexcept override { return ns_.c_str(); }
 
 private:
-    // weights: INT8, or INT32 / FLOAT holding integers in [-127, 127] (ONNX attributes arrive as those).
+    // weights, proj_weights: INT8, or INT32 / FLOAT holding integers in [-127, 127] (ONNX attributes arrive as those).
     static bool read_weights(PluginField const& p, std::vector<int8_t>* out) {
-        if (!p.data || p.length <= 0) return refuse("weights is empty"), false;
+        std::string const n = p.name;
+        if (!p.data || p.length <= 0) return refuse(n + " is empty"), false;
         out->resize(p.length);
         for (int32_t i = 0; i < p.length; ++i) {
             double v;
             if (p.type == PluginFieldType::kINT8) v = static_cast<int8_t const*>(p.data)[i];
             else if (p.type == PluginFieldType::kINT32) v = static_cast<int32_t const*>(p.data)[i];
             else if (p.type == PluginFieldType::kFLOAT32) v = static_cast<float const*>(p.data)[i];
-            else return refuse("weights must be INT8, INT32 or FLOAT"), false;
+            else return refuse(n + " must be INT8, INT32 or FLOAT"), false;
             if (!(v >= -127 && v <= 127) || v != static_cast<int>(v))
-                return refuse("weights must be integers in [-127, 127]"), false;
+                return refuse(n + " must be integers in [-127, 127]"), false;
             (*out)[i] = static_cast<int8_t>(v);
         }
         return true;

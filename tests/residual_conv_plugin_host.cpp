@@ -1,0 +1,246 @@
+// Host-only checks of plugins/residual_conv/residual_conv_plugin.cpp: no GPU, no libnvinfer (only TensorRT's headers
+// and the kernels library's validation functions). The creator's fields and refusals, the serialization (RCV3
+// written, with and without the projection; RCV2 and RCV1 blobs of older engines read), configurePlugin's refusals.
+// Built and run by tests/test_residual_conv_plugin.py; prints "ok NAME" / "FAIL NAME" and exits with the failures.
+#include <NvInferRuntime.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+// The plugin registers its creator with libnvinfer's registry; here it is just handed out.
+#undef REGISTER_TENSORRT_PLUGIN
+#define REGISTER_TENSORRT_PLUGIN(name)                                                                                \
+    nvinfer1::IPluginCreator* host_creator() {                                                                        \
+        static name creator;                                                                                          \
+        return &creator;                                                                                              \
+    }
+#include "residual_conv/residual_conv_plugin.cpp"
+
+using namespace nvinfer1;
+
+namespace {
+
+int failures = 0;
+
+void expect(bool ok, std::string const& what) {
+    std::printf("%s %s\n", ok ? "ok" : "FAIL", what.c_str());
+    failures += !ok;
+}
+
+// A field collection whose values live as long as it does.
+class Fields {
+public:
+    template <typename T> void add(std::string const& name, std::vector<T> const& v, PluginFieldType type) {
+        bytes_.emplace_back(reinterpret_cast<char const*>(v.data()), reinterpret_cast<char const*>(v.data() + v.size()));
+        names_.emplace_back(name);
+        types_.push_back(type);
+        lengths_.push_back(static_cast<int32_t>(v.size()));
+    }
+    void drop(std::string const& name) { dropped_.push_back(name); }
+    void set_int(std::string const& name, int32_t v) { set(name, &v, sizeof v); }
+    void set_float(std::string const& name, float v) { set(name, &v, sizeof v); }
+    IPluginV2DynamicExt* create() {
+        fields_.clear();
+        for (size_t i = 0; i < names_.size(); ++i) {
+            bool skip = false;
+            for (auto const& d : dropped_) skip = skip || d == names_[i];
+            if (!skip) fields_.emplace_back(names_[i].c_str(), bytes_[i].data(), types_[i], lengths_[i]);
+        }
+        PluginFieldCollection fc;
+        fc.nbFields = static_cast<int32_t>(fields_.size());
+        fc.fields = fields_.data();
+        return static_cast<IPluginV2DynamicExt*>(host_creator()->createPlugin("host", &fc));
+    }
+
+private:
+    void set(std::string const& name, void const* v, size_t n) {
+        for (size_t i = 0; i < names_.size(); ++i)
+            if (names_[i] == name) bytes_[i].assign(static_cast<char const*>(v), static_cast<char const*>(v) + n);
+    }
+    std::vector<std::string> names_, dropped_;
+    std::vector<std::string> bytes_;
+    std::vector<PluginFieldType> types_;
+    std::vector<int32_t> lengths_;
+    std::vector<PluginField> fields_;
+};
+
+// weights [cout][cin] (INT32, as the ONNX rewrite emits them), w_scale, bias; prefix "" or "proj_"
+void add_layer(Fields* f, std::string const& prefix, int cin, int cout, int seed, float x_scale, float out_scale) {
+    std::vector<int32_t> w(static_cast<size_t>(cin) * cout);
+    std::vector<float> ws(cout), b(cout);
+    for (size_t i = 0; i < w.size(); ++i) w[i] = static_cast<int32_t>((i * 37 + seed) % 255) - 127;
+    for (int n = 0; n < cout; ++n) {
+        ws[n] = 0.001f * (1 + (n + seed) % 7);
+        b[n] = 0.25f * ((n + seed) % 5) - 0.5f;
+    }
+    f->add(prefix + "weights", w, PluginFieldType::kINT32);
+    f->add(prefix + "w_scale", ws, PluginFieldType::kFLOAT32);
+    f->add(prefix + "bias", b, PluginFieldType::kFLOAT32);
+    f->add(prefix + "x_scale", std::vector<float>{x_scale}, PluginFieldType::kFLOAT32);
+    f->add(prefix + "out_scale", std::vector<float>{out_scale}, PluginFieldType::kFLOAT32);
+    f->add(prefix + "cin", std::vector<int32_t>{cin}, PluginFieldType::kINT32);
+}
+
+Fields tail_fields(int cin, int cout) {
+    Fields f;
+    add_layer(&f, "", cin, cout, 1, 0.02f, 0.03f);
+    f.add("r_scale", std::vector<float>{0.04f}, PluginFieldType::kFLOAT32);
+    f.add("cout", std::vector<int32_t>{cout}, PluginFieldType::kINT32);
+    f.add("relu", std::vector<int32_t>{1}, PluginFieldType::kINT32);
+    return f;
+}
+
+Fields fused_fields(int pcin, int cin, int cout, int stride) {
+    Fields f = tail_fields(cin, cout);
+    add_layer(&f, "proj_", pcin, cout, 2, 0.05f, 0.04f);
+    f.add("proj_stride", std::vector<int32_t>{stride}, PluginFieldType::kINT32);
+    return f;
+}
+
+std::vector<char> blob(IPluginV2DynamicExt const* p) {
+    std::vector<char> b(p->getSerializationSize());
+    p->serialize(b.data());
+    return b;
+}
+
+uint32_t tag(std::vector<char> const& b) {
+    uint32_t t = 0;
+    std::memcpy(&t, b.data(), sizeof t);
+    return t;
+}
+
+IPluginV2DynamicExt* deserialize(std::vector<char> const& b) {
+    return static_cast<IPluginV2DynamicExt*>(host_creator()->deserializePlugin("host", b.data(), b.size()));
+}
+
+DynamicPluginTensorDesc desc(int64_t n, int64_t c, int64_t h, int64_t w) {
+    DynamicPluginTensorDesc d{};
+    d.desc.dims.nbDims = 4;
+    int64_t const v[4] = {n, c, h, w};
+    for (int i = 0; i < 4; ++i) d.desc.dims.d[i] = v[i];
+    d.desc.type = DataType::kINT8;
+    d.desc.format = TensorFormat::kCHW32;
+    d.min = d.desc.dims;
+    d.max = d.desc.dims;   // N unknown (-1) below: no device layer is made for the workspace (no GPU here)
+    return d;
+}
+
+void configure(IPluginV2DynamicExt* p, std::vector<DynamicPluginTensorDesc> const& in) {
+    DynamicPluginTensorDesc out = desc(-1, -1, -1, -1);
+    std::fprintf(stderr, "--- configure\n");
+    p->configurePlugin(in.data(), static_cast<int32_t>(in.size()), &out, 1);
+}
+
+}  // namespace
+
+int main() {
+    int const pcin = 96, cin = 64, cout = 128;
+
+    // ---- the plain tail: RCV3 with the projection flag 0, a byte-identical round trip
+    Fields tail = tail_fields(cin, cout);
+    IPluginV2DynamicExt* t = tail.create();
+    expect(t != nullptr, "tail created");
+    if (!t) return 1;
+    std::vector<char> tb = blob(t);
+    expect(tag(tb) == 0x52435633, "tail serializes as RCV3");
+    IPluginV2DynamicExt* t2 = deserialize(tb);
+    expect(t2 && blob(t2) == tb, "tail round trip");
+
+    // ---- RCV2 (no projection flag) and RCV1 (no stride either) blobs of older engines
+    size_t const flag_at = tb.size() - sizeof(int32_t);
+    std::vector<char> v2(tb.begin(), tb.begin() + static_cast<long>(flag_at));
+    uint32_t const tag2 = 0x52435632, tag1 = 0x52435631;
+    std::memcpy(v2.data(), &tag2, sizeof tag2);
+    IPluginV2DynamicExt* from2 = deserialize(v2);
+    expect(from2 && blob(from2) == tb, "RCV2 blob read (as RCV3 with no projection)");
+    std::vector<char> v1(v2);
+    size_t const stride_at = sizeof(uint32_t) + 3 * sizeof(int32_t);
+    v1.erase(v1.begin() + static_cast<long>(stride_at), v1.begin() + static_cast<long>(stride_at + sizeof(int32_t)));
+    std::memcpy(v1.data(), &tag1, sizeof tag1);
+    IPluginV2DynamicExt* from1 = deserialize(v1);
+    expect(from1 && blob(from1) == tb, "RCV1 blob read (stride 1)");
+
+    // ---- the fused form
+    Fields fused = fused_fields(pcin, cin, cout, 2);
+    IPluginV2DynamicExt* f = fused.create();
+    expect(f != nullptr, "fused created");
+    if (!f) return 1;
+    std::vector<char> fb = blob(f);
+    expect(tag(fb) == 0x52435633 && fb.size() > tb.size() + static_cast<size_t>(pcin) * cout, "fused serializes as RCV3");
+    IPluginV2DynamicExt* f2 = deserialize(fb);
+    expect(f2 && blob(f2) == fb, "fused round trip");
+    std::vector<char> cut(fb.begin(), fb.end() - 1), longer(fb), flag2(fb);
+    longer.push_back(0);
+    int32_t const two = 2;
+    std::memcpy(flag2.data() + flag_at, &two, sizeof two);
+    expect(!deserialize(cut) && !deserialize(longer) && !deserialize(flag2), "bad fused blobs refused");
+    std::vector<char> proj_flag_only(tb);   // the flag set without the projection's fields
+    int32_t const one = 1;
+    std::memcpy(proj_flag_only.data() + flag_at, &one, sizeof one);
+    expect(!deserialize(proj_flag_only), "projection flag without its fields refused");
+    // a tail and a fused layer differ in what they send through the blob: a fused blob read back is fused
+    PluginTensorDesc io[3]{};
+    for (auto& d : io) {
+        d.type = DataType::kINT8;
+        d.format = TensorFormat::kCHW32;
+    }
+    expect(f2 && f2->supportsFormatCombination(2, io, 2, 1) && !f2->supportsFormatCombination(1, io, 1, 1),
+           "fused takes inputs [x, xp]");
+    expect(t->getWorkspaceSize(io, 2, io + 2, 1) == 0, "tail needs no workspace");
+
+    // ---- the creator: all or none of proj_*, proj_stride optional, the tail's own rules
+    {
+        Fields g = fused_fields(pcin, cin, cout, 1);
+        g.drop("proj_stride");
+        expect(g.create() != nullptr, "proj_stride optional");
+    }
+    for (char const* name : {"proj_weights", "proj_w_scale", "proj_bias", "proj_x_scale", "proj_out_scale",
+                             "proj_cin"}) {
+        Fields g = fused_fields(pcin, cin, cout, 2);
+        g.drop(name);
+        expect(g.create() == nullptr, std::string("missing ") + name + " refused");
+    }
+    {
+        Fields g = tail_fields(cin, cout);
+        g.add("proj_stride", std::vector<int32_t>{2}, PluginFieldType::kINT32);
+        expect(g.create() == nullptr, "proj_stride alone refused");
+    }
+    {
+        Fields g = fused_fields(pcin, cin, cout, 3);
+        expect(g.create() == nullptr, "proj_stride 3 refused");
+    }
+    {
+        Fields g = fused_fields(pcin, cin, cout, 2);
+        g.set_float("r_scale", 0.f);
+        expect(g.create() == nullptr, "fused with r_scale 0 refused");
+    }
+    {
+        Fields g = fused_fields(pcin, cin, cout, 2);
+        g.add("stride", std::vector<int32_t>{2}, PluginFieldType::kINT32);
+        expect(g.create() == nullptr, "fused with a strided tail refused");
+    }
+    {
+        Fields g = fused_fields(pcin, cin, cout, 2);
+        g.set_int("proj_cin", pcin - 1);
+        expect(g.create() == nullptr, "proj_weights of the wrong size refused");
+    }
+    {
+        Fields g = fused_fields(pcin, cin, cout, 2);
+        g.set_float("proj_out_scale", -1.f);
+        expect(g.create() == nullptr, "bad proj_out_scale refused");
+    }
+
+    // ---- configurePlugin: what it refuses (stderr: the Python test reads the reasons)
+    configure(f, {desc(-1, cin, -1, -1), desc(-1, pcin + 4, -1, -1)});   // xp channels
+    configure(f, {desc(-1, cin, 4, 4), desc(-1, pcin, 9, 9)});           // 4 != ceil(9 / 2)
+    configure(f, {desc(-1, cin + 1, 5, 5), desc(-1, pcin, 9, 9)});       // x channels
+    configure(f, {desc(-1, cin, 5, 5)});                                  // one input
+    configure(f, {desc(-1, cin, 5, 5), desc(-1, pcin, 9, 10)});          // accepted: nothing printed
+    std::printf("failures %d\n", failures);
+    for (IPluginV2DynamicExt* p : {t, t2, from2, from1, f, f2})
+        if (p) p->destroy();
+    return failures;
+}
