@@ -1,8 +1,10 @@
 """TensorRT 8.5 side by side: TensorRT's own int8 1x1 convs vs the TrtfuseResidualConv plugin.
 
 For each layer and batch, on identical int8 data (kCHW32 in and out, device resident). Layers: the ResNet-50
-bottleneck tails res2-res5 (conv3 + BN + Add + ReLU) and the stage-opening projections proj1-proj4 (downsample
-conv + BN, stride 1 at layer1 and 2 after, no residual, no ReLU):
+bottleneck tails res2-res5 (conv3 + BN + Add + ReLU), the stage-opening projections proj1-proj4 (downsample
+conv + BN, stride 1 at layer1 and 2 after, no residual, no ReLU), and fused1-fused2: a stage's first block, its
+projection and its tail, which the plugin computes in one kernel (TensorRT: the projection conv, then the tail conv
+with the Add and ReLU fused into it, as in the network):
   (a) a one-layer engine of TensorRT's own int8 Conv(1x1) (+ Add(residual) + ReLU for a tail): network API, int8
       I/O through dynamic ranges (implicit quantization; scale = range / 127), allowed formats CHW32, INT8 flag,
       tactic sources 0 (no cuBLAS/cuDNN on the GPU machine);
@@ -49,6 +51,11 @@ STAGES = {
     "proj2": (256, 512, 56, 2, False),
     "proj3": (512, 1024, 28, 2, False),
     "proj4": (1024, 2048, 14, 2, False),
+}
+# a stage's first block: name: (proj_cin, cin, cout, input h == w, stride); the tail's input is ceil(h / stride)
+FUSED = {
+    "fused1": (64, 64, 256, 56, 1),
+    "fused2": (256, 128, 512, 56, 2),
 }
 LOGGER = trt.Logger(trt.Logger.WARNING)
 
@@ -147,9 +154,19 @@ class PluginFields:
     """The plugin's fields. A trt.PluginField keeps only a pointer into its numpy array, so the arrays
     live as long as this object (inline temporaries arrive as garbage: NVIDIA/TensorRT#238)."""
 
-    def __init__(self, L: dict, cin: int, cout: int):
+    def __init__(self, L: dict, cin: int, cout: int, P: dict | None = None):
         F = trt.PluginFieldType
-        self.arrays = [
+        # P: the projection fused into this tail (its fields as proj_*)
+        proj = [] if P is None else [
+            ("proj_weights", np.ascontiguousarray(P["w"], dtype=np.int32).reshape(-1), F.INT32),
+            ("proj_w_scale", np.ascontiguousarray(P["w_scale"], dtype=np.float32), F.FLOAT32),
+            ("proj_bias", np.ascontiguousarray(P["bias"], dtype=np.float32), F.FLOAT32),
+            ("proj_x_scale", np.array([P["x_scale"]], dtype=np.float32), F.FLOAT32),
+            ("proj_out_scale", np.array([P["out_scale"]], dtype=np.float32), F.FLOAT32),
+            ("proj_cin", np.array([P["w"].shape[1]], dtype=np.int32), F.INT32),
+            ("proj_stride", np.array([P["stride"]], dtype=np.int32), F.INT32),
+        ]
+        self.arrays = proj + [
             # INT32: what the ONNX rewrite emits for the weights (the creator also takes INT8 and FLOAT)
             ("weights", np.ascontiguousarray(L["w"], dtype=np.int32).reshape(-1), F.INT32),
             ("w_scale", np.ascontiguousarray(L["w_scale"], dtype=np.float32), F.FLOAT32),
@@ -166,8 +183,8 @@ class PluginFields:
         self.collection = trt.PluginFieldCollection(self.fields)
 
 
-def create_plugin(name: str, L: dict, cin: int, cout: int):
-    fields = PluginFields(L, cin, cout)
+def create_plugin(name: str, L: dict, cin: int, cout: int, P: dict | None = None):
+    fields = PluginFields(L, cin, cout, P)
     return plugin_creator().create_plugin(name, fields.collection)
 
 
@@ -234,6 +251,56 @@ def build_engine(kind: str, L: dict, n: int, cin: int, cout: int, hw: int):
     return engine, json.loads(info)
 
 
+def build_fused_engine(kind: str, T: dict, P: dict, n: int, hw: int):
+    """A stage's first block: inputs x (the tail's, ceil(hw / stride) square) and xp (the block input, hw square).
+    kind 'trt': the projection Conv (its int8 output range: P's out_scale), then the tail Conv + Add(projection) +
+    ReLU, by TensorRT; 'plugin': one TrtfuseResidualConv with the projection's fields. Returns (engine, info)."""
+    builder = trt.Builder(LOGGER)
+    network = builder.create_network(1 << int(trt.NetworkDefinitionCreationFlag.EXPLICIT_BATCH))
+    cout, cin = T["w"].shape
+    pcin, stride = P["w"].shape[1], P["stride"]
+    ho = -(-hw // stride)
+    x = network.add_input("x", trt.int8, (n, cin, ho, ho))
+    _int8_io(x, T["x_scale"])
+    xp = network.add_input("xp", trt.int8, (n, pcin, hw, hw))
+    _int8_io(xp, P["x_scale"])
+
+    def conv(inp, L, c_in, s):
+        w = (L["w"].astype(np.float32) * L["w_scale"][:, None]).astype(np.float32).reshape(cout, c_in, 1, 1)
+        layer = network.add_convolution_nd(inp, cout, (1, 1), trt.Weights(np.ascontiguousarray(w)),
+                                           trt.Weights(np.ascontiguousarray(L["bias"], dtype=np.float32)))
+        layer.stride_nd = (s, s)
+        return layer.get_output(0)
+
+    if kind == "trt":
+        r = conv(xp, P, pcin, stride)
+        r.dynamic_range = (-127.0 * P["out_scale"], 127.0 * P["out_scale"])
+        y = conv(x, T, cin, 1)
+        y.dynamic_range = (-127.0 * T["out_scale"], 127.0 * T["out_scale"])
+        add = network.add_elementwise(y, r, trt.ElementWiseOperation.SUM)
+        add.get_output(0).dynamic_range = (-127.0 * T["out_scale"], 127.0 * T["out_scale"])
+        out = network.add_activation(add.get_output(0), trt.ActivationType.RELU).get_output(0)
+    else:
+        plugin = create_plugin("proj_tail", T, cin, cout, P)
+        if plugin is None:
+            raise RuntimeError("create_plugin refused the fused fields (see stderr)")
+        out = network.add_plugin_v2([x, xp], plugin).get_output(0)
+    out.name = "out"
+    network.mark_output(out)
+    _int8_io(out, T["out_scale"])
+    config = builder.create_builder_config()
+    config.set_flag(trt.BuilderFlag.INT8)
+    config.set_tactic_sources(0)
+    config.profiling_verbosity = trt.ProfilingVerbosity.DETAILED
+    config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, 1 << 30)
+    blob = builder.build_serialized_network(network, config)
+    if blob is None:
+        raise RuntimeError(f"building the fused {kind} engine failed")
+    engine = trt.Runtime(LOGGER).deserialize_cuda_engine(blob)
+    info = engine.create_engine_inspector().get_engine_information(trt.LayerInformationFormat.JSON)
+    return engine, json.loads(info)
+
+
 def layer_summary(info: dict) -> list[str]:
     out = []
     for layer in info.get("Layers", []):
@@ -260,17 +327,22 @@ def check_binding_formats(engine):
 
 
 # ------------------------------------------------------------------------------------------------ one case
-def compare(name: str, got: np.ndarray, want: np.ndarray, exact: bool) -> dict:
+def compare(name: str, got: np.ndarray, want: np.ndarray, exact: bool, bound: int = 1) -> dict:
+    """exact: every element equal; else none differs by more than `bound` LSB."""
     one, more = ref.count_lsb_diffs(got, want)
+    max_diff = int(np.abs(got.astype(np.int16) - want.astype(np.int16)).max(initial=0))
     res = {
         "name": name,
         "elements": int(got.size),
         "diff_1lsb": one,
         "diff_more": more,
-        "ok": (one == 0 and more == 0) if exact else more == 0,
+        "max_diff": max_diff,
+        "bound": 0 if exact else bound,
+        "ok": (one == 0 and more == 0) if exact else max_diff <= bound,
     }
     print(
-        f"    {name}: {got.size} elements, {one} differ by 1 LSB, {more} by more -> {'ok' if res['ok'] else 'FAIL'}",
+        f"    {name}: {got.size} elements, {one} differ by 1 LSB, {more} by more (max {max_diff}, bound "
+        f"{res['bound']}) -> {'ok' if res['ok'] else 'FAIL'}",
         flush=True,
     )
     return res
@@ -354,6 +426,73 @@ def run_case(stage: str, n: int, reps: int, stream, rng) -> dict:
         compare("TensorRT vs float64 formula", outs["trt"][idx], want64, exact=False),
         compare("plugin vs TensorRT (all images)", outs["plugin"], outs["trt"], exact=False),
     ]
+    row["speedup"] = row["trt_ms"] / row["ours_ms"]
+    return row
+
+
+def run_fused_case(stage: str, n: int, reps: int, stream, rng) -> dict:
+    """A stage's first block: TensorRT's two convs (projection; tail + Add + ReLU) against the plugin's one kernel,
+    on the same int8 inputs; the plugin exact against the composed rounding rule."""
+    pcin, cin, cout, hw, stride = FUSED[stage]
+    ho = -(-hw // stride)
+    T, P = ref.random_layer(rng, cin, cout, True), ref.random_layer(rng, pcin, cout, False)
+    P["stride"] = stride
+    T["r_scale"] = P["out_scale"]  # the tail reads the projection's int8 output at its scale, as in the network
+    x = rng.integers(-128, 128, size=(n, cin, ho, ho), dtype=np.int8)
+    xp = rng.integers(-128, 128, size=(n, pcin, hw, hw), dtype=np.int8)
+    x32, xp32 = ref.to_nc32hw32(x), ref.to_nc32hw32(xp)
+    out_like = np.empty((n, cout // 32, ho, ho, 32), dtype=np.int8)
+    sets = int(max(1, min(4, np.ceil((256 << 20) / (x32.nbytes + xp32.nbytes + out_like.nbytes)))))
+    bufs = [(DeviceBuffer(x32.nbytes).upload(x32), DeviceBuffer(xp32.nbytes).upload(xp32),
+             DeviceBuffer(out_like.nbytes)) for _ in range(sets)]
+    row = {
+        "stage": stage,
+        "kind": "fused-proj-tail",
+        "batch": n,
+        "stride": stride,
+        # what one kernel must move: x, xp (every stride-th pixel), the output, both weight matrices
+        "bytes": int(x.nbytes + xp.nbytes // (stride * stride) + out_like.nbytes + T["w"].nbytes + P["w"].nbytes),
+        "ops": int(2 * n * ho * ho * (cin + pcin) * cout),
+    }
+    outs = {}
+    for kind in ("trt", "plugin"):
+        t0 = time.time()
+        engine, info = build_fused_engine(kind, T, P, n, hw)
+        check_binding_formats(engine)
+        ctx = engine.create_execution_context()
+        names = [engine.get_binding_name(i) for i in range(engine.num_bindings)]
+        bindings = [[{"x": xb.ptr, "xp": pb.ptr, "out": ob.ptr}[nm] for nm in names] for xb, pb, ob in bufs]
+        for _, _, ob in bufs:
+            ob.fill(0x5A)
+        if not ctx.execute_async_v2(bindings[0], int(stream)):
+            raise RuntimeError(f"{kind}: execute_async_v2 failed")
+        ck(cudart.cudaStreamSynchronize(stream))
+        outs[kind] = ref.from_nc32hw32(bufs[0][2].download(out_like), cout)
+        key = "ours_ms" if kind == "plugin" else "trt_ms"
+        row[key] = time_ms(lambda i: ctx.execute_async_v2(bindings[i % sets], int(stream)), stream, reps)
+        row[f"{kind}_layers"] = layer_summary(info)
+        print(f"  {stage} batch {n} {kind}: built in {time.time() - t0:.0f} s, {row[key]:.4f} ms; "
+              f"layers: {row[f'{kind}_layers']}", flush=True)
+        del ctx, engine
+    for b in bufs:
+        for buf in b:
+            buf.free()
+    idx = np.unique([0, n // 2, n - 1]) if n > 8 else np.arange(n)
+    r = ref.reference_fp32(xp[idx], P["w"], P["w_scale"], P["bias"], None, P["x_scale"], 0.0, P["out_scale"], False,
+                           stride=stride)
+    args = (x[idx], T["w"], T["w_scale"], T["bias"], r, T["x_scale"], T["r_scale"], T["out_scale"], True)
+    row["checks"] = [
+        compare("plugin vs rounding rule, projection then tail (exact)", outs["plugin"][idx],
+                ref.reference_fp32(*args), exact=True),
+    ]
+    # Informational, not a check: in this implicitly quantized network TensorRT may fuse the Add into the
+    # projection's conv instead of the tail's (trt_layers says which), quantizing the tail conv's output to int8 at
+    # the output's scale first: another function than the network's Q/DQ graph, where the projection's output is
+    # the quantized tensor (the engines built from that graph are compared by resnet50_e2e.py's agreement stage).
+    # Where TensorRT fuses as the graph does, a 1-LSB difference in the projection's output moves the tail's value
+    # by r_scale / out_scale LSB, on top of the tail's own 1 LSB.
+    row["trt_agreement"] = compare("plugin vs TensorRT (all images, informational)", outs["plugin"], outs["trt"],
+                                   exact=False, bound=1 + int(np.ceil(T["r_scale"] / T["out_scale"])))
     row["speedup"] = row["trt_ms"] / row["ours_ms"]
     return row
 
@@ -526,7 +665,7 @@ def qdq_onnx_check(rng, stream) -> dict:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument(
-        "--stages", default="res2,res3,res4,res5", help=f"comma-separated, of {', '.join(STAGES)}"
+        "--stages", default="res2,res3,res4,res5", help=f"comma-separated, of {', '.join([*STAGES, *FUSED])}"
     )
     p.add_argument("--batches", default="256,2048")
     p.add_argument("--reps", type=int, default=100)
@@ -553,12 +692,13 @@ def main(argv=None) -> int:
     if args.qdq:
         result["qdq_check"] = qdq_onnx_check(rng, stream)
     stages = args.stages.split(",")
-    unknown = [st for st in stages if st not in STAGES]
+    unknown = [st for st in stages if st not in STAGES and st not in FUSED]
     if unknown:
-        p.error(f"unknown stage(s) {', '.join(unknown)}: choose from {', '.join(STAGES)}")
+        p.error(f"unknown stage(s) {', '.join(unknown)}: choose from {', '.join([*STAGES, *FUSED])}")
     for stage in stages:
         for n in (int(b) for b in args.batches.split(",")):
-            result["rows"].append(run_case(stage, n, args.reps, stream, rng))
+            case = run_fused_case if stage in FUSED else run_case
+            result["rows"].append(case(stage, n, args.reps, stream, rng))
             Path(args.out).parent.mkdir(parents=True, exist_ok=True)
             Path(args.out).write_text(
                 json.dumps(result, indent=1) + "\n"

@@ -2,13 +2,14 @@
 the two device runs that measure it; nothing is measured here:
 
   - the layers: benchmarks/conv_layers_device.sh -> conv_layers_h100.json (each replaced layer's plugin against
-    TensorRT's own kernel for the same layer, in one run; copy bandwidth);
+    TensorRT's own kernel for the same layer, in one run; copy bandwidth), and later runs of some layers
+    (conv_layers_fused_h100.json: the fused first blocks), whose rows add to or replace the first file's;
   - the network: benchmarks/resnet50_e2e.py run --plugins off,tails,all -> resnet50_fullnet_e2e_h100.json (engines
     off / tails / all at batch 256 and 2048, TensorRT's per-layer profile, agreement, LoadGen Offline and Server);
-  - optionally a second network run (--e2e2, e.g. on a machine without Server latency tails): its Server and
-    accuracy replace the first's, which stay in the record under "first_run".
+  - optionally a second network run (--e2e2, e.g. on a machine without Server latency tails): its --e2e2-keys
+    (default server, server_search and accuracy) replace the first's, which stay in the record under "first_run".
 
-    python benchmarks/resnet50_fullnet.py [--layers FILE] [--e2e FILE] [--e2e2 FILE] [--out FILE]
+    python benchmarks/resnet50_fullnet.py [--layers FILE ...] [--e2e FILE] [--e2e2 FILE] [--e2e2-keys K,..] [--out FILE]
 
 A field the runs did not measure is null, with the reason under "missing". Prints a table of the result.
 """
@@ -26,19 +27,34 @@ from trtfuse.tuning import RESNET50_STAGES
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
-def compose(layers: dict, e2e: dict, e2e2: dict | None = None) -> dict:
+SECOND_RUN_KEYS = ("server", "server_search", "accuracy")
+
+
+def merge_layers(runs: list[dict]) -> dict:
+    """Layer runs in order: a later run's row replaces an earlier one of the same layer and batch; the copy bandwidth
+    is the first run's."""
+    rows = {}
+    for run in runs:
+        for r in run.get("rows", []):
+            rows[(r["stage"], r["batch"])] = r
+    return {**runs[0], "rows": list(rows.values())} if runs else {}
+
+
+def compose(layers: dict, e2e: dict, e2e2: dict | None = None, e2e2_keys=SECOND_RUN_KEYS) -> dict:
     missing = {}
     first_run = {}
     if e2e2:
-        for key in ("server", "server_search", "accuracy"):
-            if e2e2.get(key) is not None:
+        for key in e2e2_keys:
+            if e2e2.get(key) is not None and e2e.get(key) is not None:
                 first_run[key] = e2e.get(key)
-        e2e = {**e2e, **{k: v for k, v in e2e2.items() if k in ("server", "server_search", "accuracy") and v}}
+        e2e = {**e2e, **{k: v for k, v in e2e2.items() if k in e2e2_keys and v}}
     rows = [{"name": r["stage"], "kind": r.get("kind", "tail"), "batch": r["batch"], "ours_ms": round(r["ours_ms"], 4),
              "trt_ms": round(r["trt_ms"], 4), "speedup": round(r["trt_ms"] / r["ours_ms"], 3),
              # what --plugins all replaces (models/residual_conv_rewrite.py): every tail, projections up to
-             # MAX_PROJECTION_CIN input channels
-             "replaced": r.get("kind", "tail") == "tail" or RESNET50_STAGES[r["stage"]][0] <= MAX_PROJECTION_CIN,
+             # MAX_PROJECTION_CIN input channels, and (fused-proj-tail) the first blocks whose projection and tail
+             # fit one kernel
+             "replaced": r.get("kind", "tail") in ("tail", "fused-proj-tail")
+             or RESNET50_STAGES[r["stage"]][0] <= MAX_PROJECTION_CIN,
              "exact": all(c["ok"] for c in r["checks"])} for r in layers.get("rows", [])]
     prof = (e2e.get("profile") or {}).get("all")
     offline = e2e.get("offline")
@@ -68,17 +84,18 @@ def compose(layers: dict, e2e: dict, e2e2: dict | None = None) -> dict:
         "missing": missing,
         "first_run": first_run or None,
         "second_run_note": (e2e2 or {}).get("note"),
-        "sources": {"layers": "conv_layers_h100.json (benchmarks/conv_layers_device.sh)",
+        "sources": {"layers": "conv_layers_h100.json (benchmarks/conv_layers_device.sh), rows of "
+                              "conv_layers_fused_h100.json (benchmarks/residual_conv_trt.py --stages fused1,fused2)",
                     "network": "resnet50_fullnet_e2e_h100.json (resnet50_e2e.py --plugins off,tails,all)",
-                    "second_run": "resnet50_fullnet_e2e2_h100.json" if e2e2 else None},
+                    "second_run": ("resnet50_fullnet_e2e2_h100.json: " + ", ".join(e2e2_keys)) if e2e2 else None},
     }
 
 
 def table(d: dict) -> str:
     lines = [f"{d['gpu']}, TensorRT {d['trt_version']}, copy {d['copy_gbps']:.0f} GB/s ({d['weights']})",
-             f"{'layer':6} {'kind':5} {'batch':>5} {'ours ms':>8} {'TRT ms':>8} {'speedup':>7}  replaced"]
+             f"{'layer':6} {'kind':15} {'batch':>5} {'ours ms':>8} {'TRT ms':>8} {'speedup':>7}  replaced"]
     for r in d["layers"]:
-        lines.append(f"{r['name']:6} {r['kind']:5} {r['batch']:5d} {r['ours_ms']:8.4f} {r['trt_ms']:8.4f} "
+        lines.append(f"{r['name']:6} {r['kind']:15} {r['batch']:5d} {r['ours_ms']:8.4f} {r['trt_ms']:8.4f} "
                      f"{r['speedup']:7.3f}  {'yes' if r['replaced'] else 'no'}")
     lines.append(f"{'engine':6} {'plugins':7} {'batch':>5} {'samples/s':>10}")
     for r in d["engine"]:
@@ -95,17 +112,25 @@ def table(d: dict) -> str:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--layers", type=Path, default=RESULTS / "conv_layers_h100.json")
+    p.add_argument("--layers", type=Path, nargs="+",
+                   default=[RESULTS / "conv_layers_h100.json", RESULTS / "conv_layers_fused_h100.json"],
+                   help="layer runs, later ones replacing rows of earlier ones")
     p.add_argument("--e2e", type=Path, default=RESULTS / "resnet50_fullnet_e2e_h100.json")
     p.add_argument("--e2e2", type=Path, default=RESULTS / "resnet50_fullnet_e2e2_h100.json",
-                   help="a second network run whose Server and accuracy replace the first's (skipped if absent)")
+                   help="a second network run whose --e2e2-keys replace the first's (skipped if absent)")
+    p.add_argument("--e2e2-keys", default=",".join(SECOND_RUN_KEYS), help="what the second run replaces")
     p.add_argument("--out", type=Path, default=RESULTS / "resnet50_fullnet_h100.json")
     args = p.parse_args(argv)
-    for f in (args.layers, args.e2e):
+    for f in (*args.layers, args.e2e):
         if not f.is_file():
             p.error(f"{f} does not exist: make it on the GPU machine first (see this script's docstring)")
     e2e2 = json.loads(args.e2e2.read_text()) if args.e2e2.is_file() else None
-    d = compose(json.loads(args.layers.read_text()), json.loads(args.e2e.read_text()), e2e2)
+    keys = tuple(k for k in args.e2e2_keys.split(",") if k)
+    unknown = set(keys) - set(SECOND_RUN_KEYS)
+    if unknown:
+        p.error(f"--e2e2-keys: unknown {sorted(unknown)}; choose from {SECOND_RUN_KEYS}")
+    layers = merge_layers([json.loads(f.read_text()) for f in args.layers])
+    d = compose(layers, json.loads(args.e2e.read_text()), e2e2, keys)
     tmp = args.out.with_suffix(".tmp")
     tmp.write_text(json.dumps(d, indent=1) + "\n")
     tmp.replace(args.out)
