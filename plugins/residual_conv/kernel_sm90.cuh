@@ -133,7 +133,10 @@ struct WgwConfig {
     static constexpr int BARRIERS = 2 * X_SLOTS + 4 * RBUF + MAX_K_TILES + 4;
     static constexpr int SMEM = X_SLOTS * A_STAGE + 2 * RBUF * R_TILE + BARRIERS * 8;   // + the weight slice
     static_assert(BK % 32 == 0 && 128 % BK == 0, "packing pads K to 128");
-    static_assert(STAGES >= 2 && RBUF >= 1 && SMEM <= 227 * 1024, "rings, shared memory");
+    // RBUF >= 2: a consumer releases a buffer its TMA store read (pay_owed) only once it has the next tile's buffer
+    // (r_full); with one buffer that wait would be for the buffer it still owes (the 3x3 experiment's RBUF 1 configs
+    // hung, docs/residual_conv.md Version 14)
+    static_assert(STAGES >= 2 && RBUF >= 2 && SMEM <= 227 * 1024, "rings, shared memory");
     static_assert(CONSUMER_REGS >= LAUNCH_REGS && CONSUMER_REGS <= 240 &&
                       256 * CONSUMER_REGS + 128 * PRODUCER_REGS <= THREADS * LAUNCH_REGS,
                   "setmaxnreg within the block's register allocation");
