@@ -680,6 +680,28 @@ def test_proj_tail_rounding_ties(cuda, config):
 
 
 @pytest.mark.gpu
+def test_proj_tail_without_a_cache_entry_takes_the_consumers_that_do_not_take_turns(cuda, tmp_path):
+    # a GPU the shipped cache has no fused entries for: the heuristic, not the turn-taking configuration (the slowest
+    # sm90 choice for this form: a consumer holds its turn through the projection's epilogue)
+    rng = np.random.default_rng()
+    T, P = ref.random_layer(rng, 64, 256), ref.random_layer(rng, 64, 256, False)
+    layer = cuda.op.ProjTail(T["w"], T["w_scale"], T["bias"], T["x_scale"], T["r_scale"], T["out_scale"], True,
+                             P["w"], P["w_scale"], P["bias"], P["x_scale"], P["out_scale"], 1)
+    empty = tmp_path / "empty.json"
+    empty.write_text('{"version": 1, "entries": []}')
+    names = cuda.op.config_names()
+    try:
+        cuda.op.load_cache(str(empty))
+        sm90 = names.index("wgw_64x256x64_s4_r2")
+        want = "wgw_64x256x64_s4_r2" if cuda.op.config_supported(sm90) else "sm80_128x128x128_s2_b2"
+        assert names[layer.select_config(2048, 56, 56)] == want
+        assert layer.workspace_size(2048, 56, 56) == (0 if want.startswith(SM90_PREFIX) else 2048 * 8 * 3136 * 32)
+    finally:
+        cuda.op.load_cache(None)
+        layer.close()
+
+
+@pytest.mark.gpu
 def test_proj_tail_refuses_the_wrong_forward_and_a_missing_workspace(cuda):
     rng = np.random.default_rng()
     T, P = ref.random_layer(rng, 64, 256), ref.random_layer(rng, 64, 256, False)

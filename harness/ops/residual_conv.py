@@ -17,6 +17,7 @@ from trtfuse.errors import UserError
 
 
 TUNING_ENV = "TRTFUSE_RESIDUAL_CONV_CACHE"
+SEPARATE_CONFIG = -2  # ProjTail.select_config: the tuner chose the two layers as plain launches
 
 
 def use_shipped_tuning_cache() -> str | None:
@@ -55,6 +56,7 @@ def library(path: str | None = None) -> ctypes.CDLL:
         ctypes.c_void_p,
     ]
     lib.trtfuse_proj_tail_fuses.argtypes = [ctypes.c_void_p, ctypes.c_int]
+    lib.trtfuse_proj_tail_select_config.argtypes = [ctypes.c_void_p] + [ctypes.c_int] * 3
     lib.trtfuse_proj_tail_workspace_size.restype = ctypes.c_int64
     lib.trtfuse_proj_tail_workspace_size.argtypes = [ctypes.c_void_p] + [ctypes.c_int] * 3
     lib.trtfuse_residual_conv_destroy.argtypes = [ctypes.c_void_p]
@@ -267,6 +269,14 @@ class ProjTail(_Layer):
     def fuses(self, config: int) -> bool:
         """Whether forward on `config` runs the fused kernel on this device (else two launches, with a workspace)."""
         return bool(library().trtfuse_proj_tail_fuses(self._h, config))
+
+    def select_config(self, n: int, h: int, w: int) -> int:
+        """The configuration forward(config=-1) picks here for a block input of n x h x w; SEPARATE_CONFIG: the
+        tuner's "separate" (two plain launches)."""
+        config = library().trtfuse_proj_tail_select_config(self._h, n, h, w)
+        if config == -1:
+            _raise(config, "select_config")
+        return config
 
     def workspace_size(self, n: int, h: int, w: int) -> int:
         """Bytes of workspace forward(config=-1) needs for a block input of n x h x w (0 where it fuses)."""

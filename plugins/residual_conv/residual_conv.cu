@@ -172,9 +172,12 @@ int config_by_name(std::string const& name) {
 
 // Without a cache entry: the configuration with the smallest worst case over the ResNet-50 stages and batches on the
 // H100 (at most 1.17x the tuner's best, res3 at batch 2048; docs/residual_conv.md, Version 12), on the sm90 kernel
-// where it can run and hold the layer, else the sm80 one.
-int heuristic(int k_bytes) {
-    int const sm90 = config_by_name("wgw_64x256x128_s4_r2_p2_pp_sh");
+// where it can run and hold the layer, else the sm80 one. A fused projection + tail (`fused`) takes the consumers
+// that do not take turns: the turn-taking one is its slowest sm90 choice (a consumer holds its turn through the
+// projection's epilogue; H100 layer1.0 at batch 2048: 2.91 ms, 1.87 with wgw_64x256x64_s4_r2, the tuner's pick at
+// both layer1.0 batches and within 5 % of it at layer2.0; docs/residual_conv.md, Version 14).
+int heuristic(int k_bytes, bool fused = false) {
+    int const sm90 = config_by_name(fused ? "wgw_64x256x64_s4_r2" : "wgw_64x256x128_s4_r2_p2_pp_sh");
     if (config_supported(sm90) && layer_fits(sm90, k_bytes)) return sm90;
     return config_by_name("sm80_128x128x128_s2_b2");
 }
@@ -191,7 +194,7 @@ int select_config(int cin, int cout, int n, int hw, bool residual, int stride, i
     cudaDeviceProp prop;
     if (cudaGetDevice(&dev) != cudaSuccess || cudaGetDeviceProperties(&prop, dev) != cudaSuccess) {
         cudaGetLastError();
-        return heuristic(k_bytes);
+        return heuristic(k_bytes, proj_cin > 0);
     }
     {
         std::lock_guard<std::mutex> lock(g_cache_mu);
@@ -203,7 +206,7 @@ int select_config(int cin, int cout, int n, int hw, bool residual, int stride, i
             if (c >= 0 && config_supported(c) && layer_fits(c, k_bytes)) return c;
         }
     }
-    return heuristic(k_bytes);
+    return heuristic(k_bytes, proj_cin > 0);
 }
 
 // Blocks of a kernel of `config` (its Form `residual`) that fit on the whole current GPU at once (SMs x blocks
@@ -526,6 +529,13 @@ extern "C" int64_t trtfuse_proj_tail_workspace_size(void const* handle, int n, i
     return fuses(*L, config) ? 0 : static_cast<int64_t>(n) * L->nc * ho * wo * 32;
 }
 
+extern "C" int trtfuse_proj_tail_select_config(void const* handle, int n, int h, int w) {
+    Layer const* L = static_cast<Layer const*>(handle);
+    if (!L || !L->proj || n <= 0 || h <= 0 || w <= 0) return TRTFUSE_RCONV_ERR_NULL;
+    int const s = L->proj->stride, ho = (h - 1) / s + 1, wo = (w - 1) / s + 1;
+    return select_config(L->cin, L->cout, n, ho * wo, true, s, L->proj->cin, layer_k_bytes(*L));
+}
+
 extern "C" int trtfuse_proj_tail_fuses(void const* handle, int config) {
     Layer const* L = static_cast<Layer const*>(handle);
     if (!L || !L->proj || config < 0 || config >= kNumConfigs) return 0;
@@ -544,8 +554,8 @@ extern "C" int trtfuse_proj_tail_forward(void const* handle, void const* x, void
     if (!given) {
         config = select_config(L->cin, L->cout, n, ho * wo, true, s, L->proj->cin, layer_k_bytes(*L));
         // no workspace (the caller sized it by workspace_size at another batch): the fused kernel where it can run
-        if (!workspace && !fuses(*L, config) && fuses(*L, heuristic(layer_k_bytes(*L))))
-            config = heuristic(layer_k_bytes(*L));
+        if (!workspace && !fuses(*L, config) && fuses(*L, heuristic(layer_k_bytes(*L), true)))
+            config = heuristic(layer_k_bytes(*L), true);
     }
     auto const st = static_cast<cudaStream_t>(stream);
     if (fuses(*L, config)) {

@@ -67,6 +67,10 @@ int trtfuse_proj_tail_forward(void const* handle, void const* x, void const* xp,
 /* 1 if forward on `config` (>= 0) runs the fused kernel on the current device (an sm90 configuration that holds both
    layers' weight rows), 0 if it takes the two launches. */
 int trtfuse_proj_tail_fuses(void const* handle, int config);
+/* The configuration forward(config -1) picks on the current device for a block input of n x h x w (tuning cache,
+   else the heuristic), or -2: the tuner's choice "separate" (the two layers as plain launches, each on its own
+   choice); TRTFUSE_RCONV_ERR_NULL (-1) on bad arguments. */
+int trtfuse_proj_tail_select_config(void const* handle, int n, int h, int w);
 /* The workspace forward(config -1) needs on the current device for a block input of n x h x w: 0 where the fused
    kernel runs, else the projection's output bytes; negative on bad arguments. */
 int64_t trtfuse_proj_tail_workspace_size(void const* handle, int n, int h, int w);
