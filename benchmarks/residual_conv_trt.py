@@ -40,23 +40,11 @@ except ImportError:  # older cuda-python
 
 import tensorrt as trt
 from trtfuse.ops import residual_conv_reference as ref
+# the layers, as the tuner names them: STAGES (cin, cout, input h == w, stride, residual + ReLU (a tail) or neither (a
+# projection)); FUSED, a stage's first block (proj_cin, cin, cout, input h == w, stride)
+from trtfuse.tuning import RESNET50_FUSED as FUSED
+from trtfuse.tuning import RESNET50_STAGES as STAGES
 
-# name: (cin, cout, input h == w, stride, residual + ReLU (a tail) or neither (a projection))
-STAGES = {
-    "res2": (64, 256, 56, 1, True),
-    "res3": (128, 512, 28, 1, True),
-    "res4": (256, 1024, 14, 1, True),
-    "res5": (512, 2048, 7, 1, True),
-    "proj1": (64, 256, 56, 1, False),
-    "proj2": (256, 512, 56, 2, False),
-    "proj3": (512, 1024, 28, 2, False),
-    "proj4": (1024, 2048, 14, 2, False),
-}
-# a stage's first block: name: (proj_cin, cin, cout, input h == w, stride); the tail's input is ceil(h / stride)
-FUSED = {
-    "fused1": (64, 64, 256, 56, 1),
-    "fused2": (256, 128, 512, 56, 2),
-}
 LOGGER = trt.Logger(trt.Logger.WARNING)
 
 
@@ -234,18 +222,23 @@ def build_engine(kind: str, L: dict, n: int, cin: int, cout: int, hw: int):
         if plugin is None:
             raise RuntimeError("create_plugin refused the fields (see stderr)")
         out = network.add_plugin_v2(inputs, plugin).get_output(0)
+    return finish_engine(builder, network, out, L["out_scale"], kind)
+
+
+def finish_engine(builder, network, out: trt.ITensor, out_scale: float, what: str):
+    """Marks `out` (int8 kCHW32 at out_scale) as the output, builds with the INT8 flag and no tactic libraries (no
+    cuBLAS/cuDNN/cuBLASLt on the GPU machine); returns (engine, its layer information)."""
     out.name = "out"
     network.mark_output(out)
-    _int8_io(out, L["out_scale"])
-
+    _int8_io(out, out_scale)
     config = builder.create_builder_config()
     config.set_flag(trt.BuilderFlag.INT8)
-    config.set_tactic_sources(0)  # no cuBLAS/cuDNN/cuBLASLt on the GPU machine
+    config.set_tactic_sources(0)
     config.profiling_verbosity = trt.ProfilingVerbosity.DETAILED
     config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, 1 << 30)
     blob = builder.build_serialized_network(network, config)
     if blob is None:
-        raise RuntimeError(f"building the {kind} engine failed")
+        raise RuntimeError(f"building the {what} engine failed")
     engine = trt.Runtime(LOGGER).deserialize_cuda_engine(blob)
     info = engine.create_engine_inspector().get_engine_information(trt.LayerInformationFormat.JSON)
     return engine, json.loads(info)
@@ -285,20 +278,7 @@ def build_fused_engine(kind: str, T: dict, P: dict, n: int, hw: int):
         if plugin is None:
             raise RuntimeError("create_plugin refused the fused fields (see stderr)")
         out = network.add_plugin_v2([x, xp], plugin).get_output(0)
-    out.name = "out"
-    network.mark_output(out)
-    _int8_io(out, T["out_scale"])
-    config = builder.create_builder_config()
-    config.set_flag(trt.BuilderFlag.INT8)
-    config.set_tactic_sources(0)
-    config.profiling_verbosity = trt.ProfilingVerbosity.DETAILED
-    config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, 1 << 30)
-    blob = builder.build_serialized_network(network, config)
-    if blob is None:
-        raise RuntimeError(f"building the fused {kind} engine failed")
-    engine = trt.Runtime(LOGGER).deserialize_cuda_engine(blob)
-    info = engine.create_engine_inspector().get_engine_information(trt.LayerInformationFormat.JSON)
-    return engine, json.loads(info)
+    return finish_engine(builder, network, out, T["out_scale"], f"fused {kind}")
 
 
 def layer_summary(info: dict) -> list[str]:

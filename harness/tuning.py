@@ -150,15 +150,20 @@ def tune_shape(
     layer.close()
     del bufs
     torch.cuda.empty_cache()
+    shape = {"cin": cin, "cout": cout, "hw": (-(-hw // stride)) ** 2, "batch": batch, "residual": int(residual),
+             "stride": stride}
+    return cache_entry(shape, times, mismatched, unsupported, unfit)
+
+
+def cache_entry(shape: dict, times: dict, mismatched: list, unsupported: list, unfit: list) -> dict:
+    """A cache entry: this GPU, the layer's shape keys, the fastest candidate of `times` (name -> ms) and why the
+    others were not timed."""
+    import torch
+
     best = min(times, key=times.get)
     return {
         "gpu": torch.cuda.get_device_name(),
-        "cin": cin,
-        "cout": cout,
-        "hw": (-(-hw // stride)) ** 2,
-        "batch": batch,
-        "residual": int(residual),
-        "stride": stride,
+        **shape,
         "config": best,
         "ms": times[best],
         "candidates_ms": times,
@@ -234,23 +239,9 @@ def tune_fused_shape(proj_cin: int, cin: int, cout: int, hw: int, stride: int, b
     del bufs, ws
     torch.cuda.empty_cache()
     # the choice may be SEPARATE: the library then runs the two layers on their own choices (select_config)
-    best = min(times, key=times.get)
-    return {
-        "gpu": torch.cuda.get_device_name(),
-        "cin": cin,
-        "cout": cout,
-        "hw": ho * ho,
-        "batch": batch,
-        "residual": 1,
-        "stride": stride,
-        "proj_cin": proj_cin,
-        "config": best,
-        "ms": times[best],
-        "candidates_ms": times,
-        "mismatched": mismatched,
-        "unsupported": unsupported,
-        "unfit": unfit,
-    }
+    shape = {"cin": cin, "cout": cout, "hw": ho * ho, "batch": batch, "residual": 1, "stride": stride,
+             "proj_cin": proj_cin}
+    return cache_entry(shape, times, mismatched, unsupported, unfit)
 
 
 def merge_cache(path: Path, new: list[dict]) -> dict:

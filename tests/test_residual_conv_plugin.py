@@ -129,18 +129,9 @@ def _fused_engine(side, T, P, n, pcin, cin, cout, hw, stride):
     plugin = fields.create(side)
     assert plugin is not None, "create_plugin refused the fused fields (see stderr)"
     out = network.add_plugin_v2([x, xp], plugin).get_output(0)
-    out.name = "out"
-    network.mark_output(out)
-    side._int8_io(out, T["out_scale"])
     assert tuple(out.shape) == (n, cout, ho, ho)
-    config = builder.create_builder_config()
-    config.set_flag(trt.BuilderFlag.INT8)
-    config.set_tactic_sources(0)
-    config.profiling_verbosity = trt.ProfilingVerbosity.DETAILED
-    config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, 1 << 30)
-    blob = builder.build_serialized_network(network, config)
-    assert blob is not None, "building the fused plugin engine failed"
-    return trt.Runtime(side.LOGGER).deserialize_cuda_engine(blob)
+    engine, _ = side.finish_engine(builder, network, out, T["out_scale"], "fused plugin")
+    return engine
 
 
 def _run_fused(side, engine, x32, xp32, out_like, stream):

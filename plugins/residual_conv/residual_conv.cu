@@ -152,6 +152,22 @@ int wgmma_available() {
 
 bool config_supported(int config) { return !kConfigs[config].sm90 || wgmma_available(); }
 
+// The current device's name, the tuning cache's key; false without a device. Read once per device: select_config
+// runs at every forward (each plugin enqueue), and cudaGetDeviceProperties queries every attribute of the device.
+bool device_name(std::string* name) {
+    static std::mutex mu;
+    static std::string names[64];
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess) { cudaGetLastError(); return false; }
+    std::lock_guard<std::mutex> lock(mu);
+    if (dev < 64 && !names[dev].empty()) { *name = names[dev]; return true; }
+    cudaDeviceProp prop;
+    if (cudaGetDeviceProperties(&prop, dev) != cudaSuccess) { cudaGetLastError(); return false; }
+    *name = prop.name;
+    if (dev < 64) names[dev] = *name;
+    return true;
+}
+
 // Shared memory of `config` for a layer whose weight rows are k_bytes long (sm90: the weight slice grows with K).
 // A layer of kc input slabs: kc * 32; a fused projection and tail: the projection's K padded to 128, plus the tail's.
 int config_smem(int config, int k_bytes) {
@@ -190,16 +206,12 @@ constexpr int kSeparate = -2;
 // the answer may then be kSeparate: the tuner found the two plain layers faster, "config": "separate").
 int select_config(int cin, int cout, int n, int hw, bool residual, int stride, int proj_cin = 0, int k_bytes = 0) {
     if (k_bytes == 0) k_bytes = round_up(cin, 32);
-    int dev = 0;
-    cudaDeviceProp prop;
-    if (cudaGetDevice(&dev) != cudaSuccess || cudaGetDeviceProperties(&prop, dev) != cudaSuccess) {
-        cudaGetLastError();
-        return heuristic(k_bytes, proj_cin > 0);
-    }
+    std::string gpu;
+    if (!device_name(&gpu)) return heuristic(k_bytes, proj_cin > 0);
     {
         std::lock_guard<std::mutex> lock(g_cache_mu);
         if (!g_cache_loaded) load_cache_locked(nullptr);
-        if (CacheEntry const* e = lookup(g_cache, prop.name, cin, cout, hw, n, residual, stride, proj_cin)) {
+        if (CacheEntry const* e = lookup(g_cache, gpu, cin, cout, hw, n, residual, stride, proj_cin)) {
             if (proj_cin > 0 && e->config == "separate") return kSeparate;
             int c = config_by_name(e->config);
             // an sm90 entry without sm_90a, or one that cannot hold this layer: the heuristic
@@ -597,14 +609,10 @@ extern "C" int trtfuse_residual_conv_load_cache(char const* path) {
     std::lock_guard<std::mutex> lock(g_cache_mu);
     int st = load_cache_locked(path);
     if (st < 0) return st;
-    int dev = 0;
-    cudaDeviceProp prop;
-    if (cudaGetDevice(&dev) != cudaSuccess || cudaGetDeviceProperties(&prop, dev) != cudaSuccess) {
-        cudaGetLastError();
-        return static_cast<int>(g_cache.size());   // no GPU: count every entry
-    }
+    std::string gpu;
+    if (!device_name(&gpu)) return static_cast<int>(g_cache.size());   // no GPU: count every entry
     int count = 0;
-    for (auto const& e : g_cache) count += e.gpu == prop.name;
+    for (auto const& e : g_cache) count += e.gpu == gpu;
     return count;
 }
 
