@@ -33,12 +33,9 @@ from pathlib import Path
 
 import numpy as np
 
-try:
-    from cuda.bindings import runtime as cudart  # cuda-python >= 12.6
-except ImportError:  # older cuda-python
-    from cuda import cudart
-
 import tensorrt as trt
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench_cuda, also when loaded by path (tests)
+from bench_cuda import DeviceBuffer, ck, compare, copy_gbps, cudart, time_ms
 from trtfuse.ops import residual_conv_reference as ref
 # the layers, as the tuner names them: STAGES (cin, cout, input h == w, stride, residual + ReLU (a tail) or neither (a
 # projection)); FUSED, a stage's first block (proj_cin, cin, cout, input h == w, stride)
@@ -46,78 +43,6 @@ from trtfuse.tuning import RESNET50_FUSED as FUSED
 from trtfuse.tuning import RESNET50_STAGES as STAGES
 
 LOGGER = trt.Logger(trt.Logger.WARNING)
-
-
-# ------------------------------------------------------------------------------------------------ CUDA
-def ck(result):
-    """cuda-python returns (err, values...): raise on error, return the values."""
-    err, *rest = result if isinstance(result, tuple) else (result,)
-    if int(err) != 0:
-        raise RuntimeError(f"CUDA error {err}")
-    return rest[0] if len(rest) == 1 else (tuple(rest) if rest else None)
-
-
-class DeviceBuffer:
-    def __init__(self, nbytes: int):
-        self.nbytes = nbytes
-        self.ptr = int(ck(cudart.cudaMalloc(max(nbytes, 1))))
-
-    def upload(self, a: np.ndarray):
-        a = np.ascontiguousarray(a)
-        assert a.nbytes == self.nbytes
-        ck(
-            cudart.cudaMemcpy(
-                self.ptr, a.ctypes.data, a.nbytes, cudart.cudaMemcpyKind.cudaMemcpyHostToDevice
-            )
-        )
-        return self
-
-    def download(self, like: np.ndarray) -> np.ndarray:
-        out = np.empty_like(like)
-        ck(
-            cudart.cudaMemcpy(
-                out.ctypes.data, self.ptr, out.nbytes, cudart.cudaMemcpyKind.cudaMemcpyDeviceToHost
-            )
-        )
-        return out
-
-    def fill(self, byte: int):
-        ck(cudart.cudaMemset(self.ptr, byte, self.nbytes))
-
-    def free(self):
-        if self.ptr:
-            ck(cudart.cudaFree(self.ptr))
-            self.ptr = 0
-
-
-def time_ms(fn, stream, reps: int, warmup: int = 10) -> float:
-    """Median of `reps` CUDA-event-timed calls of fn(i) on `stream`."""
-    for i in range(warmup):
-        fn(i)
-    ck(cudart.cudaStreamSynchronize(stream))
-    evs = [(ck(cudart.cudaEventCreate()), ck(cudart.cudaEventCreate())) for _ in range(reps)]
-    for i, (a, b) in enumerate(evs):
-        ck(cudart.cudaEventRecord(a, stream))
-        fn(i)
-        ck(cudart.cudaEventRecord(b, stream))
-    ck(cudart.cudaStreamSynchronize(stream))
-    times = [ck(cudart.cudaEventElapsedTime(a, b)) for a, b in evs]
-    for a, b in evs:
-        ck(cudart.cudaEventDestroy(a))
-        ck(cudart.cudaEventDestroy(b))
-    return float(np.median(times))
-
-
-def copy_gbps(stream, nbytes: int = 1 << 30) -> float:
-    a, b = DeviceBuffer(nbytes), DeviceBuffer(nbytes)
-    a.fill(7)
-    kind = cudart.cudaMemcpyKind.cudaMemcpyDeviceToDevice
-    ms = time_ms(
-        lambda i: ck(cudart.cudaMemcpyAsync(b.ptr, a.ptr, nbytes, kind, stream)), stream, 30, 5
-    )
-    a.free()
-    b.free()
-    return 2 * nbytes / ms / 1e6
 
 
 # ------------------------------------------------------------------------------------------------ engines
@@ -166,7 +91,7 @@ class PluginFields:
             ("cin", np.array([cin], dtype=np.int32), F.INT32),
             ("cout", np.array([cout], dtype=np.int32), F.INT32),
             ("stride", np.array([L.get("stride", 1)], dtype=np.int32), F.INT32),
-        ]
+        ] + ([("kernel_size", np.array([L["kernel_size"]], dtype=np.int32), F.INT32)] if "kernel_size" in L else [])
         self.fields = [trt.PluginField(*a) for a in self.arrays]
         self.collection = trt.PluginFieldCollection(self.fields)
 
@@ -307,27 +232,6 @@ def check_binding_formats(engine):
 
 
 # ------------------------------------------------------------------------------------------------ one case
-def compare(name: str, got: np.ndarray, want: np.ndarray, exact: bool, bound: int = 1) -> dict:
-    """exact: every element equal; else none differs by more than `bound` LSB."""
-    one, more = ref.count_lsb_diffs(got, want)
-    max_diff = int(np.abs(got.astype(np.int16) - want.astype(np.int16)).max(initial=0))
-    res = {
-        "name": name,
-        "elements": int(got.size),
-        "diff_1lsb": one,
-        "diff_more": more,
-        "max_diff": max_diff,
-        "bound": 0 if exact else bound,
-        "ok": (one == 0 and more == 0) if exact else max_diff <= bound,
-    }
-    print(
-        f"    {name}: {got.size} elements, {one} differ by 1 LSB, {more} by more (max {max_diff}, bound "
-        f"{res['bound']}) -> {'ok' if res['ok'] else 'FAIL'}",
-        flush=True,
-    )
-    return res
-
-
 def run_case(stage: str, n: int, reps: int, stream, rng) -> dict:
     cin, cout, hw, stride, residual = STAGES[stage]
     ho = -(-hw // stride)

@@ -3,7 +3,8 @@ the two device runs that measure it; nothing is measured here:
 
   - the layers: benchmarks/conv_layers_device.sh -> conv_layers_h100.json (each replaced layer's plugin against
     TensorRT's own kernel for the same layer, in one run; copy bandwidth), and later runs of some layers
-    (conv_layers_fused_h100.json: the fused first blocks), whose rows add to or replace the first file's;
+    (conv_layers_fused_h100.json: the fused first blocks; conv3x3_h100.json: the 3x3 convs, from
+    benchmarks/conv3x3_trt.py), whose rows add to or replace the first file's;
   - the network: benchmarks/resnet50_e2e.py run --plugins off,tails,all -> resnet50_fullnet_e2e_h100.json (engines
     off / tails / all at batch 256 and 2048, TensorRT's per-layer profile, agreement, LoadGen Offline and Server);
   - optionally a second network run (--e2e2, e.g. on a machine without Server latency tails): its --e2e2-keys
@@ -21,7 +22,7 @@ import json
 import sys
 from pathlib import Path
 
-from trtfuse.models.residual_conv_rewrite import MAX_PROJECTION_CIN
+from trtfuse.models.residual_conv_rewrite import MAX_CONV3X3_COUT, MAX_PROJECTION_CIN
 from trtfuse.tuning import RESNET50_STAGES
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -35,9 +36,20 @@ def merge_layers(runs: list[dict]) -> dict:
     is the first run's."""
     rows = {}
     for run in runs:
-        for r in run.get("rows", []):
+        for r in run.get("rows", []) + run.get("layers", []):   # conv3x3_trt.py: "layers", named by "layer"
+            r = {"stage": r.get("layer"), **r}
             rows[(r["stage"], r["batch"])] = r
     return {**runs[0], "rows": list(rows.values())} if runs else {}
+
+
+def replaced(r: dict) -> bool:
+    """What --plugins all replaces (models/residual_conv_rewrite.py): every tail, (fused-proj-tail) the first blocks
+    whose projection and tail fit one kernel, projections up to MAX_PROJECTION_CIN input channels, and 3x3 convs up to
+    MAX_CONV3X3_COUT output channels."""
+    kind = r.get("kind", "tail")
+    if kind == "conv3x3":
+        return r["cout"] <= MAX_CONV3X3_COUT
+    return kind in ("tail", "fused-proj-tail") or RESNET50_STAGES[r["stage"]][0] <= MAX_PROJECTION_CIN
 
 
 def compose(layers: dict, e2e: dict, e2e2: dict | None = None, e2e2_keys=SECOND_RUN_KEYS) -> dict:
@@ -50,11 +62,7 @@ def compose(layers: dict, e2e: dict, e2e2: dict | None = None, e2e2_keys=SECOND_
         e2e = {**e2e, **{k: v for k, v in e2e2.items() if k in e2e2_keys and v}}
     rows = [{"name": r["stage"], "kind": r.get("kind", "tail"), "batch": r["batch"], "ours_ms": round(r["ours_ms"], 4),
              "trt_ms": round(r["trt_ms"], 4), "speedup": round(r["trt_ms"] / r["ours_ms"], 3),
-             # what --plugins all replaces (models/residual_conv_rewrite.py): every tail, projections up to
-             # MAX_PROJECTION_CIN input channels, and (fused-proj-tail) the first blocks whose projection and tail
-             # fit one kernel
-             "replaced": r.get("kind", "tail") in ("tail", "fused-proj-tail")
-             or RESNET50_STAGES[r["stage"]][0] <= MAX_PROJECTION_CIN,
+             "replaced": replaced(r),
              "exact": all(c["ok"] for c in r["checks"])} for r in layers.get("rows", [])]
     prof = (e2e.get("profile") or {}).get("all")
     offline = e2e.get("offline")
@@ -85,7 +93,8 @@ def compose(layers: dict, e2e: dict, e2e2: dict | None = None, e2e2_keys=SECOND_
         "first_run": first_run or None,
         "second_run_note": (e2e2 or {}).get("note"),
         "sources": {"layers": "conv_layers_h100.json (benchmarks/conv_layers_device.sh), rows of "
-                              "conv_layers_fused_h100.json (benchmarks/residual_conv_trt.py --stages fused1,fused2)",
+                              "conv_layers_fused_h100.json (benchmarks/residual_conv_trt.py --stages fused1,fused2) and "
+                              "of conv3x3_h100.json (benchmarks/conv3x3_trt.py)",
                     "network": "resnet50_fullnet_e2e_h100.json (resnet50_e2e.py --plugins off,tails,all)",
                     "second_run": ("resnet50_fullnet_e2e2_h100.json: " + ", ".join(e2e2_keys)) if e2e2 else None},
     }
@@ -93,9 +102,9 @@ def compose(layers: dict, e2e: dict, e2e2: dict | None = None, e2e2_keys=SECOND_
 
 def table(d: dict) -> str:
     lines = [f"{d['gpu']}, TensorRT {d['trt_version']}, copy {d['copy_gbps']:.0f} GB/s ({d['weights']})",
-             f"{'layer':6} {'kind':15} {'batch':>5} {'ours ms':>8} {'TRT ms':>8} {'speedup':>7}  replaced"]
+             f"{'layer':12} {'kind':15} {'batch':>5} {'ours ms':>8} {'TRT ms':>8} {'speedup':>7}  replaced"]
     for r in d["layers"]:
-        lines.append(f"{r['name']:6} {r['kind']:15} {r['batch']:5d} {r['ours_ms']:8.4f} {r['trt_ms']:8.4f} "
+        lines.append(f"{r['name']:12} {r['kind']:15} {r['batch']:5d} {r['ours_ms']:8.4f} {r['trt_ms']:8.4f} "
                      f"{r['speedup']:7.3f}  {'yes' if r['replaced'] else 'no'}")
     lines.append(f"{'engine':6} {'plugins':7} {'batch':>5} {'samples/s':>10}")
     for r in d["engine"]:
@@ -113,7 +122,8 @@ def table(d: dict) -> str:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--layers", type=Path, nargs="+",
-                   default=[RESULTS / "conv_layers_h100.json", RESULTS / "conv_layers_fused_h100.json"],
+                   default=[RESULTS / "conv_layers_h100.json", RESULTS / "conv_layers_fused_h100.json",
+                            RESULTS / "conv3x3_h100.json"],
                    help="layer runs, later ones replacing rows of earlier ones")
     p.add_argument("--e2e", type=Path, default=RESULTS / "resnet50_fullnet_e2e_h100.json")
     p.add_argument("--e2e2", type=Path, default=RESULTS / "resnet50_fullnet_e2e2_h100.json",

@@ -22,6 +22,13 @@ TensorRT's own kernel: input channels up to ``MAX_PROJECTION_CIN``, output chann
 (see there). A 1x1 conv followed by a ReLU (a bottleneck's conv1) is left to TensorRT, which runs it at the DRAM
 floor already.
 
+A stride-1 3x3 conv + BN + ReLU (a bottleneck's conv2), when asked (``conv3x3``),
+
+    Q(x) -> DQ -> Conv 3x3, pads 1, stride 1 -> Relu -> Q(out)
+
+becomes ``Q(x) -> TrtfuseResidualConv(x_q; kernel_size 3, r_scale 0, relu 1) -> ...`` (the halo kernel), only where
+it is faster than TensorRT's own kernel: output channels up to ``MAX_CONV3X3_COUT`` (see there).
+
 A stage's first block, a replaced projection whose int8 output only a tail reads (as its residual), becomes one
 node (``fuse``, the default with projections): ``TrtfuseResidualConv(x_q, xp_q) -> ...`` with the tail's fields and
 the projection's as ``proj_*`` fields (``proj_weights``, ``proj_w_scale``, ``proj_bias``, ``proj_x_scale``,
@@ -61,6 +68,10 @@ MIN_PROJECTION_COUT = 256
 # padded to 32) in shared memory next to its rings. ResNet-50 layer1.0 (64 + 64 -> 192) and layer2.0
 # (256 + 128 -> 384) fit, layer3.0 (512 + 256 -> 768) does not (it keeps a projection node and a tail node).
 MAX_FUSED_K_BYTES = 512
+# Stride-1 3x3 convs go to the halo kernel only up to this many output channels: on the H100 at batch 2048 (random
+# weights, benchmarks/results/conv3x3_h100.json) it is 1.35x TensorRT 8.5 at ResNet-50's layer1 (Cout 64), level
+# with it at layer2 (128) and slower at layer3 (256).
+MAX_CONV3X3_COUT = 64
 
 
 def _roundup(v: int, m: int) -> int:
@@ -166,6 +177,13 @@ def _is_pointwise(conv, strides=frozenset({1})) -> bool:
             and _attr(conv, "group", 1) == 1)
 
 
+def _is_conv3x3(conv) -> bool:
+    """A 3x3 conv with padding 1 on every side, stride 1, no dilation or groups."""
+    return (_attr(conv, "kernel_shape", None) == [3, 3] and set(_attr(conv, "strides", [1])) == {1}
+            and _attr(conv, "pads", None) == [1, 1, 1, 1] and set(_attr(conv, "dilations", [1])) == {1}
+            and _attr(conv, "group", 1) == 1)
+
+
 def find_tails(model: onnx.ModelProto) -> list[Tail]:
     """Every residual tail of a Q/DQ graph that the plugin can compute."""
     g = _Graph(model.graph)
@@ -196,7 +214,7 @@ def _conv_fields(g: _Graph, conv, q_out) -> tuple[str, dict] | None:
     bias = g.const(conv.input[2]) if len(conv.input) > 2 and conv.input[2] else np.zeros(cout)
     if bias is None:
         return None
-    return x[0], dict(weights=w.reshape(cout, cin), w_scale=w_scale, bias=np.asarray(bias, np.float32),
+    return x[0], dict(weights=w.reshape(cout, -1), w_scale=w_scale, bias=np.asarray(bias, np.float32),
                       x_scale=x[1], out_scale=float(s_out.item()), cin=int(cin), cout=int(cout))
 
 
@@ -267,6 +285,42 @@ def _match_projection(g: _Graph, conv, max_cin: int, min_cout: int) -> Projectio
                                          "stride": int(_attr(conv, "strides", [1, 1])[0])})
 
 
+@dataclass
+class Conv3x3:
+    conv: onnx.NodeProto
+    relu: onnx.NodeProto
+    q_out: onnx.NodeProto
+    x_q: str
+    fields: dict
+
+
+def find_conv3x3(model: onnx.ModelProto, max_cout: int | None = None) -> list[Conv3x3]:
+    """Every stride-1 3x3 conv + ReLU of a Q/DQ graph, quantized on its own, that the halo kernel computes faster than
+    TensorRT: output channels up to ``max_cout`` (default MAX_CONV3X3_COUT)."""
+    g = _Graph(model.graph)
+    max_cout = MAX_CONV3X3_COUT if max_cout is None else max_cout
+    found = (_match_conv3x3(g, conv, max_cout) for conv in model.graph.node if conv.op_type == "Conv")
+    return [c for c in found if c is not None]
+
+
+def _match_conv3x3(g: _Graph, conv, max_cout: int) -> Conv3x3 | None:
+    if not _is_conv3x3(conv):
+        return None
+    y = conv.output[0]
+    relu = g.users[y][0] if len(g.users[y]) == 1 and y not in g.outputs else None
+    if relu is None or relu.op_type != "Relu":
+        return None
+    # the ReLU's only reader quantizes it: the plugin writes that int8 tensor
+    readers = g.users[relu.output[0]]
+    if relu.output[0] in g.outputs or len(readers) != 1 or readers[0].op_type != "QuantizeLinear":
+        return None
+    conv_fields = _conv_fields(g, conv, readers[0])
+    if conv_fields is None or conv_fields[1]["cout"] > max_cout:
+        return None
+    x_q, fields = conv_fields
+    return Conv3x3(conv, relu, readers[0], x_q, {**fields, "r_scale": 0.0, "relu": 1, "kernel_size": 3})
+
+
 def plugin_node(name: str, x_q: str, r_q: str | None, out_q: str, fields: dict,
                 weight_dtype: str = "int32", proj: Projection | None = None) -> onnx.NodeProto:
     """The TrtfuseResidualConv node (docs/ARCHITECTURE.md field names and types); r_q None: a layer without a
@@ -276,6 +330,8 @@ def plugin_node(name: str, x_q: str, r_q: str | None, out_q: str, fields: dict,
     attrs = _layer_attrs(name, "", fields, weight_dtype)
     attrs.update(r_scale=float(fields["r_scale"]), relu=int(fields["relu"]), cout=int(fields["cout"]),
                  stride=int(fields.get("stride", 1)))
+    if fields.get("kernel_size", 1) != 1:
+        attrs.update(kernel_size=int(fields["kernel_size"]))
     inputs = [x_q] + ([r_q] if r_q else [])
     if proj is not None:
         attrs.update(_layer_attrs(name, "proj_", proj.fields, weight_dtype),
@@ -296,17 +352,19 @@ def _layer_attrs(name: str, prefix: str, fields: dict, weight_dtype: str) -> dic
 
 
 def plugin_kind(node: onnx.NodeProto) -> str:
-    """"fused" (a projection + tail node: proj_* fields), "tail" (a plugin node with a residual input) or "proj"
-    (without)."""
+    """"conv3x3" (kernel_size 3), "fused" (a projection + tail node: proj_* fields), "tail" (a plugin node with a
+    residual input) or "proj" (a 1x1 node without)."""
+    if any(a.name == "kernel_size" and a.i == 3 for a in node.attribute):
+        return "conv3x3"
     if any(a.name == "proj_weights" for a in node.attribute):
         return "fused"
     return "tail" if len(node.input) > 1 else "proj"
 
 
 def plugin_counts(model: onnx.ModelProto) -> dict[str, int]:
-    """Plugin nodes of a rewritten graph by kind: {"tail": n, "proj": m, "fused": k} (a fused node counts only as
-    "fused")."""
-    counts = {"tail": 0, "proj": 0, "fused": 0}
+    """Plugin nodes of a rewritten graph by kind: {"tail": n, "proj": m, "fused": k, "conv3x3": c} (a fused node counts
+    only as "fused")."""
+    counts = {"tail": 0, "proj": 0, "fused": 0, "conv3x3": 0}
     for n in model.graph.node:
         if n.op_type == PLUGIN_OP and n.domain == PLUGIN_DOMAIN:
             counts[plugin_kind(n)] += 1
@@ -314,9 +372,10 @@ def plugin_counts(model: onnx.ModelProto) -> dict[str, int]:
 
 
 def rewrite(model: onnx.ModelProto, weight_dtype: str = "int32", projections: bool = False,
-            fuse: bool = True) -> tuple[onnx.ModelProto, int]:
-    """A copy of the Q/DQ ``model`` with every residual tail fused, and every projection the plugin takes (see
-    find_projections) when ``projections``; returns (model, plugin nodes). ``plugin_counts`` splits them by kind.
+            fuse: bool = True, conv3x3: bool = False) -> tuple[onnx.ModelProto, int]:
+    """A copy of the Q/DQ ``model`` with every residual tail fused, every projection the plugin takes (see
+    find_projections) when ``projections``, and every 3x3 conv it takes (see find_conv3x3) when ``conv3x3``; returns
+    (model, plugin nodes). ``plugin_counts`` splits them by kind.
 
     ``fuse`` (with ``projections`` only): a replaced projection whose output only a tail reads, as its residual,
     becomes one node with that tail where the fused kernel holds both weight matrices (``MAX_FUSED_K_BYTES``);
@@ -330,6 +389,7 @@ def rewrite(model: onnx.ModelProto, weight_dtype: str = "int32", projections: bo
     graph = model.graph
     tails = find_tails(model)
     projs = find_projections(model) if projections else []
+    convs3 = find_conv3x3(model) if conv3x3 else []
     g = _Graph(graph)
     fused = _fusable(g, tails, projs) if fuse else {}   # id(tail) -> its projection: one node
     fused_projs = {id(p) for p in fused.values()}
@@ -345,6 +405,12 @@ def rewrite(model: onnx.ModelProto, weight_dtype: str = "int32", projections: bo
         replace[id(p.q_out)] = plugin_node(f"{PLUGIN_OP}_proj{k}", p.x_q, None, p.q_out.output[0], p.fields,
                                            weight_dtype)
         graph.value_info.append(helper.make_tensor_value_info(p.q_out.output[0], TensorProto.INT8, None))
+    # A 3x3 conv's node takes the place of its output QuantizeLinear, like a projection's; its conv and ReLU go.
+    for k, c in enumerate(convs3):
+        drop.update({id(c.conv), id(c.relu)})
+        replace[id(c.q_out)] = plugin_node(f"{PLUGIN_OP}_conv3x3_{k}", c.x_q, None, c.q_out.output[0], c.fields,
+                                           weight_dtype)
+        graph.value_info.append(helper.make_tensor_value_info(c.q_out.output[0], TensorProto.INT8, None))
     for k, t in enumerate(tails):
         out_q = t.q_out.output[0]
         p = fused.get(id(t))
@@ -373,9 +439,9 @@ def rewrite(model: onnx.ModelProto, weight_dtype: str = "int32", projections: bo
     graph.node.extend(_toposort(_live(nodes, {o.name for o in graph.output}),
                                 {i.name for i in graph.input} | set(g.inits)))
     _drop_unused(graph)
-    if (tails or projs) and not any(o.domain == PLUGIN_DOMAIN for o in model.opset_import):
+    if (tails or projs or convs3) and not any(o.domain == PLUGIN_DOMAIN for o in model.opset_import):
         model.opset_import.append(helper.make_opsetid(PLUGIN_DOMAIN, 1))
-    return model, len(tails) + len(projs) - len(fused)
+    return model, len(tails) + len(projs) - len(fused) + len(convs3)
 
 
 def _fusable(g: _Graph, tails: list[Tail], projs: list[Projection]) -> dict[int, Projection]:
@@ -438,10 +504,15 @@ def plugin_reference(x: np.ndarray, r: np.ndarray | None, node: onnx.NodeProto,
     """The plugin's output for int8 NCHW inputs, by the exact numpy reference (trtfuse.ops); r None: a node without
     a residual input. A fused node (proj_* fields) takes the block input ``xp`` instead of r: its residual is the
     projection's reference output (the composition the fused kernel computes exactly)."""
-    from trtfuse.ops.residual_conv_reference import reference_fp32
+    from trtfuse.ops.residual_conv_reference import accumulate3x3, reference_fp32
 
     a = {at.name: at for at in node.attribute}
     cout = a["cout"].i
+    if plugin_kind(node) == "conv3x3":
+        w = numpy_helper.to_array(a["weights"].t).reshape(cout, a["cin"].i, 3, 3).astype(np.int8)
+        return reference_fp32(x, None, np.asarray(a["w_scale"].floats, np.float32),
+                              np.asarray(a["bias"].floats, np.float32), None, a["x_scale"].f, 0.0, a["out_scale"].f,
+                              a["relu"].i, acc=accumulate3x3(x, w))
 
     def conv(inp, prefix, r, r_scale, relu, stride):
         w = numpy_helper.to_array(a[prefix + "weights"].t).reshape(cout, a[prefix + "cin"].i)
@@ -536,12 +607,14 @@ def main(argv=None) -> int:  # python -m trtfuse.models.residual_conv_rewrite IN
     p.add_argument("--projections", action="store_true", help="the projections too (see MAX_PROJECTION_CIN)")
     p.add_argument("--no-fuse", dest="fuse", action="store_false",
                    help="with --projections: keep each projection and the tail reading it two nodes (A/B)")
+    p.add_argument("--conv3x3", action="store_true", help="the stride-1 3x3 convs too (see MAX_CONV3X3_COUT)")
     args = p.parse_args(argv)
-    model, _ = rewrite(onnx.load(args.qdq_onnx), args.weight_dtype, args.projections, args.fuse)
+    model, _ = rewrite(onnx.load(args.qdq_onnx), args.weight_dtype, args.projections, args.fuse, args.conv3x3)
     onnx.save(model, args.out_onnx)
     counts = plugin_counts(model)
-    print(f"replaced {counts['tail']} residual tails, {counts['proj']} projections and {counts['fused']} "
-          f"projection + tail pairs (one node each) with {PLUGIN_OP} -> {args.out_onnx}", file=sys.stderr)
+    print(f"replaced {counts['tail']} residual tails, {counts['proj']} projections, {counts['fused']} "
+          f"projection + tail pairs (one node each) and {counts['conv3x3']} 3x3 convs with {PLUGIN_OP} -> "
+          f"{args.out_onnx}", file=sys.stderr)
     return 0
 
 

@@ -1,6 +1,7 @@
 // Host-only checks of plugins/residual_conv/residual_conv_plugin.cpp: no GPU, no libnvinfer (only TensorRT's headers
-// and the kernels library's validation functions). The creator's fields and refusals, the serialization (RCV3
-// written, with and without the projection; RCV2 and RCV1 blobs of older engines read), configurePlugin's refusals.
+// and the kernels library's validation functions). The creator's fields and refusals, the serialization (RCV4
+// written: the 1x1 form with and without the projection, and the 3x3 form; RCV3, RCV2 and RCV1 blobs of older engines
+// read), configurePlugin's refusals.
 // Built and run by tests/test_residual_conv_plugin.py; prints "ok NAME" / "FAIL NAME" and exits with the failures.
 #include <NvInferRuntime.h>
 
@@ -67,9 +68,11 @@ private:
     std::vector<PluginField> fields_;
 };
 
-// weights [cout][cin] (INT32, as the ONNX rewrite emits them), w_scale, bias; prefix "" or "proj_"
-void add_layer(Fields* f, std::string const& prefix, int cin, int cout, int seed, float x_scale, float out_scale) {
-    std::vector<int32_t> w(static_cast<size_t>(cin) * cout);
+// weights [cout][cin] (taps 9: [cout][cin][3][3]; INT32, as the ONNX rewrite emits them), w_scale, bias; prefix ""
+// or "proj_"
+void add_layer(Fields* f, std::string const& prefix, int cin, int cout, int seed, float x_scale, float out_scale,
+               int taps = 1) {
+    std::vector<int32_t> w(static_cast<size_t>(taps) * cin * cout);
     std::vector<float> ws(cout), b(cout);
     for (size_t i = 0; i < w.size(); ++i) w[i] = static_cast<int32_t>((i * 37 + seed) % 255) - 127;
     for (int n = 0; n < cout; ++n) {
@@ -91,6 +94,24 @@ Fields tail_fields(int cin, int cout) {
     f.add("cout", std::vector<int32_t>{cout}, PluginFieldType::kINT32);
     f.add("relu", std::vector<int32_t>{1}, PluginFieldType::kINT32);
     return f;
+}
+
+// a 3x3 conv + BN + ReLU: no residual input, kernel_size 3
+Fields conv3x3_fields(int cin, int cout) {
+    Fields f;
+    add_layer(&f, "", cin, cout, 3, 0.02f, 0.03f, 9);
+    f.add("r_scale", std::vector<float>{0.f}, PluginFieldType::kFLOAT32);
+    f.add("cout", std::vector<int32_t>{cout}, PluginFieldType::kINT32);
+    f.add("relu", std::vector<int32_t>{1}, PluginFieldType::kINT32);
+    f.add("kernel_size", std::vector<int32_t>{3}, PluginFieldType::kINT32);
+    return f;
+}
+
+// the blob an engine of an older version would hold: `drop` trailing bytes cut, its tag
+std::vector<char> older(std::vector<char> const& b, size_t drop, uint32_t tag) {
+    std::vector<char> o(b.begin(), b.end() - static_cast<long>(drop));
+    std::memcpy(o.data(), &tag, sizeof tag);
+    return o;
 }
 
 Fields fused_fields(int pcin, int cin, int cout, int stride) {
@@ -139,23 +160,24 @@ void configure(IPluginV2DynamicExt* p, std::vector<DynamicPluginTensorDesc> cons
 int main() {
     int const pcin = 96, cin = 64, cout = 128;
 
-    // ---- the plain tail: RCV3 with the projection flag 0, a byte-identical round trip
+    // ---- the plain tail: RCV4 with the projection flag 0 and kernel_size 1, a byte-identical round trip
     Fields tail = tail_fields(cin, cout);
     IPluginV2DynamicExt* t = tail.create();
     expect(t != nullptr, "tail created");
     if (!t) return 1;
     std::vector<char> tb = blob(t);
-    expect(tag(tb) == 0x52435633, "tail serializes as RCV3");
+    expect(tag(tb) == 0x52435634, "tail serializes as RCV4");
     IPluginV2DynamicExt* t2 = deserialize(tb);
     expect(t2 && blob(t2) == tb, "tail round trip");
 
-    // ---- RCV2 (no projection flag) and RCV1 (no stride either) blobs of older engines
-    size_t const flag_at = tb.size() - sizeof(int32_t);
-    std::vector<char> v2(tb.begin(), tb.begin() + static_cast<long>(flag_at));
-    uint32_t const tag2 = 0x52435632, tag1 = 0x52435631;
-    std::memcpy(v2.data(), &tag2, sizeof tag2);
+    // ---- RCV3 (no kernel_size), RCV2 (no projection flag either) and RCV1 (no stride either) blobs of older engines
+    size_t const ks = sizeof(int32_t), flag_at = tb.size() - 2 * ks;
+    IPluginV2DynamicExt* from3 = deserialize(older(tb, ks, 0x52435633));
+    expect(from3 && blob(from3) == tb, "RCV3 blob read (kernel_size 1)");
+    std::vector<char> v2 = older(tb, 2 * ks, 0x52435632);
+    uint32_t const tag1 = 0x52435631;
     IPluginV2DynamicExt* from2 = deserialize(v2);
-    expect(from2 && blob(from2) == tb, "RCV2 blob read (as RCV3 with no projection)");
+    expect(from2 && blob(from2) == tb, "RCV2 blob read (as RCV4 with no projection)");
     std::vector<char> v1(v2);
     size_t const stride_at = sizeof(uint32_t) + 3 * sizeof(int32_t);
     v1.erase(v1.begin() + static_cast<long>(stride_at), v1.begin() + static_cast<long>(stride_at + sizeof(int32_t)));
@@ -169,9 +191,11 @@ int main() {
     expect(f != nullptr, "fused created");
     if (!f) return 1;
     std::vector<char> fb = blob(f);
-    expect(tag(fb) == 0x52435633 && fb.size() > tb.size() + static_cast<size_t>(pcin) * cout, "fused serializes as RCV3");
+    expect(tag(fb) == 0x52435634 && fb.size() > tb.size() + static_cast<size_t>(pcin) * cout, "fused serializes as RCV4");
     IPluginV2DynamicExt* f2 = deserialize(fb);
     expect(f2 && blob(f2) == fb, "fused round trip");
+    IPluginV2DynamicExt* f3 = deserialize(older(fb, ks, 0x52435633));
+    expect(f3 && blob(f3) == fb, "fused RCV3 blob read");
     std::vector<char> cut(fb.begin(), fb.end() - 1), longer(fb), flag2(fb);
     longer.push_back(0);
     int32_t const two = 2;
@@ -233,6 +257,44 @@ int main() {
         expect(g.create() == nullptr, "bad proj_out_scale refused");
     }
 
+    // ---- the 3x3 form: RCV4 with kernel_size 3, one input, its refusals
+    Fields conv3 = conv3x3_fields(cin, cout);
+    IPluginV2DynamicExt* c3 = conv3.create();
+    expect(c3 != nullptr, "3x3 created");
+    if (!c3) return 1;
+    std::vector<char> cb = blob(c3);
+    int32_t kernel_size = 0;
+    std::memcpy(&kernel_size, cb.data() + cb.size() - ks, ks);
+    expect(tag(cb) == 0x52435634 && kernel_size == 3, "3x3 serializes as RCV4 with kernel_size 3");
+    IPluginV2DynamicExt* c32 = deserialize(cb);
+    expect(c32 && blob(c32) == cb && c32->supportsFormatCombination(1, io, 1, 1), "3x3 round trip, input [x]");
+    expect(!deserialize(older(cb, ks, 0x52435633)), "a 3x3 blob read as RCV3 (weights 9x too many) refused");
+    {
+        Fields g = conv3x3_fields(cin, cout);
+        g.set_float("r_scale", 0.04f);
+        expect(g.create() == nullptr, "3x3 with a residual input refused");
+    }
+    {
+        Fields g = conv3x3_fields(cin, cout);
+        g.set_int("kernel_size", 5);
+        expect(g.create() == nullptr, "kernel_size 5 refused");
+    }
+    {
+        Fields g = conv3x3_fields(cin, cout);
+        g.add("stride", std::vector<int32_t>{2}, PluginFieldType::kINT32);
+        expect(g.create() == nullptr, "3x3 at stride 2 refused");
+    }
+    {
+        Fields g = conv3x3_fields(cin, cout);
+        g.set_int("cin", cin + 1);
+        expect(g.create() == nullptr, "3x3 weights of the wrong size refused");
+    }
+    {
+        Fields g = tail_fields(cin, cout);
+        g.add("kernel_size", std::vector<int32_t>{3}, PluginFieldType::kINT32);
+        expect(g.create() == nullptr, "kernel_size 3 with 1x1 weights refused");
+    }
+
     // ---- configurePlugin: what it refuses (stderr: the Python test reads the reasons)
     configure(f, {desc(-1, cin, -1, -1), desc(-1, pcin + 4, -1, -1)});   // xp channels
     configure(f, {desc(-1, cin, 4, 4), desc(-1, pcin, 9, 9)});           // 4 != ceil(9 / 2)
@@ -240,7 +302,7 @@ int main() {
     configure(f, {desc(-1, cin, 5, 5)});                                  // one input
     configure(f, {desc(-1, cin, 5, 5), desc(-1, pcin, 9, 10)});          // accepted: nothing printed
     std::printf("failures %d\n", failures);
-    for (IPluginV2DynamicExt* p : {t, t2, from2, from1, f, f2})
+    for (IPluginV2DynamicExt* p : {t, t2, from3, from2, from1, f, f2, f3, c3, c32})
         if (p) p->destroy();
     return failures;
 }

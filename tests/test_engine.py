@@ -145,19 +145,21 @@ def test_plugins_all_adds_the_projections(model_dir, capsys, monkeypatch):
     data = onnx_for_build(model_dir, BuildConfig(plugins="all"))
     graph = onnx.load_from_string(data).graph
     plugins = [n for n in graph.node if n.op_type == PLUGIN_OP]
-    # the second tail, and the first bottleneck's stride-2 projection shortcut fused with its tail (inputs: the
-    # tail's x and the block input; the projection's fields as proj_*)
-    assert len(plugins) == 2 and sorted(len(n.input) for n in plugins) == [2, 2]
-    assert sorted(residual_conv_rewrite.plugin_kind(n) for n in plugins) == ["fused", "tail"]
-    assert "1 residual tail, 0 projections and 1 projection + tail pair" in capsys.readouterr().err
+    # the second tail, the first bottleneck's stride-2 projection shortcut fused with its tail (inputs: the tail's x
+    # and the block input; the projection's fields as proj_*), and the stride-1 3x3 convs (the stem, the second
+    # bottleneck's conv2; input x only)
+    assert sorted((residual_conv_rewrite.plugin_kind(n), len(n.input)) for n in plugins) == [
+        ("conv3x3", 1), ("conv3x3", 1), ("fused", 2), ("tail", 2)]
+    assert "1 residual tail, 0 projections, 1 projection + tail pair (one node each) and 2 3x3 convs" in \
+        capsys.readouterr().err
     assert (model_dir / "model.int8.plugins-all.onnx").is_file()
 
     # the two kept apart where the fused kernel could not hold both (MAX_FUSED_K_BYTES): x the projection's only input
     monkeypatch.setattr(residual_conv_rewrite, "MAX_FUSED_K_BYTES", 0)
     graph = onnx.load_from_string(onnx_for_build(model_dir, BuildConfig(plugins="all"))).graph
     plugins = [n for n in graph.node if n.op_type == PLUGIN_OP]
-    assert len(plugins) == 3 and sorted(len(n.input) for n in plugins) == [1, 2, 2]
-    assert "2 residual tails, 1 projection and 0 projection + tail pairs" in capsys.readouterr().err
+    assert sorted(len(n.input) for n in plugins) == [1, 1, 1, 2, 2]
+    assert "2 residual tails, 1 projection, 0 projection + tail pairs" in capsys.readouterr().err
 
 
 def test_plugin_modes_and_their_older_spellings():

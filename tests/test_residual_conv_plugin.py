@@ -72,6 +72,7 @@ def test_creator_refuses_bad_fields(side):
         "cin",
         "cout",
         "stride",
+        "kernel_size",
         *PROJ_FIELDS,
     }
     assert side.create_plugin("ok", L, 64, 32) is not None

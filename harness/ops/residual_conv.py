@@ -59,6 +59,14 @@ def library(path: str | None = None) -> ctypes.CDLL:
     lib.trtfuse_proj_tail_select_config.argtypes = [ctypes.c_void_p] + [ctypes.c_int] * 3
     lib.trtfuse_proj_tail_workspace_size.restype = ctypes.c_int64
     lib.trtfuse_proj_tail_workspace_size.argtypes = [ctypes.c_void_p] + [ctypes.c_int] * 3
+    # the 3x3 conv: cin, cout, weights, w_scale, bias, x_scale, out_scale (+ relu for create), stride
+    conv3 = [ctypes.c_int, ctypes.c_int, c_i8p, c_fp, c_fp, ctypes.c_float, ctypes.c_float]
+    lib.trtfuse_conv3x3_check.argtypes = conv3 + [ctypes.c_int]
+    lib.trtfuse_conv3x3_create.argtypes = conv3 + [ctypes.c_int, ctypes.c_int, ctypes.POINTER(ctypes.c_void_p)]
+    lib.trtfuse_conv3x3_forward.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int] * 4 + [ctypes.c_void_p]
+    lib.trtfuse_conv3x3_select_config.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
+    lib.trtfuse_conv3x3_config_name.restype = ctypes.c_char_p
+    lib.trtfuse_conv3x3_config_name.argtypes = [ctypes.c_int]
     lib.trtfuse_residual_conv_destroy.argtypes = [ctypes.c_void_p]
     lib.trtfuse_residual_conv_forward.argtypes = (
         [ctypes.c_void_p] * 4 + [ctypes.c_int] * 4 + [ctypes.c_void_p]
@@ -293,3 +301,46 @@ class ProjTail(_Layer):
                                                 stream),
             "forward",
         )
+
+
+def check_conv3x3(cin, cout, w, w_scale, bias, x_scale, out_scale, stride=1) -> int:
+    """Validation of a 3x3 conv's fields (no GPU; weights [cout][cin][3][3]): 0 or the C ABI's negative status."""
+    w, ws, b = _arrays(w, w_scale, bias)
+    if w.size != 9 * cin * cout or ws.size != cout or b.size != cout:
+        return -2
+    return library().trtfuse_conv3x3_check(cin, cout, _ptr(w, ctypes.c_int8), _ptr(ws, ctypes.c_float),
+                                           _ptr(b, ctypes.c_float), x_scale, out_scale, stride)
+
+
+def conv3x3_config_names() -> list[str]:
+    """The halo kernel's configurations, in the order trtfuse_conv3x3_forward indexes them."""
+    lib = library()
+    return [lib.trtfuse_conv3x3_config_name(i).decode() for i in range(lib.trtfuse_conv3x3_num_configs())]
+
+
+class Conv3x3(_Layer):
+    """A 3x3 conv (padding 1, stride 1) + BN (+ReLU), no residual, on the sm_90a halo kernel: weights
+    [cout][cin][3][3]; forward on kCHW32 int8 device buffers of the same spatial size."""
+
+    def __init__(self, w, w_scale, bias, x_scale: float, out_scale: float, relu: bool, stride: int = 1):
+        w, ws, b = _arrays(w, w_scale, bias)
+        if w.ndim != 4 or w.shape[2:] != (3, 3):
+            raise UserError(f"Conv3x3 takes weights [cout, cin, 3, 3], got shape {w.shape}")
+        self.cout, self.cin = w.shape[:2]
+        h = ctypes.c_void_p()
+        _raise(
+            library().trtfuse_conv3x3_create(self.cin, self.cout, _ptr(w, ctypes.c_int8), _ptr(ws, ctypes.c_float),
+                                             _ptr(b, ctypes.c_float), x_scale, out_scale, int(relu), int(stride),
+                                             ctypes.byref(h)),
+            "create",
+        )
+        self._h = h
+
+    def select_config(self, h: int, w: int) -> int:
+        """The halo configuration forward(config=-1) takes for an h x w input, -1 if none holds the layer."""
+        return library().trtfuse_conv3x3_select_config(self._h, h, w)
+
+    def forward(self, x_ptr: int, out_ptr: int, n: int, h: int, w: int, config: int = -1, stream: int = 0) -> None:
+        """x [n, cin, h, w] -> out [n, cout, h, w], int8 kCHW32 device pointers; config: an index of
+        conv3x3_config_names(), -1 = pick."""
+        _raise(library().trtfuse_conv3x3_forward(self._h, x_ptr, out_ptr, n, h, w, config, stream), "forward")

@@ -57,7 +57,8 @@ __device__ __forceinline__ uint64_t smem_desc(uint32_t saddr) {
            (uint64_t(3) << 62);
 }
 
-// wgmma.mma_async m64n256k32 s32 += s8 x s8, A and B from shared memory (scale-d = 1: D = A*B + D).
+// wgmma.mma_async m64nNk32 s32 += s8 x s8, A and B from shared memory (scale-d = 1: D = A*B + D), N = 256, 128, 64
+// (N/2 accumulator registers per thread; 128 and 64: the 3x3 kernel, kernel3x3_sm90.cuh).
 __device__ __forceinline__ void wgmma_m64n256k32_s8(int (&d)[128], uint64_t da, uint64_t db) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     asm volatile(
@@ -92,6 +93,56 @@ __device__ __forceinline__ void wgmma_m64n256k32_s8(int (&d)[128], uint64_t da, 
 #else
     (void)d; (void)da; (void)db;
 #endif
+}
+
+__device__ __forceinline__ void wgmma_m64n128k32_s8(int (&d)[64], uint64_t da, uint64_t db) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k32.s32.s8.s8 {"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,"
+        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,"
+        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+        "}, %64, %65, p;\n}\n"
+        : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3]), "+r"(d[4]), "+r"(d[5]), "+r"(d[6]), "+r"(d[7]),
+          "+r"(d[8]), "+r"(d[9]), "+r"(d[10]), "+r"(d[11]), "+r"(d[12]), "+r"(d[13]), "+r"(d[14]), "+r"(d[15]),
+          "+r"(d[16]), "+r"(d[17]), "+r"(d[18]), "+r"(d[19]), "+r"(d[20]), "+r"(d[21]), "+r"(d[22]), "+r"(d[23]),
+          "+r"(d[24]), "+r"(d[25]), "+r"(d[26]), "+r"(d[27]), "+r"(d[28]), "+r"(d[29]), "+r"(d[30]), "+r"(d[31]),
+          "+r"(d[32]), "+r"(d[33]), "+r"(d[34]), "+r"(d[35]), "+r"(d[36]), "+r"(d[37]), "+r"(d[38]), "+r"(d[39]),
+          "+r"(d[40]), "+r"(d[41]), "+r"(d[42]), "+r"(d[43]), "+r"(d[44]), "+r"(d[45]), "+r"(d[46]), "+r"(d[47]),
+          "+r"(d[48]), "+r"(d[49]), "+r"(d[50]), "+r"(d[51]), "+r"(d[52]), "+r"(d[53]), "+r"(d[54]), "+r"(d[55]),
+          "+r"(d[56]), "+r"(d[57]), "+r"(d[58]), "+r"(d[59]), "+r"(d[60]), "+r"(d[61]), "+r"(d[62]), "+r"(d[63])
+        : "l"(da), "l"(db), "n"(1));
+#else
+    (void)d; (void)da; (void)db;
+#endif
+}
+
+__device__ __forceinline__ void wgmma_m64n64k32_s8(int (&d)[32], uint64_t da, uint64_t db) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k32.s32.s8.s8 {"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+        "}, %32, %33, p;\n}\n"
+        : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3]), "+r"(d[4]), "+r"(d[5]), "+r"(d[6]), "+r"(d[7]),
+          "+r"(d[8]), "+r"(d[9]), "+r"(d[10]), "+r"(d[11]), "+r"(d[12]), "+r"(d[13]), "+r"(d[14]), "+r"(d[15]),
+          "+r"(d[16]), "+r"(d[17]), "+r"(d[18]), "+r"(d[19]), "+r"(d[20]), "+r"(d[21]), "+r"(d[22]), "+r"(d[23]),
+          "+r"(d[24]), "+r"(d[25]), "+r"(d[26]), "+r"(d[27]), "+r"(d[28]), "+r"(d[29]), "+r"(d[30]), "+r"(d[31])
+        : "l"(da), "l"(db), "n"(1));
+#else
+    (void)d; (void)da; (void)db;
+#endif
+}
+
+// wgmma m64nBNk32 for the N tiles of this library
+template <int BN>
+__device__ __forceinline__ void wgmma_m64k32_s8(int (&d)[BN / 2], uint64_t da, uint64_t db) {
+    if constexpr (BN == 256) wgmma_m64n256k32_s8(d, da, db);
+    else if constexpr (BN == 128) wgmma_m64n128k32_s8(d, da, db);
+    else wgmma_m64n64k32_s8(d, da, db);
 }
 
 // The wgmmas of one k stage: KCH k32 steps over A [KCH][BM][32] at da and B [KCH][256][32] at db (shared-memory
@@ -158,6 +209,26 @@ __device__ __forceinline__ void tma_store_4d(CUtensorMap const* map, uint32_t sr
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     asm volatile("cp.async.bulk.tensor.4d.global.shared::cta.bulk_group [%0, {%2, %3, %4, %5}], [%1];\n"
                  ::"l"(reinterpret_cast<uint64_t>(map)), "r"(src), "r"(c0), "r"(c1), "r"(c2), "r"(c3) : "memory");
+#endif
+}
+// TMA (bulk tensor) load of a box of the 4-d tensor `map` describes, at coordinates (c0..c3), into shared dst; parts
+// of the box outside the tensor are filled with zeros (the map's OOB fill); its bytes count against `bar`.
+__device__ __forceinline__ void tma_load_4d(CUtensorMap const* map, uint32_t dst, uint32_t bar, int c0, int c1, int c2,
+                                            int c3) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    asm volatile(
+        "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4, %5, %6}], "
+        "[%2];\n" ::"r"(dst), "l"(reinterpret_cast<uint64_t>(map)), "r"(bar), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
+        : "memory");
+#endif
+}
+// TMA store of a shared-memory box to the 5-d tensor `map` describes (see tma_store_4d)
+__device__ __forceinline__ void tma_store_5d(CUtensorMap const* map, uint32_t src, int c0, int c1, int c2, int c3,
+                                             int c4) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    asm volatile("cp.async.bulk.tensor.5d.global.shared::cta.bulk_group [%0, {%2, %3, %4, %5, %6}], [%1];\n"
+                 ::"l"(reinterpret_cast<uint64_t>(map)), "r"(src), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(c4)
+                 : "memory");
 #endif
 }
 __device__ __forceinline__ void bulk_commit() {

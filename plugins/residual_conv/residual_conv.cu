@@ -4,12 +4,15 @@
 // (tile_layout.h) and the epilogue (epilogue.cuh):
 //   conv_kernel_sm80 (kernel_sm80.cuh): mma.sync, cp.async multistage pipeline; any GPU from sm_80, any K;
 //   conv_kernel_sm90 (kernel_sm90.cuh): wgmma, warp specialized (producers, two consumers), weight slice in shared
-//     memory, TMA output stores; sm_90a only, K up to what the weight slice leaves of shared memory.
+//     memory, TMA output stores; sm_90a only, K up to what the weight slice leaves of shared memory;
+//   conv3x3_kernel_sm90 (kernel3x3_sm90.cuh): the 3x3 conv (padding 1, stride 1) on halo tiles, sm_90a only; its
+//     configurations ("halo_*") are a table of their own (kHaloConfigs), indexed by trtfuse_conv3x3_forward.
 // The configurations below are those the tuner picked for some ResNet-50 stage and batch on the H100 or the H200,
 // with the sm80 kernel ranked on its own for GPUs without sm_90a (docs/residual_conv.md, Version 12, has the A/B
 // numbers behind every configuration dropped).
 #include "common/cuda_check.h"
 #include "residual_conv/kernel_sm80.cuh"
+#include "residual_conv/kernel3x3_sm90.cuh"
 #include "residual_conv/kernel_sm90.cuh"
 #include "residual_conv/out_map.h"
 #include "residual_conv/residual_conv.h"
@@ -96,6 +99,8 @@ struct Layer {
     float lo;          // lower clamp: 0 with ReLU, -128 without
     int8_t* w = nullptr;       // [npad * kpad], rows permuted (tile_layout.h: packed_row_channel)
     int8_t* w_img = nullptr;   // w as the sm90 kernel's weight slices (tile_layout.h: pack_weight_slices)
+    int taps = 1;              // 9: a 3x3 conv (trtfuse_conv3x3_create), K = 9 kc slabs, tap-major
+    int8_t* w_img_halo[2] = {};   // a 3x3 conv: w as slices of 64 and 128 rows (the halo kernel's BN)
     float* abs = nullptr;   // [6][npad]: a, b, s of the rounding rule, then the same times 2^-8
     bool sat = false;       // the epilogue may use its saturating form (see sat_exact)
 };
@@ -284,22 +289,26 @@ int free_layer(Layer* L) {
     if (!L) return 0;
     int e = free_layer(L->proj);
     for (void* ptr : {static_cast<void*>(L->w), static_cast<void*>(L->w_img), static_cast<void*>(L->abs),
-                      static_cast<void*>(L->w_img_fused)})
+                      static_cast<void*>(L->w_img_fused), static_cast<void*>(L->w_img_halo[0]),
+                      static_cast<void*>(L->w_img_halo[1])})
         if (int f = static_cast<int>(cudaFree(ptr))) e = e ? e : f;
     delete L;
     return e;
 }
 
-// Fills L from checked fields and uploads its buffers; *rows: the packed weights (pack_rows).
+// Fills L from checked fields and uploads its buffers; *rows: the packed weights (pack_rows). taps 9: a 3x3 conv,
+// weights [cout][cin][3][3], whose GEMM k is tap * kc * 32 + channel.
 int build_layer(int cin, int cout, int8_t const* weights, float const* w_scale, float const* bias, float x_scale,
-                float r_scale, float out_scale, int relu, int stride, Layer* L, std::vector<int8_t>* rows) {
+                float r_scale, float out_scale, int relu, int stride, Layer* L, std::vector<int8_t>* rows,
+                int taps = 1) {
     L->cin = cin;
     L->cout = cout;
     L->kc = (cin + 31) / 32;
     L->nc = (cout + 31) / 32;
     L->residual = r_scale != 0.f;
     L->stride = stride;
-    L->kpad = round_up(L->kc * 32, 128);   // every BK divides 128: the B loader needs no K predicate
+    L->taps = taps;
+    L->kpad = round_up(taps * L->kc * 32, 128);   // every BK divides 128: the B loader needs no K predicate
     L->npad = round_up(L->nc * 32, 256);   // every BN divides 256: no N predicate
     L->lo = relu ? 0.f : -128.f;
     std::vector<float> abs(6 * static_cast<size_t>(L->npad), 0.f);   // zero in the padding: padded channels -> 0
@@ -316,11 +325,25 @@ int build_layer(int cin, int cout, int8_t const* weights, float const* w_scale, 
         L->sat = L->sat && sat_exact(abs[i]);
         abs[3 * static_cast<size_t>(L->npad) + i] = std::ldexp(abs[i], -8);   // exact for these magnitudes
     }
-    *rows = pack_rows(weights, cin, cout, L->npad, L->kpad);
-    std::vector<int8_t> img(rows->size());
-    pack_weight_slices(rows->data(), L->npad, L->kpad, kWeightSliceRows, img.data());
+    if (taps == 1) {
+        *rows = pack_rows(weights, cin, cout, L->npad, L->kpad);
+    } else {   // [cout][cin][tap] -> [cout][tap][kc * 32 channels, zero padded]
+        int const k = taps * L->kc * 32;
+        std::vector<int8_t> by_tap(static_cast<size_t>(cout) * k, 0);
+        for (int co = 0; co < cout; ++co)
+            for (int ci = 0; ci < cin; ++ci)
+                for (int tap = 0; tap < taps; ++tap)
+                    by_tap[static_cast<size_t>(co) * k + tap * L->kc * 32 + ci] =
+                        weights[(static_cast<size_t>(co) * cin + ci) * taps + tap];
+        *rows = pack_rows(by_tap.data(), k, cout, L->npad, L->kpad);
+    }
     int st = upload(*rows, &L->w);
-    if (st == 0) st = upload(img, &L->w_img);
+    // the sm90 weight slices: of the 1x1 kernel's 256 rows, or of each of the halo kernel's N tiles
+    std::vector<int8_t> img(rows->size());
+    for (int i = 0; i < (taps == 1 ? 1 : 2) && st == 0; ++i) {
+        pack_weight_slices(rows->data(), L->npad, L->kpad, taps == 1 ? kWeightSliceRows : 64 << i, img.data());
+        st = upload(img, taps == 1 ? &L->w_img : &L->w_img_halo[i]);
+    }
     if (st == 0) st = upload(abs, &L->abs);
     return st;
 }
@@ -344,8 +367,9 @@ Operand operand(void const* x, int kc, int stride, int h, int w, int wo) {
 Rule rule_of(Layer const& L) {
     float const* f = L.abs;
     int const np = L.npad;
-    // 128 * 127 * Cin bounds |acc|
-    return Rule{f, f + np, f + 2 * np, f + 3 * np, f + 4 * np, f + 5 * np, L.lo, 16256LL * L.cin < (1LL << 22), L.sat};
+    // 128 * 127 * K bounds |acc|
+    return Rule{f,    f + np, f + 2 * np, f + 3 * np, f + 4 * np, f + 5 * np, L.lo, 16256LL * L.taps * L.cin < (1LL << 22),
+                L.sat};
 }
 
 // Whether the fused kernel runs a projection + tail layer on `config`: an sm90 configuration that holds its rows
@@ -414,6 +438,148 @@ int forward_plain(Layer const& L, void const* x, void const* r, void* out, int n
     if (config < 0) config = select_config(L.cin, L.cout, n, ho * wo, L.residual, L.stride);
     return launch(L, L.residual ? kResidual : kPlain, operand(x, L.kc, L.stride, h, w, wo), Operand{}, r, out, n, ho,
                   wo, config, stream);
+}
+
+// ---- the 3x3 conv on halo tiles (kernel3x3_sm90.cuh) ----
+
+// Names are what a tuning cache would store. BN, MB (m64 blocks per consumer tile), STAGES, SBUF (params in
+// kernel3x3_sm90.cuh).
+using H0 = HaloConfig<64, 4, 4, 2>;    // Cout 64 (layer1): 4 x 64 rows per tile, 4 image rows at W 56
+using H1 = HaloConfig<64, 4, 3, 1>;    // Cout > 64 on N tiles of 64 (weights 9 Cin x 64: layer2 74 KB, layer3 147)
+using H2 = HaloConfig<128, 2, 3, 1>;   // Cout 128 (layer2): weights 147 KB
+using H3 = HaloConfig<64, 2, 4, 2>;    // smaller tiles: more of them at small batch
+
+struct HaloInfo {
+    char const* name;
+    int bn, bm, stages, sbuf, threads;
+    void (*kernel)(Conv3Params);
+    int (*smem)(int kpad, int slot_bytes, int stage_bytes);
+};
+template <class C>
+constexpr HaloInfo halo_info(char const* name) {
+    return {name, C::BN, C::BM, C::STAGES, C::SBUF, C::THREADS, conv3x3_kernel_sm90<C>, halo_smem_bytes<C>};
+}
+HaloInfo const kHaloConfigs[] = {
+    halo_info<H0>("halo_64x256_s4_b2"),
+    halo_info<H1>("halo_64x256_s3_b1"),
+    halo_info<H2>("halo_128x128_s3_b1"),
+    halo_info<H3>("halo_64x128_s4_b2"),
+};
+constexpr int kNumHaloConfigs = sizeof(kHaloConfigs) / sizeof(kHaloConfigs[0]);
+
+// A launch's tile geometry on config C for an h x w image: output rows per tile, and the shared memory of its halo
+// slot, staging tile and whole block. false: the image is too wide for the tile (w + 2 > BM, or a TMA box over 256).
+struct HaloGeometry {
+    int R, slot_bytes, stage_bytes, smem;
+};
+bool halo_geometry(HaloInfo const& C, Layer const& L, int h, int w, HaloGeometry* g) {
+    int const wp = w + 2;
+    if (wp > C.bm || wp > 256) return false;
+    g->R = std::min(h, C.bm / wp);
+    g->slot_bytes = round_up((C.bm + 2 * wp + 2) * 32, 1024);   // the farthest row a tap reads, +1
+    g->stage_bytes = round_up(C.bn * g->R * w, 1024);
+    g->smem = C.smem(L.kpad, g->slot_bytes, g->stage_bytes);
+    return g->smem <= kMaxSmem;
+}
+
+int halo_config_by_name(char const* name) {
+    for (int i = 0; i < kNumHaloConfigs; ++i)
+        if (std::string(name) == kHaloConfigs[i].name) return i;
+    return -1;
+}
+
+// The halo configuration for a 3x3 layer on an h x w input, -1 if none holds it: at Cout 64 (layer1) N tiles of 64
+// and 4 x 64-row tiles; wider, N tiles of 128 where that weight slice fits, else of 64.
+int halo_heuristic(Layer const& L, int h, int w) {
+    static char const* const narrow[] = {"halo_64x256_s4_b2", "halo_64x128_s4_b2", nullptr};
+    static char const* const wide[] = {"halo_128x128_s3_b1", "halo_64x256_s3_b1", "halo_64x128_s4_b2", nullptr};
+    for (char const* const* name = L.cout <= 64 ? narrow : wide; *name; ++name) {
+        int const i = halo_config_by_name(*name);
+        HaloGeometry g;
+        if (halo_geometry(kHaloConfigs[i], L, h, w, &g)) return i;
+    }
+    return -1;
+}
+
+// The 3x3 conv's input and output tensor maps (Conv3Params); 0 or a cudaError_t.
+int encode_halo_maps(Conv3Params& p, void const* x, void* out, int n, int nc, int bn) {
+    auto encode = tensor_map_encoder();
+    if (!encode) return cudaErrorNotSupported;
+    cuuint64_t const H = p.H, W = p.W, HW32 = H * W * 32;
+    cuuint32_t const ones[5] = {1, 1, 1, 1, 1};
+    cuuint64_t const in_dims[4] = {32, W, H, static_cast<cuuint64_t>(n) * p.Kc};
+    cuuint64_t const in_strides[3] = {32, W * 32, HW32};
+    cuuint32_t const in_box[4] = {32, static_cast<cuuint32_t>(p.Wp), static_cast<cuuint32_t>(p.R + 2), 1};
+    CUresult st = encode(&p.in_map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 4, const_cast<void*>(x), in_dims, in_strides, in_box,
+                         ones, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_32B,
+                         CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    if (st != CUDA_SUCCESS) return cudaErrorInvalidValue;
+    cuuint64_t const out_dims[5] = {32, W, H, static_cast<cuuint64_t>(nc), static_cast<cuuint64_t>(n)};
+    cuuint64_t const out_strides[4] = {32, W * 32, HW32, HW32 * nc};
+    cuuint32_t const out_box[5] = {32, static_cast<cuuint32_t>(p.W), static_cast<cuuint32_t>(p.R),
+                                   static_cast<cuuint32_t>(bn / 32), 1};
+    st = encode(&p.out_map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 5, out, out_dims, out_strides, out_box, ones,
+                CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_32B, CU_TENSOR_MAP_L2_PROMOTION_NONE,
+                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    return st == CUDA_SUCCESS ? 0 : cudaErrorInvalidValue;
+}
+
+// The SM count of the current device, read once per device (launch_conv3x3 runs at every forward)
+int sm_count(int* out) {
+    static std::mutex mu;
+    static int cache[64] = {};
+    int dev = 0;
+    TRTFUSE_CUDA_RETURN(cudaGetDevice(&dev));
+    std::lock_guard<std::mutex> lock(mu);
+    if (dev < 64 && cache[dev]) { *out = cache[dev]; return 0; }
+    TRTFUSE_CUDA_RETURN(cudaDeviceGetAttribute(out, cudaDevAttrMultiProcessorCount, dev));
+    if (dev < 64) cache[dev] = *out;
+    return 0;
+}
+
+// One launch of 3x3 layer L (stride 1) on halo config `config` (-1 picks): x [n][kc][h][w][32] -> out, same size.
+int launch_conv3x3(Layer const& L, void const* x, void* out, int n, int h, int w, int config, cudaStream_t stream) {
+    if (!wgmma_available()) return TRTFUSE_RCONV_ERR_ARCH;
+    if (config < 0) config = halo_heuristic(L, h, w);
+    if (config < 0) return TRTFUSE_RCONV_ERR_FIT;
+    HaloInfo const& C = kHaloConfigs[config];
+    HaloGeometry g;
+    if (!halo_geometry(C, L, h, w, &g)) return TRTFUSE_RCONV_ERR_FIT;
+    Conv3Params p{};
+    p.rule = rule_of(L);
+    p.w_img = L.w_img_halo[C.bn == 64 ? 0 : 1];
+    p.Kpad = L.kpad;
+    p.Kc = L.kc;
+    p.H = h;
+    p.W = w;
+    p.Wp = w + 2;
+    p.R = g.R;
+    p.tiles_per_img = (h + g.R - 1) / g.R;
+    int64_t const m_tiles = static_cast<int64_t>(n) * p.tiles_per_img;
+    if (m_tiles >= (int64_t(1) << 31)) return TRTFUSE_RCONV_ERR_SHAPE;
+    p.m_tiles = static_cast<int>(m_tiles);
+    p.n_blocks = (L.nc * 32 + C.bn - 1) / C.bn;
+    p.slot_bytes = g.slot_bytes;
+    p.stage_bytes = g.stage_bytes;
+    if (int st = encode_halo_maps(p, x, out, n, L.nc, C.bn)) return st;
+    int sms = 0;
+    if (int st = sm_count(&sms)) return st;
+    // one block per SM (the weight slice fills most of shared memory); per N block as many as there are M tiles
+    int64_t const per_n = std::max<int64_t>(1, std::min<int64_t>(sms / p.n_blocks, m_tiles));
+    static std::mutex mu;
+    static bool attr_set[64][kNumHaloConfigs] = {};
+    int dev = 0;
+    TRTFUSE_CUDA_RETURN(cudaGetDevice(&dev));
+    {
+        std::lock_guard<std::mutex> lock(mu);
+        if (dev >= 64 || !attr_set[dev][config]) {
+            TRTFUSE_CUDA_RETURN(cudaFuncSetAttribute(C.kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kMaxSmem));
+            if (dev < 64) attr_set[dev][config] = true;
+        }
+    }
+    C.kernel<<<static_cast<unsigned>(per_n * p.n_blocks), C.threads, g.smem, stream>>>(p);
+    TRTFUSE_LAUNCH_CHECK();
+    return 0;
 }
 
 }  // namespace
@@ -519,6 +685,57 @@ extern "C" int trtfuse_proj_tail_create(int cin, int cout, int8_t const* weights
     return 0;
 }
 
+extern "C" int trtfuse_conv3x3_check(int cin, int cout, int8_t const* weights, float const* w_scale,
+                                     float const* bias, float x_scale, float out_scale, int stride) {
+    if (stride != 1) return TRTFUSE_RCONV_ERR_STRIDE;
+    if (cin <= 0 || cout <= 0 || cin > (1 << 16) || cout > (1 << 16)) return TRTFUSE_RCONV_ERR_SHAPE;
+    if (!weights) return TRTFUSE_RCONV_ERR_NULL;
+    for (int64_t i = 0; i < 9LL * cin * cout; ++i)
+        if (weights[i] < -127) return TRTFUSE_RCONV_ERR_WEIGHT;
+    // the 1x1 checks of the other fields (its weights argument: the first cin * cout of these, checked above)
+    return trtfuse_residual_conv_check(cin, cout, weights, w_scale, bias, x_scale, 1.f, out_scale);
+}
+
+extern "C" int trtfuse_conv3x3_create(int cin, int cout, int8_t const* weights, float const* w_scale,
+                                      float const* bias, float x_scale, float out_scale, int relu, int stride,
+                                      void** handle) {
+    if (!handle) return TRTFUSE_RCONV_ERR_NULL;
+    *handle = nullptr;
+    if (int st = trtfuse_conv3x3_check(cin, cout, weights, w_scale, bias, x_scale, out_scale, stride)) return st;
+    wgmma_available();   // cache the sm_90a probe now, outside any stream capture of forward()
+    cudaGetLastError();
+    Layer* L = new Layer;
+    std::vector<int8_t> rows;
+    if (int st = build_layer(cin, cout, weights, w_scale, bias, x_scale, 0.f, out_scale, relu, 1, L, &rows, 9)) {
+        free_layer(L);
+        return st;
+    }
+    *handle = L;
+    return 0;
+}
+
+extern "C" int trtfuse_conv3x3_forward(void const* handle, void const* x, void* out, int n, int h, int w, int config,
+                                       void* stream) {
+    if (!handle || !x || !out) return TRTFUSE_RCONV_ERR_NULL;
+    Layer const* L = static_cast<Layer const*>(handle);
+    if (L->taps != 9) return TRTFUSE_RCONV_ERR_FUSED;
+    if (config < -1 || config >= kNumHaloConfigs) return TRTFUSE_RCONV_ERR_CONFIG;
+    if (int st = check_launch(x, nullptr, out, n, h, w, 1, -1)) return st;
+    return launch_conv3x3(*L, x, out, n, h, w, config, static_cast<cudaStream_t>(stream));
+}
+
+extern "C" int trtfuse_conv3x3_select_config(void const* handle, int h, int w) {
+    Layer const* L = static_cast<Layer const*>(handle);
+    if (!L || L->taps != 9 || h <= 0 || w <= 0) return TRTFUSE_RCONV_ERR_NULL;
+    return halo_heuristic(*L, h, w);
+}
+
+extern "C" int trtfuse_conv3x3_num_configs(void) { return kNumHaloConfigs; }
+
+extern "C" char const* trtfuse_conv3x3_config_name(int config) {
+    return config >= 0 && config < kNumHaloConfigs ? kHaloConfigs[config].name : nullptr;
+}
+
 extern "C" int trtfuse_residual_conv_destroy(void* handle) {
     return free_layer(static_cast<Layer*>(handle));
 }
@@ -527,7 +744,7 @@ extern "C" int trtfuse_residual_conv_forward(void const* handle, void const* x, 
                                              int h, int w, int config, void* stream) {
     if (!handle || !x || !out) return TRTFUSE_RCONV_ERR_NULL;
     Layer const* L = static_cast<Layer const*>(handle);
-    if (L->proj) return TRTFUSE_RCONV_ERR_FUSED;
+    if (L->proj || L->taps != 1) return TRTFUSE_RCONV_ERR_FUSED;
     if ((r != nullptr) != L->residual) return TRTFUSE_RCONV_ERR_RESIDUAL;
     if (int st = check_launch(x, r, out, n, h, w, L->stride, config)) return st;
     return forward_plain(*L, x, r, out, n, h, w, config, static_cast<cudaStream_t>(stream));
@@ -644,16 +861,19 @@ extern "C" char const* trtfuse_residual_conv_error_string(int status) {
         case TRTFUSE_RCONV_ERR_RESIDUAL:
             return "r must be given exactly when the layer has a residual input (created with r_scale > 0); "
                    "a layer created with r_scale = 0 takes r = NULL";
-        case TRTFUSE_RCONV_ERR_STRIDE: return "the stride must be 1 or 2";
+        case TRTFUSE_RCONV_ERR_STRIDE: return "the stride must be 1 or 2 (a 1x1 conv) or 1 (a 3x3 conv)";
         case TRTFUSE_RCONV_ERR_FUSED:
-            return "a projection + tail layer (trtfuse_proj_tail_create) runs by trtfuse_proj_tail_forward, any other "
-                   "layer by trtfuse_residual_conv_forward";
+            return "a projection + tail layer (trtfuse_proj_tail_create) runs by trtfuse_proj_tail_forward, a 3x3 conv "
+                   "(trtfuse_conv3x3_create) by trtfuse_conv3x3_forward, any other layer by "
+                   "trtfuse_residual_conv_forward";
         case TRTFUSE_RCONV_ERR_WORKSPACE:
             return "this GPU or configuration runs the projection and the tail as two launches: pass a workspace of "
                    "trtfuse_proj_tail_workspace_size() bytes";
         case TRTFUSE_RCONV_ERR_FIT:
             return "this sm90 (wgw_*) tile configuration cannot hold this layer's weight slice in shared memory "
-                   "(Cin too large): choose an sm80_* configuration, or -1 to pick";
+                   "(Cin too large): choose an sm80_* configuration, or -1 to pick; a 3x3 conv: this halo_* "
+                   "configuration (or, with -1, every one) cannot hold its weight slice (9 Cin x 64 or 128 bytes) or "
+                   "a tile row of its image (W + 2 > 64 x m64 blocks)";
         case TRTFUSE_RCONV_ERR_ARCH:
             return "this tile configuration (wgw_*) uses wgmma and needs the sm_90a build (plugin_build --archs 90a) "
                    "on a compute capability 9.0 GPU (H100/H200); the loaded library/GPU has no sm_90a code";

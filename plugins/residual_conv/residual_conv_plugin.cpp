@@ -15,8 +15,13 @@
 // (Ho = ceil(H / proj_stride)); the projection's int8 output never goes to memory where the fused kernel runs, else
 // it goes through TensorRT's workspace (getWorkspaceSize).
 //
-// Serialization: "RCV3" (written): RCV2's fields, an int32 "has projection" flag, then (if set) the projection's
-// cin, stride, x_scale, out_scale, weights, w_scale, bias. "RCV2" and "RCV1" blobs (older engines) are still read.
+// With kernel_size = 3 (optional, default 1) the layer is a 3x3 conv (padding 1, stride 1) + BN (+ReLU) without a
+// residual: weights [cout][cin][3][3], input x [N, cin, H, W], output [N, cout, H, W] (the sm_90a halo kernel,
+// kernel3x3_sm90.cuh; r_scale must be 0 and there are no proj_* fields).
+//
+// Serialization: "RCV4" (written): RCV3's, then an int32 kernel_size. "RCV3": RCV2's fields, an int32 "has
+// projection" flag, then (if set) the projection's cin, stride, x_scale, out_scale, weights, w_scale, bias. "RCV3",
+// "RCV2" and "RCV1" blobs (older engines) are still read.
 #include <NvInfer.h>
 #include <NvInferRuntime.h>
 
@@ -37,18 +42,21 @@ namespace {
 
 constexpr char const* kName = "TrtfuseResidualConv";
 constexpr char const* kVersion = "1";
-constexpr uint32_t kSerialTag = 0x52435633;   // "RCV3": RCV2 + the projection (if any); refuses foreign blobs
+constexpr uint32_t kSerialTag = 0x52435634;   // "RCV4": RCV3 + kernel_size; refuses foreign blobs
+constexpr uint32_t kSerialTagV3 = 0x52435633; // "RCV3": engines built before the 3x3 form
 constexpr uint32_t kSerialTagV2 = 0x52435632; // "RCV2": engines built before the projection + tail form
 constexpr uint32_t kSerialTagV1 = 0x52435631; // "RCV1": engines built before stride (read as stride 1)
 
 // Refusals go to stderr with the reason: TensorRT 8.5 gives plugins no logger of their own.
 void refuse(std::string const& why) { std::fprintf(stderr, "trtfuse: %s refused: %s\n", kName, why.c_str()); }
 
-// weights [cout][cin], w_scale and bias [cout]: the sizes the C ABI trusts. prefix: "" or "proj_" (field names).
+// weights [cout][cin] (taps 9: [cout][cin][3][3]), w_scale and bias [cout]: the sizes the C ABI trusts. prefix: ""
+// or "proj_" (field names).
 bool sizes_ok(std::vector<int8_t> const& weights, std::vector<float> const& w_scale, std::vector<float> const& bias,
-              int cin, int cout, std::string const& prefix, std::string* why) {
-    if (static_cast<int64_t>(weights.size()) != static_cast<int64_t>(cin) * cout || cin <= 0 || cout <= 0) {
-        *why = prefix + "weights must hold " + prefix + "cin * cout values (" + prefix + "cin, cout > 0)";
+              int cin, int cout, std::string const& prefix, std::string* why, int taps = 1) {
+    if (static_cast<int64_t>(weights.size()) != static_cast<int64_t>(taps) * cin * cout || cin <= 0 || cout <= 0) {
+        *why = prefix + "weights must hold " + (taps == 9 ? "9 * " : "") + prefix + "cin * cout values (" + prefix +
+               "cin, cout > 0)";
         return false;
     }
     if (static_cast<int>(w_scale.size()) != cout || static_cast<int>(bias.size()) != cout) {
@@ -67,7 +75,7 @@ struct Proj {
 };
 
 struct Fields {
-    int cin = 0, cout = 0, relu = 1, stride = 1;
+    int cin = 0, cout = 0, relu = 1, stride = 1, kernel_size = 1;
     float x_scale = 0, r_scale = 0, out_scale = 0;
     std::vector<int8_t> weights;
     std::vector<float> w_scale, bias;
@@ -75,9 +83,20 @@ struct Fields {
     Proj proj;
 
     bool valid(std::string* why) const {
-        if (!sizes_ok(weights, w_scale, bias, cin, cout, "", why)) return false;
+        if (kernel_size != 1 && kernel_size != 3) {
+            *why = "kernel_size must be 1 or 3";
+            return false;
+        }
+        if (!sizes_ok(weights, w_scale, bias, cin, cout, "", why, kernel_size * kernel_size)) return false;
         int st;
-        if (has_proj) {
+        if (kernel_size == 3) {
+            if (has_proj || r_scale != 0.f) {
+                *why = "a 3x3 layer (kernel_size 3) has no residual input (r_scale 0) and no proj_* fields";
+                return false;
+            }
+            st = trtfuse_conv3x3_check(cin, cout, weights.data(), w_scale.data(), bias.data(), x_scale, out_scale,
+                                       stride);
+        } else if (has_proj) {
             if (!sizes_ok(proj.weights, proj.w_scale, proj.bias, proj.cin, cout, "proj_", why)) return false;
             if (stride != 1) {
                 *why = "the tail of a projection + tail layer has stride 1 (proj_stride is the block's)";
@@ -120,7 +139,7 @@ public:
     ResidualConvPlugin(void const* data, size_t length) {
         Reader r(data, length);
         uint32_t const tag = r.get<uint32_t>();
-        if (tag != kSerialTag && tag != kSerialTagV2 && tag != kSerialTagV1)
+        if (tag != kSerialTag && tag != kSerialTagV3 && tag != kSerialTagV2 && tag != kSerialTagV1)
             throw std::runtime_error("not a TrtfuseResidualConv blob");
         f_.cin = r.get<int32_t>();
         f_.cout = r.get<int32_t>();
@@ -132,7 +151,7 @@ public:
         f_.weights = r.getVector<int8_t>();
         f_.w_scale = r.getVector<float>();
         f_.bias = r.getVector<float>();
-        if (tag == kSerialTag) {
+        if (tag == kSerialTag || tag == kSerialTagV3) {
             int32_t const has_proj = r.get<int32_t>();
             if (has_proj != 0 && has_proj != 1)
                 throw std::runtime_error("bad TrtfuseResidualConv blob: projection flag");
@@ -147,6 +166,7 @@ public:
             f_.proj.w_scale = r.getVector<float>();
             f_.proj.bias = r.getVector<float>();
         }
+        if (tag == kSerialTag) f_.kernel_size = r.get<int32_t>();
         std::string why = "trailing bytes";
         if (!r.done() || !f_.valid(&why)) throw std::runtime_error("bad TrtfuseResidualConv blob: " + why);
     }
@@ -170,7 +190,7 @@ public:
         if (f_.has_proj)
             size += 2 * sizeof(int32_t) + 2 * sizeof(float) + serializedSize(f_.proj.weights) +
                     serializedSize(f_.proj.w_scale) + serializedSize(f_.proj.bias);
-        return size;
+        return size + sizeof(int32_t);   // kernel_size
     }
     void serialize(void* buffer) const noexcept override {
         Writer w(buffer);
@@ -186,14 +206,16 @@ public:
         w.put(f_.w_scale);
         w.put(f_.bias);
         w.put<int32_t>(f_.has_proj ? 1 : 0);
-        if (!f_.has_proj) return;
-        w.put<int32_t>(f_.proj.cin);
-        w.put<int32_t>(f_.proj.stride);
-        w.put<float>(f_.proj.x_scale);
-        w.put<float>(f_.proj.out_scale);
-        w.put(f_.proj.weights);
-        w.put(f_.proj.w_scale);
-        w.put(f_.proj.bias);
+        if (f_.has_proj) {
+            w.put<int32_t>(f_.proj.cin);
+            w.put<int32_t>(f_.proj.stride);
+            w.put<float>(f_.proj.x_scale);
+            w.put<float>(f_.proj.out_scale);
+            w.put(f_.proj.weights);
+            w.put(f_.proj.w_scale);
+            w.put(f_.proj.bias);
+        }
+        w.put<int32_t>(f_.kernel_size);
     }
     void destroy() noexcept override { delete this; }
     void setPluginNamespace(AsciiChar const* ns) noexcept override { ns_ = ns ? ns : ""; }
@@ -292,6 +314,8 @@ public:
             void* ws = workspace_ > 0 ? workspace : nullptr;
             st = trtfuse_proj_tail_forward(handle_, inputs[0], inputs[1], outputs[0], static_cast<int>(xp.d[0]),
                                            static_cast<int>(xp.d[2]), static_cast<int>(xp.d[3]), ws, -1, stream);
+        } else if (f_.kernel_size == 3) {
+            st = trtfuse_conv3x3_forward(handle_, inputs[0], outputs[0], d.d[0], d.d[2], d.d[3], -1, stream);
         } else {
             st = trtfuse_residual_conv_forward(handle_, inputs[0], f_.residual() ? inputs[1] : nullptr, outputs[0],
                                                d.d[0], d.d[2], d.d[3], -1, stream);
@@ -310,13 +334,18 @@ private:
     // The device layer (weights uploaded); const because getWorkspaceSize may need it before initialize().
     int create() const noexcept {
         if (handle_) return 0;
-        int st = f_.has_proj
-                     ? trtfuse_proj_tail_create(f_.cin, f_.cout, f_.weights.data(), f_.w_scale.data(), f_.bias.data(),
-                                                f_.x_scale, f_.r_scale, f_.out_scale, f_.relu, f_.proj.cin,
-                                                f_.proj.weights.data(), f_.proj.w_scale.data(), f_.proj.bias.data(),
-                                                f_.proj.x_scale, f_.proj.out_scale, f_.proj.stride, &handle_)
-                     : trtfuse_conv1x1_create(f_.cin, f_.cout, f_.weights.data(), f_.w_scale.data(), f_.bias.data(),
-                                              f_.x_scale, f_.r_scale, f_.out_scale, f_.relu, f_.stride, &handle_);
+        int st;
+        if (f_.kernel_size == 3)
+            st = trtfuse_conv3x3_create(f_.cin, f_.cout, f_.weights.data(), f_.w_scale.data(), f_.bias.data(),
+                                        f_.x_scale, f_.out_scale, f_.relu, f_.stride, &handle_);
+        else if (f_.has_proj)
+            st = trtfuse_proj_tail_create(f_.cin, f_.cout, f_.weights.data(), f_.w_scale.data(), f_.bias.data(),
+                                          f_.x_scale, f_.r_scale, f_.out_scale, f_.relu, f_.proj.cin,
+                                          f_.proj.weights.data(), f_.proj.w_scale.data(), f_.proj.bias.data(),
+                                          f_.proj.x_scale, f_.proj.out_scale, f_.proj.stride, &handle_);
+        else
+            st = trtfuse_conv1x1_create(f_.cin, f_.cout, f_.weights.data(), f_.w_scale.data(), f_.bias.data(),
+                                        f_.x_scale, f_.r_scale, f_.out_scale, f_.relu, f_.stride, &handle_);
         if (st != 0) refuse(std::string("initialize: ") + trtfuse_residual_conv_error_string(st));
         return st;
     }
@@ -351,6 +380,7 @@ public:
             PluginField("cin", nullptr, PluginFieldType::kINT32, 1),
             PluginField("cout", nullptr, PluginFieldType::kINT32, 1),
             PluginField("stride", nullptr, PluginFieldType::kINT32, 1),
+            PluginField("kernel_size", nullptr, PluginFieldType::kINT32, 1),   // 1 (default) or 3
             // the fused form (a stage's first block): all or none of these (proj_stride optional)
             PluginField("proj_weights", nullptr, PluginFieldType::kINT8, 0),
             PluginField("proj_w_scale", nullptr, PluginFieldType::kFLOAT32, 0),
@@ -382,6 +412,7 @@ public:
                 {"proj_out_scale", &f.proj.out_scale}};
             std::map<std::string, int*> const ints = {{"relu", &f.relu},         {"cin", &f.cin},
                                                       {"cout", &f.cout},         {"stride", &f.stride},
+                                                      {"kernel_size", &f.kernel_size},
                                                       {"proj_cin", &f.proj.cin}, {"proj_stride", &f.proj.stride}};
             std::set<std::string> seen;
             for (int i = 0; fc && i < fc->nbFields; ++i) {
@@ -405,10 +436,11 @@ public:
                 seen.insert(n);
             }
             for (std::string const& n : seen) f.has_proj = f.has_proj || n.rfind("proj_", 0) == 0;
-            for (PluginField const& a : attrs_) {   // relu, stride and proj_stride are optional
+            for (PluginField const& a : attrs_) {   // relu, stride, kernel_size and proj_stride are optional
                 std::string const n = a.name;
                 bool const proj = n.rfind("proj_", 0) == 0;
-                if (seen.count(n) || n == "relu" || n == "stride" || n == "proj_stride" || (proj && !f.has_proj))
+                bool const optional = n == "relu" || n == "stride" || n == "kernel_size" || n == "proj_stride";
+                if (seen.count(n) || optional || (proj && !f.has_proj))
                     continue;
                 return refuse("missing field " + n + (proj ? " (the proj_* fields come all together)" : "")), nullptr;
             }

@@ -1,0 +1,172 @@
+"""ResNet-50's stride-1 3x3 convs (conv2 + BN + ReLU of layer1-layer3): the halo kernel against TensorRT 8.5's own.
+
+For each layer and batch, on identical int8 kCHW32 data (device resident), in one process:
+  (a) a one-layer engine of TensorRT's int8 Conv(3x3, padding 1) + ReLU: network API, int8 I/O through dynamic
+      ranges (implicit quantization), allowed formats CHW32, INT8 flag, tactic sources 0 (as residual_conv_trt.py);
+  (b) our kernel through the C ABI (trtfuse_conv3x3_forward), every halo configuration that holds the layer, and the
+      one forward(-1) picks; and (with TensorRT) the TrtfuseResidualConv plugin node (kernel_size 3) in an engine;
+checks ours bit-exact against the rounding rule and TensorRT within 1 LSB of the float64 formula (on three images),
+times each (CUDA events, median of --reps), and sets them against two limits measured or known in the same run:
+the DRAM floor (input + output bytes at the measured device copy bandwidth) and the int8 dense tensor-core peak of
+the GPU (--peak-tops, H100 SXM: 1979). ResNet-50 has random weights here: performance only.
+
+  python3.10 benchmarks/conv3x3_trt.py --out benchmarks/results/conv3x3_h100.json          (TensorRT staged)
+  python3 benchmarks/conv3x3_trt.py --no-trt --out /tmp/conv3x3.json                        (ours only)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench_cuda, also when loaded by path (tests)
+from bench_cuda import DeviceBuffer, ck, compare, copy_gbps, cudart, time_ms
+from trtfuse.ops import residual_conv as op
+from trtfuse.ops import residual_conv_reference as ref
+
+# name: (cin == cout, h == w); the stride-1 3x3 convs of ResNet-50 (layer4's 7x7 ones: a weight slice too large)
+LAYERS = {"layer1.conv2": (64, 56), "layer2.conv2": (128, 28), "layer3.conv2": (256, 14)}
+
+
+def random_conv3x3(rng, c):
+    L = ref.random_layer(rng, 9 * c, c, True)
+    L["w"] = np.ascontiguousarray(L["w"].reshape(c, c, 3, 3))
+    return L
+
+
+def trt_engine(kind: str, L: dict, n: int, c: int, hw: int):
+    """kind 'trt': TensorRT's Conv 3x3 (padding 1) + ReLU; 'plugin': the TrtfuseResidualConv node with kernel_size 3
+    (what the ONNX rewrite emits). Returns (engine, layer info)."""
+    import tensorrt as trt
+    from residual_conv_trt import LOGGER, _int8_io, create_plugin, finish_engine
+
+    builder = trt.Builder(LOGGER)
+    network = builder.create_network(1 << int(trt.NetworkDefinitionCreationFlag.EXPLICIT_BATCH))
+    x = network.add_input("x", trt.int8, (n, c, hw, hw))
+    _int8_io(x, L["x_scale"])
+    if kind == "plugin":
+        plugin = create_plugin("conv3x3", {**L, "r_scale": 0.0, "relu": 1, "kernel_size": 3}, c, c)
+        if plugin is None:
+            raise RuntimeError("create_plugin refused the 3x3 fields (see stderr)")
+        return finish_engine(builder, network, network.add_plugin_v2([x], plugin).get_output(0), L["out_scale"],
+                             "3x3 plugin")
+    w = (L["w"].astype(np.float32) * L["w_scale"][:, None, None, None]).astype(np.float32)
+    conv = network.add_convolution_nd(x, c, (3, 3), trt.Weights(np.ascontiguousarray(w)),
+                                      trt.Weights(np.ascontiguousarray(L["bias"], dtype=np.float32)))
+    conv.padding_nd = (1, 1)
+    conv.get_output(0).dynamic_range = (-127.0 * L["out_scale"], 127.0 * L["out_scale"])
+    relu = network.add_activation(conv.get_output(0), trt.ActivationType.RELU)
+    return finish_engine(builder, network, relu.get_output(0), L["out_scale"], "3x3 trt")
+
+
+def run_case(name: str, n: int, reps: int, stream, rng, with_trt: bool) -> dict:
+    c, hw = LAYERS[name]
+    L = random_conv3x3(rng, c)
+    x = rng.integers(-128, 128, size=(n, c, hw, hw), dtype=np.int8)
+    x32 = ref.to_nc32hw32(x)
+    xb, ob = DeviceBuffer(x32.nbytes).upload(x32), DeviceBuffer(x32.nbytes)
+    row = {"layer": name, "kind": "conv3x3", "cin": c, "cout": c, "batch": n, "bytes": int(2 * x32.nbytes + L["w"].nbytes),
+           "ops": int(2 * n * hw * hw * 9 * c * c), "weights": "random"}
+    layer = op.Conv3x3(L["w"], L["w_scale"], L["bias"], L["x_scale"], L["out_scale"], True)
+    outs, configs = {}, {}
+    auto = layer.select_config(hw, hw)
+    for i, cfg in enumerate(op.conv3x3_config_names()):
+        ob.fill(0x5A)
+        try:
+            layer.forward(xb.ptr, ob.ptr, n, hw, hw, i, int(stream))
+        except RuntimeError as e:
+            if "(-9)" in str(e):  # this configuration cannot hold the layer
+                continue
+            raise
+        ck(cudart.cudaStreamSynchronize(stream))
+        outs[cfg] = ref.from_nc32hw32(ob.download(x32), c)
+        configs[cfg] = time_ms(lambda _: layer.forward(xb.ptr, ob.ptr, n, hw, hw, i, int(stream)), stream, reps)
+        print(f"  {name} batch {n} ours {cfg}: {configs[cfg]:.4f} ms", flush=True)
+    row["ours_configs_ms"] = configs
+    row["ours_config"] = op.conv3x3_config_names()[auto]
+    row["ours_ms"] = configs[row["ours_config"]]
+    row["ours_best_ms"] = min(configs.values())
+    if with_trt:  # TensorRT's own kernel, and ours as the plugin node inside a TensorRT engine
+        from residual_conv_trt import layer_summary
+
+        for kind in ("trt", "plugin"):
+            t0 = time.time()
+            engine, info = trt_engine(kind, L, n, c, hw)
+            ctx = engine.create_execution_context()
+            ob.fill(0x5A)
+            bindings = [xb.ptr if engine.get_binding_name(i) == "x" else ob.ptr for i in range(engine.num_bindings)]
+            if not ctx.execute_async_v2(bindings, int(stream)):
+                raise RuntimeError(f"{kind}: execute_async_v2 failed")
+            ck(cudart.cudaStreamSynchronize(stream))
+            outs[kind] = ref.from_nc32hw32(ob.download(x32), c)
+            key = "trt_ms" if kind == "trt" else "plugin_engine_ms"
+            row[key] = time_ms(lambda _: ctx.execute_async_v2(bindings, int(stream)), stream, reps)
+            row[f"{kind}_layers"] = layer_summary(info)
+            print(f"  {name} batch {n} {kind} engine: built in {time.time() - t0:.0f} s, {row[key]:.4f} ms; "
+                  f"{row[f'{kind}_layers']}", flush=True)
+            del ctx, engine
+        row["speedup"] = row["trt_ms"] / row["ours_ms"]
+    layer.close()
+    xb.free()
+    ob.free()
+
+    idx = np.unique([0, n // 2, n - 1])
+    acc = ref.accumulate3x3(x[idx], L["w"])
+    args = (x[idx], None, L["w_scale"], L["bias"], None, L["x_scale"], 0.0, L["out_scale"], True)
+    want32, want64 = ref.reference_fp32(*args, acc=acc), ref.reference_fp64(*args, acc=acc)
+    row["checks"] = [compare(f"ours {cfg} vs rounding rule (exact)", got[idx], want32, exact=True)
+                     for cfg, got in outs.items() if cfg != "trt"]   # every configuration, and the plugin engine
+    if "trt" in outs:
+        row["checks"] += [compare("TensorRT vs float64 formula", outs["trt"][idx], want64, exact=False),
+                          compare("ours vs TensorRT (all images)", outs[row["ours_config"]], outs["trt"],
+                                  exact=False)]
+    return row
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--layers", default=",".join(LAYERS))
+    ap.add_argument("--batches", default="256,2048")
+    ap.add_argument("--reps", type=int, default=30)
+    ap.add_argument("--peak-tops", type=float, default=1979.0, help="int8 dense tensor-core peak (H100 SXM: 1979)")
+    ap.add_argument("--no-trt", action="store_true", help="ours only (no TensorRT on this machine)")
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args(argv)
+    stream = ck(cudart.cudaStreamCreate())
+    rng = np.random.default_rng(0)
+    prop = ck(cudart.cudaGetDeviceProperties(0))
+    result = {"gpu": prop.name.decode() if isinstance(prop.name, bytes) else str(prop.name),
+              "script": "benchmarks/conv3x3_trt.py", "weights": "random (performance only)",
+              "copy_gbps": copy_gbps(stream), "peak_tops": args.peak_tops, "layers": []}
+    if not args.no_trt:
+        import tensorrt as trt
+        from residual_conv_trt import load_plugin_library
+
+        result["trt_version"] = trt.__version__
+        result["plugin_library"] = load_plugin_library()
+    print(f"copy bandwidth {result['copy_gbps']:.0f} GB/s", flush=True)
+    for name in args.layers.split(","):
+        for n in (int(b) for b in args.batches.split(",")):
+            row = run_case(name, n, args.reps, stream, rng, not args.no_trt)
+            row["floor_ms"] = row["bytes"] / result["copy_gbps"] / 1e6
+            row["ours_tops"] = row["ops"] / row["ours_ms"] / 1e9
+            result["layers"].append(row)
+            Path(args.out).write_text(json.dumps(result, indent=1))
+    print(f"\n{'layer':14} {'batch':>5} {'ours ms':>8} {'config':>20} {'TRT ms':>8} {'x TRT':>6} {'floor':>6} "
+          f"{'% peak':>6}")
+    for r in result["layers"]:
+        trt_ms = r.get("trt_ms", float("nan"))
+        print(f"{r['layer']:14} {r['batch']:5d} {r['ours_ms']:8.4f} {r['ours_config']:>20} {trt_ms:8.4f} "
+              f"{trt_ms / r['ours_ms']:6.2f} {r['floor_ms']:6.3f} {100 * r['ours_tops'] / args.peak_tops:6.1f}")
+    bad = [c for r in result["layers"] for c in r["checks"] if not c.get("ok", True)]
+    print(f"checks: {len(bad)} failed" + (f": {bad}" if bad else ""))
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,255 @@
+// The Hopper (sm_90a) 3x3 conv (padding 1, stride 1) + folded BN (+ReLU), int8 kCHW32 in and out, as an implicit
+// GEMM on halo tiles ("halo_*" configs). The rounding rule is the library's (epilogue.cuh), without a residual.
+//
+// Why halo tiles: the first 3x3 form (branch wip/conv3x3-per-tap) copied each tap's input rows into its own k stage,
+// so every input byte was read 9 times and the producers' per-tap address work was the limit (2x slower than
+// TensorRT 8.5). Here a tile's input rows come in once per 32-channel slab, by one TMA box that includes the zero
+// padding, and the 9 taps are 9 views of that box:
+//
+//   A tile of R output rows of one image is a GEMM of 64 * MB "padded" rows o = r * Wp + x (Wp = W + 2; rows with
+//   x >= W, or r >= R, are computed and thrown away). Its halo box holds input rows y0 - 1 .. y0 + R and columns
+//   -1 .. W (TMA fills what lies outside the image with zeros) as rows q = yy * Wp + xx of 32 bytes. Output row o
+//   reads tap (dy, dx) from box row o + dy * Wp + dx: each tap's A operand is the box itself, its wgmma descriptor
+//   started dy * Wp + dx rows further. With the 32-byte swizzle the hardware swizzles by address bits, so a start
+//   at any row reads right, with base offset 0 (benchmarks/wgmma_desc_shift.cu, run on the H100: every shift
+//   0..19 exact), and the box's rows need no rearranging.
+//
+// Block: 384 threads. Warpgroups 0 and 1 are consumers: consumer c takes the block's tiles c, c + 2, ...; per slab it
+// issues 9 taps x MB wgmma m64nBNk32 (one commit group), then rounds its accumulators into a staging tile
+// [BN/32 slabs][R*W rows][32 bytes] in shared memory, which one TMA store writes to the output (rows past H are
+// clipped by the store). Warpgroup 2: thread 0 loads the weight slice (bulk copies, once), and lane 0 of warp 8 + c
+// loads consumer c's halo boxes into its ring of STAGES slots.
+// The weight slice of the block's N block (BN output channels x 9 Cin, packed as the sm90 1x1 kernel's: tile_layout.h)
+// stays in shared memory: Cout <= BN covers ResNet-50's layer1 and layer2 (BN 64: 40 and 74 KB; BN 128: 147 KB).
+//
+// Compiled only in the sm_90a pass (ptx_sm90.cuh; kHasWgmma guards the launch).
+#pragma once
+#include <cstdint>
+#include <type_traits>
+#include <cuda.h>
+#include <cuda_runtime.h>
+
+#include "residual_conv/epilogue.cuh"
+#include "residual_conv/params.h"
+#include "residual_conv/ptx_sm90.cuh"
+
+namespace trtfuse {
+namespace rconv {
+
+// Kernel arguments of the 3x3 conv (the host fills them: residual_conv.cu, launch_conv3x3).
+struct Conv3Params {
+    CUtensorMap in_map;    // x as (32 bytes, W, H, N * Kc), box (32, Wp, R + 2, 1), 32-byte swizzle, zero fill
+    CUtensorMap out_map;   // out as (32 bytes, W, H, Nc, N), box (32, W, R, BN / 32, 1), 32-byte swizzle
+    Rule rule;             // the layer's rule (no residual: s is 0)
+    int8_t const* w_img;   // weight slices of BN rows (tile_layout.h: pack_weight_slices), k = tap * Kc * 32 + ch
+    int Kpad;              // weight row bytes (9 * Kc * 32, padded to 128)
+    int Kc;                // input slabs (ceil(Cin / 32))
+    int H, W, Wp;          // image size; Wp = W + 2, a halo row
+    int R;                 // output rows per tile (R * Wp <= 64 * MB)
+    int tiles_per_img;     // ceil(H / R)
+    int m_tiles;           // N * tiles_per_img
+    int n_blocks;          // ceil(Nc * 32 / BN); the grid is a multiple of it
+    uint32_t slot_bytes;   // one halo slot in shared memory (multiple of 1024)
+    uint32_t stage_bytes;  // one staging tile (multiple of 1024)
+};
+
+// BN: N tile (64 or 128); MB: m64 blocks per consumer tile (MB * BN / 2 accumulators per thread); STAGES: halo slots
+// per consumer; SBUF: staging tiles per consumer (2: a tile's store may still be read while the next is written).
+template <int BN_, int MB_, int STAGES_, int SBUF_>
+struct HaloConfig {
+    static constexpr int BN = BN_, MB = MB_, BM = 64 * MB_, STAGES = STAGES_, SBUF = SBUF_;
+    static constexpr int THREADS = 3 * 128;
+    static constexpr int PRODUCER_REGS = 40;
+    static constexpr int CONSUMER_REGS = 232;
+    static_assert(MB * BN / 2 <= 128, "accumulators per thread");
+    static_assert(BN == 64 || BN == 128, "wgmma N tiles of this kernel");
+    static_assert(256 * CONSUMER_REGS + 128 * PRODUCER_REGS <= 65536, "register file");
+};
+
+// Shared memory of a launch: [1 KB alignment slack][weights BN x Kpad][2 x STAGES slots][2 x SBUF staging][barriers]
+template <class Cfg>
+TRTFUSE_RCONV_HD int halo_smem_bytes(int kpad, int slot_bytes, int stage_bytes) {
+    return 1024 + Cfg::BN * kpad + 2 * Cfg::STAGES * slot_bytes + 2 * Cfg::SBUF * stage_bytes +
+           8 * (1 + 4 * Cfg::STAGES);
+}
+
+#if defined(__CUDACC__)
+// The 32-byte swizzle by address (tile_layout.h: swz_offset) of byte `byte` of linear 32-byte row `row`, from a
+// 256-byte aligned base: rows of the staging tile are [slab][R*W], and R*W need not be a multiple of 8.
+__device__ __forceinline__ uint32_t swz_row(int row, int byte) {
+    return (static_cast<uint32_t>(row) << 5) + ((((byte >> 4) ^ (row >> 2)) & 1) << 4) + (byte & 15);
+}
+
+// The epilogue of one consumer tile: accumulators -> rounded bytes in the staging tile. dst[mb][h]: the staging row
+// of this thread's padded rows (mb * 64 + 16 warp + g + 8 h), -1 for rows thrown away.
+template <class Cfg, bool SMALL, bool SAT>
+__device__ __forceinline__ void halo_epilogue(int const (&acc)[Cfg::MB][Cfg::BN / 2], Rule const& rule,
+                                              int const (&dst)[Cfg::MB][2], int8_t* stage, int rows, int tig,
+                                              int n0) {
+    std::integral_constant<bool, SMALL> small;
+    int const c0 = n0 + tig * 4;
+    float const *pa = (SAT ? rule.a8 : rule.a) + c0, *pb = (SAT ? rule.b8 : rule.b) + c0;
+#pragma unroll
+    for (int n = 0; n < Cfg::BN / 8; n += 2) {   // n8 chunks n, n + 1: channels 16 (n / 2) + 4 tig .. + 3
+        int const col = n * 8 + tig * 4, slab_row0 = (col >> 5) * rows;
+        float4 const a = __ldg(reinterpret_cast<float4 const*>(pa + n * 8));
+        float4 const b = __ldg(reinterpret_cast<float4 const*>(pb + n * 8));
+#pragma unroll
+        for (int mb = 0; mb < Cfg::MB; ++mb)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                if (dst[mb][h] < 0) continue;
+                float const c[4] = {acc_bits_to_float(acc[mb][4 * n + 2 * h], small),
+                                    acc_bits_to_float(acc[mb][4 * n + 2 * h + 1], small),
+                                    acc_bits_to_float(acc[mb][4 * n + 4 + 2 * h], small),
+                                    acc_bits_to_float(acc[mb][4 * n + 4 + 2 * h + 1], small)};
+                uint32_t const q = q_quad_t<SAT>(rule_t_plain<SAT>(c[0], a.x, b.x), rule_t_plain<SAT>(c[1], a.y, b.y),
+                                                 rule_t_plain<SAT>(c[2], a.z, b.z), rule_t_plain<SAT>(c[3], a.w, b.w),
+                                                 rule.lo);
+                *reinterpret_cast<uint32_t*>(stage + swz_row(slab_row0 + dst[mb][h], col & 31)) = q;
+            }
+    }
+}
+
+__device__ __forceinline__ void named_barrier_sync(int id, int threads) {
+    asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
+template <class Cfg>
+__global__ void __launch_bounds__(Cfg::THREADS, 1) conv3x3_kernel_sm90(const __grid_constant__ Conv3Params p) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    constexpr int BN = Cfg::BN, MB = Cfg::MB, STAGES = Cfg::STAGES, SBUF = Cfg::SBUF;
+    extern __shared__ uint8_t smem_raw[];
+    // TMA boxes with a swizzle, and the wgmma descriptors' swizzle phase, want 1 KB-aligned tiles
+    uint32_t const raw = smem_u32(smem_raw);
+    int8_t* const base = reinterpret_cast<int8_t*>(smem_raw) + (((raw + 1023) & ~1023u) - raw);
+    int8_t* const sW = base;
+    int8_t* const sA = sW + BN * p.Kpad;
+    int8_t* const sS = sA + 2 * STAGES * p.slot_bytes;
+    uint64_t* const bars = reinterpret_cast<uint64_t*>(sS + 2 * SBUF * p.stage_bytes);
+    auto w_full = [&] { return smem_u32(bars); };
+    auto full = [&](int c, int s) { return smem_u32(bars + 1 + c * STAGES + s); };
+    auto empty = [&](int c, int s) { return smem_u32(bars + 1 + 2 * STAGES + c * STAGES + s); };
+
+    int const tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    if (tid == 0) {
+        mbar_init(w_full(), 1);
+        for (int c = 0; c < 2; ++c)
+            for (int s = 0; s < STAGES; ++s) {
+                mbar_init(full(c, s), 1);    // the producer's expect_tx arrival; the box's bytes complete it
+                mbar_init(empty(c, s), 4);   // lane 0 of each consumer warp, once its wgmmas read the slot
+            }
+        fence_mbarrier_init();
+    }
+    __syncthreads();
+
+    // this block's tiles: N block nb, M tiles m_first, m_first + m_step, ... (the grid is a multiple of n_blocks)
+    int const nb = blockIdx.x % p.n_blocks, m_first = blockIdx.x / p.n_blocks, m_step = gridDim.x / p.n_blocks;
+    int const my_tiles = m_first < p.m_tiles ? (p.m_tiles - 1 - m_first) / m_step + 1 : 0;
+
+    if (warp >= 8) {   // ---------------- producers ----------------
+        setmaxnreg_dec<Cfg::PRODUCER_REGS>();
+        int const c = warp - 8;
+        if (c >= 2 || lane != 0) return;
+        if (c == 0) {   // the weight slice, once, ahead of the halo boxes
+            int const bytes = BN * p.Kpad, chunk = 16 * 1024;
+            mbar_arrive_expect_tx(w_full(), bytes);
+            int8_t const* src = p.w_img + static_cast<int64_t>(nb) * bytes;
+            for (int off = 0; off < bytes; off += chunk)
+                bulk_load(smem_u32(sW) + off, src + off, min(chunk, bytes - off), w_full());
+        }
+        uint32_t const box_bytes = (p.R + 2) * p.Wp * 32;
+        for (int t = c, u = 0; t < my_tiles; t += 2, ++u) {
+            int const mt = m_first + t * m_step, img = mt / p.tiles_per_img, y0 = (mt - img * p.tiles_per_img) * p.R;
+            for (int s = 0; s < p.Kc; ++s) {
+                int const fill = u * p.Kc + s, slot = fill % STAGES;
+                mbar_wait(empty(c, slot), ((fill / STAGES) & 1) ^ 1);
+                mbar_arrive_expect_tx(full(c, slot), box_bytes);
+                tma_load_4d(&p.in_map, smem_u32(sA + (c * STAGES + slot) * p.slot_bytes), full(c, slot), 0, -1,
+                            y0 - 1, img * p.Kc + s);
+            }
+        }
+        return;
+    }
+
+    // ---------------- consumers ----------------
+    setmaxnreg_inc<Cfg::CONSUMER_REGS>();
+    int const c = warp >> 2, t128 = tid & 127, warp_in_wg = warp & 3;
+    int const g = lane >> 2, tig = lane & 3;
+    int const rows = p.R * p.W;   // staging rows per slab
+    // the staging rows of this thread's accumulator rows, the same for every tile
+    int dst[MB][2];
+#pragma unroll
+    for (int mb = 0; mb < MB; ++mb)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            int const o = mb * 64 + warp_in_wg * 16 + g + 8 * h, r = o / p.Wp, x = o - r * p.Wp;
+            dst[mb][h] = r < p.R && x < p.W ? r * p.W + x : -1;
+        }
+    int const init = p.rule.small_acc ? kMagicBits : 0;
+    uint64_t const descW = smem_desc(smem_u32(sW));
+    uint64_t const descA = smem_desc(smem_u32(sA + c * STAGES * p.slot_bytes));
+    int8_t* const stage0 = sS + c * SBUF * p.stage_bytes;
+    int acc[MB][BN / 2];
+
+    for (int t = c, u = 0; t < my_tiles; t += 2, ++u) {
+        int const mt = m_first + t * m_step, img = mt / p.tiles_per_img, y0 = (mt - img * p.tiles_per_img) * p.R;
+#pragma unroll
+        for (int mb = 0; mb < MB; ++mb)
+#pragma unroll
+            for (int i = 0; i < BN / 2; ++i) acc[mb][i] = init;
+        int prev = -1;
+        for (int s = 0; s < p.Kc; ++s) {
+            int const fill = u * p.Kc + s, slot = fill % STAGES;
+            mbar_wait(full(c, slot), (fill / STAGES) & 1);
+            if (u == 0 && s == 0) mbar_wait(w_full(), 0);
+            wgmma_fence();
+            uint64_t const a_slot = descA + ((slot * p.slot_bytes) >> 4);
+#pragma unroll
+            for (int tap = 0; tap < 9; ++tap) {
+                int const shift = (tap / 3) * p.Wp + tap % 3;   // box rows: dy * Wp + dx
+                uint64_t const b = descW + (((tap * p.Kc + s) * BN * 32) >> 4);
+#pragma unroll
+                for (int mb = 0; mb < MB; ++mb)
+                    wgmma_m64k32_s8<BN>(acc[mb], a_slot + (((mb * 64 + shift) * 32) >> 4), b);
+            }
+            wgmma_commit();
+            if (prev >= 0) {   // the previous slab's wgmmas are done: release its slot
+                wgmma_wait<1>();
+                __syncwarp();
+                if (lane == 0) mbar_arrive(empty(c, prev));
+            }
+            prev = slot;
+        }
+        wgmma_wait<0>();
+        __syncwarp();
+        if (lane == 0) mbar_arrive(empty(c, prev));
+
+        // ---- epilogue: staging tile u % SBUF, once the store that last read it is done reading ----
+        int8_t* const stage = stage0 + (u % SBUF) * p.stage_bytes;
+        if (t128 == 0) bulk_wait<SBUF - 1, true>();
+        named_barrier_sync(1 + c, 128);
+        int const n0 = nb * BN;
+        if (p.rule.sat) {
+            if (p.rule.small_acc) halo_epilogue<Cfg, true, true>(acc, p.rule, dst, stage, rows, tig, n0);
+            else halo_epilogue<Cfg, false, true>(acc, p.rule, dst, stage, rows, tig, n0);
+        } else {
+            if (p.rule.small_acc) halo_epilogue<Cfg, true, false>(acc, p.rule, dst, stage, rows, tig, n0);
+            else halo_epilogue<Cfg, false, false>(acc, p.rule, dst, stage, rows, tig, n0);
+        }
+        fence_proxy_async_smem();   // the staging bytes (generic writes) -> the TMA engine's reads
+        named_barrier_sync(1 + c, 128);
+        if (t128 == 0) {
+            tma_store_5d(&p.out_map, smem_u32(stage), 0, 0, y0, n0 / 32, img);
+            bulk_commit();
+        }
+    }
+    if (t128 == 0) bulk_wait<0, false>();   // the output stores complete before the block ends
+#else
+    (void)p;   // not an sm_90a pass: never launched (the host checks kHasWgmma first)
+#endif
+}
+#endif  // __CUDACC__
+
+}  // namespace rconv
+}  // namespace trtfuse
