@@ -69,8 +69,9 @@ MIN_PROJECTION_COUT = 256
 # (256 + 128 -> 384) fit, layer3.0 (512 + 256 -> 768) does not (it keeps a projection node and a tail node).
 MAX_FUSED_K_BYTES = 512
 # Stride-1 3x3 convs go to the halo kernel only up to this many output channels: on the H100 at batch 2048 (random
-# weights, benchmarks/results/conv3x3_h100.json) it is 1.35x TensorRT 8.5 at ResNet-50's layer1 (Cout 64), level
-# with it at layer2 (128) and slower at layer3 (256).
+# weights, benchmarks/results/conv3x3_h100.json) it is 1.53x TensorRT 8.5 at ResNet-50's layer1 (Cout 64), 1.16x at
+# layer2 (128; under issue 14's 1.3x bar for a replaced layer) and slower at layer3 (256, where TensorRT runs a
+# Hopper kernel).
 MAX_CONV3X3_COUT = 64
 
 

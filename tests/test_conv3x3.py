@@ -81,17 +81,18 @@ SHAPES = [  # (n, cin, cout, h, w)
     (1, 40, 72, 5, 7),  # channels not multiples of 32 (padded)
     (2, 128, 256, 13, 11),  # two N tiles of 128; H not a multiple of the tile's rows: the last one clipped
     (3, 32, 32, 1, 1),  # a 1x1 image: every tap but the center reads padding
+    (2, 16, 64, 6, 5),  # Cin 16: |acc| < 2^22, the accumulators start at the magic bits (Rule.small_acc)
     (1, 64, 64, 3, 120),  # a wide image: Wp 122, two rows per 256-row tile and one per 128-row tile
 ]
 
 
 # configurations that must hold these layers (n dropped): weight slice, halo ring and staging within 227 KB
 MUST_FIT = {
-    ("halo_64x256_s4_b2", (64, 64, 56, 56)),
-    ("halo_64x128_s4_b2", (64, 64, 56, 56)),
-    ("halo_128x128_s3_b1", (128, 128, 28, 28)),
-    ("halo_64x256_s3_b1", (128, 128, 28, 28)),
-    ("halo_64x128_s4_b2", (256, 256, 14, 14)),
+    ("halo_64x256_s4_b2_pp", (64, 64, 56, 56)),
+    ("halo_64x128_s4_b2_pp", (64, 64, 56, 56)),
+    ("halo_128x128_s3_b1_pp", (128, 128, 28, 28)),
+    ("halo_64x128_s4_b2_pp", (128, 128, 28, 28)),
+    ("halo_64x128_s4_b2_pp", (256, 256, 14, 14)),
 }
 
 
@@ -102,8 +103,15 @@ def test_small_auto_config(cuda, shape, relu):
     run_conv3x3(cuda, *shape, relu, -1, np.random.default_rng())
 
 
+HALO_CONFIGS = 3  # residual_conv.cu's kHaloConfigs
+
+
+def test_config_count_is_the_librarys():
+    assert len(_kernels_lib().conv3x3_config_names()) == HALO_CONFIGS
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("config", range(4), ids=lambda c: f"cfg{c}")
+@pytest.mark.parametrize("config", range(HALO_CONFIGS), ids=lambda c: f"cfg{c}")
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
 def test_every_config(cuda, shape, config):
     try:

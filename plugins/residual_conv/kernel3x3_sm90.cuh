@@ -14,8 +14,9 @@
 //   at any row reads right, with base offset 0 (benchmarks/wgmma_desc_shift.cu, run on the H100: every shift
 //   0..19 exact), and the box's rows need no rearranging.
 //
-// Block: 384 threads. Warpgroups 0 and 1 are consumers: consumer c takes the block's tiles c, c + 2, ...; per slab it
-// issues 9 taps x MB wgmma m64nBNk32 (one commit group), then rounds its accumulators into a staging tile
+// Block: 384 threads. Warpgroups 0 and 1 are consumers: consumer c takes the block's tiles c, c + 2, ... (with
+// PINGPONG, issuing in turns); per slab it issues 9 taps x MB wgmma m64nBNk32 (one commit group), then rounds its
+// accumulators into a staging tile
 // [BN/32 slabs][R*W rows][32 bytes] in shared memory, which one TMA store writes to the output (rows past H are
 // clipped by the store). Warpgroup 2: thread 0 loads the weight slice (bulk copies, once), and lane 0 of warp 8 + c
 // loads consumer c's halo boxes into its ring of STAGES slots.
@@ -55,9 +56,12 @@ struct Conv3Params {
 
 // BN: N tile (64 or 128); MB: m64 blocks per consumer tile (MB * BN / 2 accumulators per thread); STAGES: halo slots
 // per consumer; SBUF: staging tiles per consumer (2: a tile's store may still be read while the next is written).
-template <int BN_, int MB_, int STAGES_, int SBUF_>
+// PINGPONG: the consumers take turns issuing their tiles' wgmmas (an mbarrier per consumer), so that one's epilogue
+// runs while the other's wgmmas do; without turns both tend to reach their epilogues together.
+template <int BN_, int MB_, int STAGES_, int SBUF_, bool PINGPONG_ = false>
 struct HaloConfig {
     static constexpr int BN = BN_, MB = MB_, BM = 64 * MB_, STAGES = STAGES_, SBUF = SBUF_;
+    static constexpr bool PINGPONG = PINGPONG_;
     static constexpr int THREADS = 3 * 128;
     static constexpr int PRODUCER_REGS = 40;
     static constexpr int CONSUMER_REGS = 232;
@@ -66,11 +70,12 @@ struct HaloConfig {
     static_assert(256 * CONSUMER_REGS + 128 * PRODUCER_REGS <= 65536, "register file");
 };
 
-// Shared memory of a launch: [1 KB alignment slack][weights BN x Kpad][2 x STAGES slots][2 x SBUF staging][barriers]
+// Shared memory of a launch: [1 KB alignment slack][weights BN x Kpad][2 x STAGES slots][2 x SBUF staging]
+// [the N block's rule constants a, b: 2 x BN floats][barriers]
 template <class Cfg>
 TRTFUSE_RCONV_HD int halo_smem_bytes(int kpad, int slot_bytes, int stage_bytes) {
-    return 1024 + Cfg::BN * kpad + 2 * Cfg::STAGES * slot_bytes + 2 * Cfg::SBUF * stage_bytes +
-           8 * (1 + 4 * Cfg::STAGES);
+    return 1024 + Cfg::BN * kpad + 2 * Cfg::STAGES * slot_bytes + 2 * Cfg::SBUF * stage_bytes + 8 * Cfg::BN +
+           8 * (3 + 4 * Cfg::STAGES);
 }
 
 #if defined(__CUDACC__)
@@ -81,19 +86,18 @@ __device__ __forceinline__ uint32_t swz_row(int row, int byte) {
 }
 
 // The epilogue of one consumer tile: accumulators -> rounded bytes in the staging tile. dst[mb][h]: the staging row
-// of this thread's padded rows (mb * 64 + 16 warp + g + 8 h), -1 for rows thrown away.
+// of this thread's padded rows (mb * 64 + 16 warp + g + 8 h), -1 for rows thrown away. ab: the N block's rule
+// constants a then b (BN each; the saturating form's a8, b8 where SAT), staged in shared memory once per block: read
+// from global memory in the loop they put a load's latency on every 16-channel step.
 template <class Cfg, bool SMALL, bool SAT>
-__device__ __forceinline__ void halo_epilogue(int const (&acc)[Cfg::MB][Cfg::BN / 2], Rule const& rule,
-                                              int const (&dst)[Cfg::MB][2], int8_t* stage, int rows, int tig,
-                                              int n0) {
+__device__ __forceinline__ void halo_epilogue(int const (&acc)[Cfg::MB][Cfg::BN / 2], float const* ab, float lo,
+                                              int const (&dst)[Cfg::MB][2], int8_t* stage, int rows, int tig) {
     std::integral_constant<bool, SMALL> small;
-    int const c0 = n0 + tig * 4;
-    float const *pa = (SAT ? rule.a8 : rule.a) + c0, *pb = (SAT ? rule.b8 : rule.b) + c0;
 #pragma unroll
     for (int n = 0; n < Cfg::BN / 8; n += 2) {   // n8 chunks n, n + 1: channels 16 (n / 2) + 4 tig .. + 3
         int const col = n * 8 + tig * 4, slab_row0 = (col >> 5) * rows;
-        float4 const a = __ldg(reinterpret_cast<float4 const*>(pa + n * 8));
-        float4 const b = __ldg(reinterpret_cast<float4 const*>(pb + n * 8));
+        float4 const a = *reinterpret_cast<float4 const*>(ab + col);
+        float4 const b = *reinterpret_cast<float4 const*>(ab + Cfg::BN + col);
 #pragma unroll
         for (int mb = 0; mb < Cfg::MB; ++mb)
 #pragma unroll
@@ -105,7 +109,7 @@ __device__ __forceinline__ void halo_epilogue(int const (&acc)[Cfg::MB][Cfg::BN 
                                     acc_bits_to_float(acc[mb][4 * n + 4 + 2 * h + 1], small)};
                 uint32_t const q = q_quad_t<SAT>(rule_t_plain<SAT>(c[0], a.x, b.x), rule_t_plain<SAT>(c[1], a.y, b.y),
                                                  rule_t_plain<SAT>(c[2], a.z, b.z), rule_t_plain<SAT>(c[3], a.w, b.w),
-                                                 rule.lo);
+                                                 lo);
                 *reinterpret_cast<uint32_t*>(stage + swz_row(slab_row0 + dst[mb][h], col & 31)) = q;
             }
     }
@@ -126,10 +130,12 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1) conv3x3_kernel_sm90(const __g
     int8_t* const sW = base;
     int8_t* const sA = sW + BN * p.Kpad;
     int8_t* const sS = sA + 2 * STAGES * p.slot_bytes;
-    uint64_t* const bars = reinterpret_cast<uint64_t*>(sS + 2 * SBUF * p.stage_bytes);
+    float* const sAB = reinterpret_cast<float*>(sS + 2 * SBUF * p.stage_bytes);   // [a: BN][b: BN]
+    uint64_t* const bars = reinterpret_cast<uint64_t*>(sAB + 2 * BN);
     auto w_full = [&] { return smem_u32(bars); };
     auto full = [&](int c, int s) { return smem_u32(bars + 1 + c * STAGES + s); };
     auto empty = [&](int c, int s) { return smem_u32(bars + 1 + 2 * STAGES + c * STAGES + s); };
+    auto mma_turn = [&](int c) { return smem_u32(bars + 1 + 4 * STAGES + c); };   // PINGPONG: consumer c may issue
 
     int const tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     if (tid == 0) {
@@ -139,12 +145,16 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1) conv3x3_kernel_sm90(const __g
                 mbar_init(full(c, s), 1);    // the producer's expect_tx arrival; the box's bytes complete it
                 mbar_init(empty(c, s), 4);   // lane 0 of each consumer warp, once its wgmmas read the slot
             }
+        for (int c = 0; c < 2; ++c) mbar_init(mma_turn(c), 128);   // every thread of the other consumer
         fence_mbarrier_init();
     }
-    __syncthreads();
-
     // this block's tiles: N block nb, M tiles m_first, m_first + m_step, ... (the grid is a multiple of n_blocks)
     int const nb = blockIdx.x % p.n_blocks, m_first = blockIdx.x / p.n_blocks, m_step = gridDim.x / p.n_blocks;
+    // the N block's rule constants (the saturating form's where the epilogue takes it)
+    for (int i = tid; i < 2 * BN; i += Cfg::THREADS)
+        sAB[i] = (i < BN ? (p.rule.sat ? p.rule.a8 : p.rule.a) : (p.rule.sat ? p.rule.b8 : p.rule.b))[nb * BN + i % BN];
+    __syncthreads();
+
     int const my_tiles = m_first < p.m_tiles ? (p.m_tiles - 1 - m_first) / m_step + 1 : 0;
 
     if (warp >= 8) {   // ---------------- producers ----------------
@@ -186,32 +196,48 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1) conv3x3_kernel_sm90(const __g
             int const o = mb * 64 + warp_in_wg * 16 + g + 8 * h, r = o / p.Wp, x = o - r * p.Wp;
             dst[mb][h] = r < p.R && x < p.W ? r * p.W + x : -1;
         }
-    int const init = p.rule.small_acc ? kMagicBits : 0;
-    uint64_t const descW = smem_desc(smem_u32(sW));
-    uint64_t const descA = smem_desc(smem_u32(sA + c * STAGES * p.slot_bytes));
+    // Descriptors (ptx_sm90.cuh: smem_desc) change only in their start address, the low 32 bits: the taps' and
+    // slots' offsets are 32-bit adds to it (as 64-bit adds they were two instructions per wgmma operand).
+    uint64_t const descW = smem_desc(smem_u32(sW)), descA = smem_desc(smem_u32(sA + c * STAGES * p.slot_bytes));
+    uint32_t const w_lo = static_cast<uint32_t>(descW), a_lo = static_cast<uint32_t>(descA);
+    uint32_t const desc_hi = static_cast<uint32_t>(descA >> 32);   // the same for both
+    auto desc = [&](uint32_t lo) { return (static_cast<uint64_t>(desc_hi) << 32) | lo; };
     int8_t* const stage0 = sS + c * SBUF * p.stage_bytes;
+    // Accumulators start at 0 by the first wgmma's scale-d 0 (no moves per tile), or at the magic bits where
+    // |acc| < 2^22 (epilogue.cuh: Rule::small_acc), which the wgmmas then add to.
+    bool const small = p.rule.small_acc;
     int acc[MB][BN / 2];
 
     for (int t = c, u = 0; t < my_tiles; t += 2, ++u) {
         int const mt = m_first + t * m_step, img = mt / p.tiles_per_img, y0 = (mt - img * p.tiles_per_img) * p.R;
+        if (small) {
 #pragma unroll
-        for (int mb = 0; mb < MB; ++mb)
+            for (int mb = 0; mb < MB; ++mb)
 #pragma unroll
-            for (int i = 0; i < BN / 2; ++i) acc[mb][i] = init;
+                for (int i = 0; i < BN / 2; ++i) acc[mb][i] = kMagicBits;
+        }
         int prev = -1;
+        // PINGPONG: tile u of consumer 0, tile u of consumer 1, tile u + 1 of consumer 0, ...: the turn to issue
+        // completes one phase per tile of the other consumer
+        if (Cfg::PINGPONG && (c == 1 || u > 0)) mbar_wait(mma_turn(c), (c == 1 ? u : u - 1) & 1);
         for (int s = 0; s < p.Kc; ++s) {
             int const fill = u * p.Kc + s, slot = fill % STAGES;
             mbar_wait(full(c, slot), (fill / STAGES) & 1);
             if (u == 0 && s == 0) mbar_wait(w_full(), 0);
             wgmma_fence();
-            uint64_t const a_slot = descA + ((slot * p.slot_bytes) >> 4);
+            uint32_t const a_slot = a_lo + ((slot * p.slot_bytes) >> 4);
 #pragma unroll
             for (int tap = 0; tap < 9; ++tap) {
-                int const shift = (tap / 3) * p.Wp + tap % 3;   // box rows: dy * Wp + dx
-                uint64_t const b = descW + (((tap * p.Kc + s) * BN * 32) >> 4);
+                uint32_t const shift = ((tap / 3) * p.Wp + tap % 3) * 2;   // box rows dy * Wp + dx, in 16 bytes
+#ifdef TRTFUSE_HALO_ALIGNED_SHIFT_TIMING  // timing experiment only (wrong results): every start 8-row aligned
+                uint32_t const shift_t = shift & ~15u;
+#define shift shift_t
+#endif
+                uint32_t const w = w_lo + (((tap * p.Kc + s) * BN * 32) >> 4);
+                int const scale_d = small || s > 0 || tap > 0;   // 0: this wgmma starts the accumulators
 #pragma unroll
                 for (int mb = 0; mb < MB; ++mb)
-                    wgmma_m64k32_s8<BN>(acc[mb], a_slot + (((mb * 64 + shift) * 32) >> 4), b);
+                    wgmma_m64k32_s8<BN>(acc[mb], desc(a_slot + mb * 128 + shift), desc(w), scale_d);
             }
             wgmma_commit();
             if (prev >= 0) {   // the previous slab's wgmmas are done: release its slot
@@ -221,6 +247,7 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1) conv3x3_kernel_sm90(const __g
             }
             prev = slot;
         }
+        if (Cfg::PINGPONG) mbar_arrive(mma_turn(1 - c));   // this tile's wgmmas are all issued
         wgmma_wait<0>();
         __syncwarp();
         if (lane == 0) mbar_arrive(empty(c, prev));
@@ -229,18 +256,17 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1) conv3x3_kernel_sm90(const __g
         int8_t* const stage = stage0 + (u % SBUF) * p.stage_bytes;
         if (t128 == 0) bulk_wait<SBUF - 1, true>();
         named_barrier_sync(1 + c, 128);
-        int const n0 = nb * BN;
         if (p.rule.sat) {
-            if (p.rule.small_acc) halo_epilogue<Cfg, true, true>(acc, p.rule, dst, stage, rows, tig, n0);
-            else halo_epilogue<Cfg, false, true>(acc, p.rule, dst, stage, rows, tig, n0);
+            if (small) halo_epilogue<Cfg, true, true>(acc, sAB, p.rule.lo, dst, stage, rows, tig);
+            else halo_epilogue<Cfg, false, true>(acc, sAB, p.rule.lo, dst, stage, rows, tig);
         } else {
-            if (p.rule.small_acc) halo_epilogue<Cfg, true, false>(acc, p.rule, dst, stage, rows, tig, n0);
-            else halo_epilogue<Cfg, false, false>(acc, p.rule, dst, stage, rows, tig, n0);
+            if (small) halo_epilogue<Cfg, true, false>(acc, sAB, p.rule.lo, dst, stage, rows, tig);
+            else halo_epilogue<Cfg, false, false>(acc, sAB, p.rule.lo, dst, stage, rows, tig);
         }
         fence_proxy_async_smem();   // the staging bytes (generic writes) -> the TMA engine's reads
         named_barrier_sync(1 + c, 128);
         if (t128 == 0) {
-            tma_store_5d(&p.out_map, smem_u32(stage), 0, 0, y0, n0 / 32, img);
+            tma_store_5d(&p.out_map, smem_u32(stage), 0, 0, y0, nb * BN / 32, img);
             bulk_commit();
         }
     }

@@ -95,7 +95,8 @@ __device__ __forceinline__ void wgmma_m64n256k32_s8(int (&d)[128], uint64_t da, 
 #endif
 }
 
-__device__ __forceinline__ void wgmma_m64n128k32_s8(int (&d)[64], uint64_t da, uint64_t db) {
+// (n128, n64: scale_d 0 makes D = A*B, the accumulators' start)
+__device__ __forceinline__ void wgmma_m64n128k32_s8(int (&d)[64], uint64_t da, uint64_t db, int scale_d) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     asm volatile(
         "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
@@ -113,13 +114,13 @@ __device__ __forceinline__ void wgmma_m64n128k32_s8(int (&d)[64], uint64_t da, u
           "+r"(d[40]), "+r"(d[41]), "+r"(d[42]), "+r"(d[43]), "+r"(d[44]), "+r"(d[45]), "+r"(d[46]), "+r"(d[47]),
           "+r"(d[48]), "+r"(d[49]), "+r"(d[50]), "+r"(d[51]), "+r"(d[52]), "+r"(d[53]), "+r"(d[54]), "+r"(d[55]),
           "+r"(d[56]), "+r"(d[57]), "+r"(d[58]), "+r"(d[59]), "+r"(d[60]), "+r"(d[61]), "+r"(d[62]), "+r"(d[63])
-        : "l"(da), "l"(db), "n"(1));
+        : "l"(da), "l"(db), "r"(scale_d));
 #else
     (void)d; (void)da; (void)db;
 #endif
 }
 
-__device__ __forceinline__ void wgmma_m64n64k32_s8(int (&d)[32], uint64_t da, uint64_t db) {
+__device__ __forceinline__ void wgmma_m64n64k32_s8(int (&d)[32], uint64_t da, uint64_t db, int scale_d) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     asm volatile(
         "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
@@ -131,18 +132,18 @@ __device__ __forceinline__ void wgmma_m64n64k32_s8(int (&d)[32], uint64_t da, ui
           "+r"(d[8]), "+r"(d[9]), "+r"(d[10]), "+r"(d[11]), "+r"(d[12]), "+r"(d[13]), "+r"(d[14]), "+r"(d[15]),
           "+r"(d[16]), "+r"(d[17]), "+r"(d[18]), "+r"(d[19]), "+r"(d[20]), "+r"(d[21]), "+r"(d[22]), "+r"(d[23]),
           "+r"(d[24]), "+r"(d[25]), "+r"(d[26]), "+r"(d[27]), "+r"(d[28]), "+r"(d[29]), "+r"(d[30]), "+r"(d[31])
-        : "l"(da), "l"(db), "n"(1));
+        : "l"(da), "l"(db), "r"(scale_d));
 #else
     (void)d; (void)da; (void)db;
 #endif
 }
 
-// wgmma m64nBNk32 for the N tiles of this library
+// wgmma m64nBNk32 for the 3x3 kernel's N tiles (64, 128)
 template <int BN>
-__device__ __forceinline__ void wgmma_m64k32_s8(int (&d)[BN / 2], uint64_t da, uint64_t db) {
-    if constexpr (BN == 256) wgmma_m64n256k32_s8(d, da, db);
-    else if constexpr (BN == 128) wgmma_m64n128k32_s8(d, da, db);
-    else wgmma_m64n64k32_s8(d, da, db);
+__device__ __forceinline__ void wgmma_m64k32_s8(int (&d)[BN / 2], uint64_t da, uint64_t db, int scale_d) {
+    static_assert(BN == 128 || BN == 64, "the 3x3 kernel's N tiles");
+    if constexpr (BN == 128) wgmma_m64n128k32_s8(d, da, db, scale_d);
+    else wgmma_m64n64k32_s8(d, da, db, scale_d);
 }
 
 // The wgmmas of one k stage: KCH k32 steps over A [KCH][BM][32] at da and B [KCH][256][32] at db (shared-memory

@@ -444,10 +444,11 @@ int forward_plain(Layer const& L, void const* x, void const* r, void* out, int n
 
 // Names are what a tuning cache would store. BN, MB (m64 blocks per consumer tile), STAGES, SBUF (params in
 // kernel3x3_sm90.cuh).
-using H0 = HaloConfig<64, 4, 4, 2>;    // Cout 64 (layer1): 4 x 64 rows per tile, 4 image rows at W 56
-using H1 = HaloConfig<64, 4, 3, 1>;    // Cout > 64 on N tiles of 64 (weights 9 Cin x 64: layer2 74 KB, layer3 147)
-using H2 = HaloConfig<128, 2, 3, 1>;   // Cout 128 (layer2): weights 147 KB
-using H3 = HaloConfig<64, 2, 4, 2>;    // smaller tiles: more of them at small batch
+// Without turns (PINGPONG false) each was 5-9 % slower, and rings of 3 or 5 slots, one staging tile, or (layer2) a
+// ring of 2 with 2 staging tiles no faster (H100, batch 2048; docs/residual_conv.md, Version 15).
+using H0 = HaloConfig<64, 4, 4, 2, true>;    // Cout 64 (layer1): 4 x 64 rows per tile, 4 image rows at W 56
+using H1 = HaloConfig<128, 2, 3, 1, true>;   // Cout 128 (layer2): weights 147 KB
+using H2 = HaloConfig<64, 2, 4, 2, true>;    // Cout > 64 on N tiles of 64, smaller tiles (layer3: weights 147 KB)
 
 struct HaloInfo {
     char const* name;
@@ -460,10 +461,9 @@ constexpr HaloInfo halo_info(char const* name) {
     return {name, C::BN, C::BM, C::STAGES, C::SBUF, C::THREADS, conv3x3_kernel_sm90<C>, halo_smem_bytes<C>};
 }
 HaloInfo const kHaloConfigs[] = {
-    halo_info<H0>("halo_64x256_s4_b2"),
-    halo_info<H1>("halo_64x256_s3_b1"),
-    halo_info<H2>("halo_128x128_s3_b1"),
-    halo_info<H3>("halo_64x128_s4_b2"),
+    halo_info<H0>("halo_64x256_s4_b2_pp"),
+    halo_info<H1>("halo_128x128_s3_b1_pp"),
+    halo_info<H2>("halo_64x128_s4_b2_pp"),
 };
 constexpr int kNumHaloConfigs = sizeof(kHaloConfigs) / sizeof(kHaloConfigs[0]);
 
@@ -491,8 +491,8 @@ int halo_config_by_name(char const* name) {
 // The halo configuration for a 3x3 layer on an h x w input, -1 if none holds it: at Cout 64 (layer1) N tiles of 64
 // and 4 x 64-row tiles; wider, N tiles of 128 where that weight slice fits, else of 64.
 int halo_heuristic(Layer const& L, int h, int w) {
-    static char const* const narrow[] = {"halo_64x256_s4_b2", "halo_64x128_s4_b2", nullptr};
-    static char const* const wide[] = {"halo_128x128_s3_b1", "halo_64x256_s3_b1", "halo_64x128_s4_b2", nullptr};
+    static char const* const narrow[] = {"halo_64x256_s4_b2_pp", "halo_64x128_s4_b2_pp", nullptr};
+    static char const* const wide[] = {"halo_128x128_s3_b1_pp", "halo_64x128_s4_b2_pp", nullptr};
     for (char const* const* name = L.cout <= 64 ? narrow : wide; *name; ++name) {
         int const i = halo_config_by_name(*name);
         HaloGeometry g;
