@@ -1,4 +1,4 @@
-"""ResNet-50's stride-1 3x3 convs (conv2 + BN + ReLU of layer1-layer3): the halo kernel against TensorRT 8.5's own.
+"""ResNet-50's 3x3 convs (conv2 + BN + ReLU of layer1-layer3, and layer2.0's at stride 2): the halo kernel against TensorRT 8.5's own.
 
 For each layer and batch, on identical int8 kCHW32 data (device resident), in one process:
   (a) a one-layer engine of TensorRT's int8 Conv(3x3, padding 1) + ReLU: network API, int8 I/O through dynamic
@@ -29,8 +29,10 @@ from bench_cuda import DeviceBuffer, ck, compare, copy_gbps, cudart, time_ms
 from trtfuse.ops import residual_conv as op
 from trtfuse.ops import residual_conv_reference as ref
 
-# name: (cin == cout, h == w); the stride-1 3x3 convs of ResNet-50 (layer4's 7x7 ones: a weight slice too large)
-LAYERS = {"layer1.conv2": (64, 56), "layer2.conv2": (128, 28), "layer3.conv2": (256, 14)}
+# name: (cin == cout, input h == w, stride); the 3x3 convs of ResNet-50 the halo kernel holds (layer4's and layer3.0's:
+# weight slices too large)
+LAYERS = {"layer1.conv2": (64, 56, 1), "layer2.conv2": (128, 28, 1), "layer3.conv2": (256, 14, 1),
+          "layer2.0.conv2": (128, 56, 2)}
 
 
 def random_conv3x3(rng, c):
@@ -39,7 +41,7 @@ def random_conv3x3(rng, c):
     return L
 
 
-def trt_engine(kind: str, L: dict, n: int, c: int, hw: int):
+def trt_engine(kind: str, L: dict, n: int, c: int, hw: int, stride: int):
     """kind 'trt': TensorRT's Conv 3x3 (padding 1) + ReLU; 'plugin': the TrtfuseResidualConv node with kernel_size 3
     (what the ONNX rewrite emits). Returns (engine, layer info)."""
     import tensorrt as trt
@@ -50,7 +52,7 @@ def trt_engine(kind: str, L: dict, n: int, c: int, hw: int):
     x = network.add_input("x", trt.int8, (n, c, hw, hw))
     _int8_io(x, L["x_scale"])
     if kind == "plugin":
-        plugin = create_plugin("conv3x3", {**L, "r_scale": 0.0, "relu": 1, "kernel_size": 3}, c, c)
+        plugin = create_plugin("conv3x3", {**L, "r_scale": 0.0, "relu": 1, "kernel_size": 3, "stride": stride}, c, c)
         if plugin is None:
             raise RuntimeError("create_plugin refused the 3x3 fields (see stderr)")
         return finish_engine(builder, network, network.add_plugin_v2([x], plugin).get_output(0), L["out_scale"],
@@ -59,20 +61,24 @@ def trt_engine(kind: str, L: dict, n: int, c: int, hw: int):
     conv = network.add_convolution_nd(x, c, (3, 3), trt.Weights(np.ascontiguousarray(w)),
                                       trt.Weights(np.ascontiguousarray(L["bias"], dtype=np.float32)))
     conv.padding_nd = (1, 1)
+    conv.stride_nd = (stride, stride)
     conv.get_output(0).dynamic_range = (-127.0 * L["out_scale"], 127.0 * L["out_scale"])
     relu = network.add_activation(conv.get_output(0), trt.ActivationType.RELU)
     return finish_engine(builder, network, relu.get_output(0), L["out_scale"], "3x3 trt")
 
 
 def run_case(name: str, n: int, reps: int, stream, rng, with_trt: bool) -> dict:
-    c, hw = LAYERS[name]
+    c, hw, stride = LAYERS[name]
+    ho = -(-hw // stride)
     L = random_conv3x3(rng, c)
     x = rng.integers(-128, 128, size=(n, c, hw, hw), dtype=np.int8)
     x32 = ref.to_nc32hw32(x)
-    xb, ob = DeviceBuffer(x32.nbytes).upload(x32), DeviceBuffer(x32.nbytes)
-    row = {"layer": name, "kind": "conv3x3", "cin": c, "cout": c, "batch": n, "bytes": int(2 * x32.nbytes + L["w"].nbytes),
-           "ops": int(2 * n * hw * hw * 9 * c * c), "weights": "random"}
-    layer = op.Conv3x3(L["w"], L["w_scale"], L["bias"], L["x_scale"], L["out_scale"], True)
+    out_like = np.empty((n, c // 32, ho, ho, 32), np.int8)
+    xb, ob = DeviceBuffer(x32.nbytes).upload(x32), DeviceBuffer(out_like.nbytes)
+    row = {"layer": name, "kind": "conv3x3", "cin": c, "cout": c, "stride": stride, "batch": n,
+           "bytes": int(x32.nbytes + out_like.nbytes + L["w"].nbytes), "ops": int(2 * n * ho * ho * 9 * c * c),
+           "weights": "random"}
+    layer = op.Conv3x3(L["w"], L["w_scale"], L["bias"], L["x_scale"], L["out_scale"], True, stride)
     outs, configs = {}, {}
     auto = layer.select_config(hw, hw)
     for i, cfg in enumerate(op.conv3x3_config_names()):
@@ -84,7 +90,7 @@ def run_case(name: str, n: int, reps: int, stream, rng, with_trt: bool) -> dict:
                 continue
             raise
         ck(cudart.cudaStreamSynchronize(stream))
-        outs[cfg] = ref.from_nc32hw32(ob.download(x32), c)
+        outs[cfg] = ref.from_nc32hw32(ob.download(out_like), c)
         configs[cfg] = time_ms(lambda _: layer.forward(xb.ptr, ob.ptr, n, hw, hw, i, int(stream)), stream, reps)
         print(f"  {name} batch {n} ours {cfg}: {configs[cfg]:.4f} ms", flush=True)
     row["ours_configs_ms"] = configs
@@ -96,14 +102,14 @@ def run_case(name: str, n: int, reps: int, stream, rng, with_trt: bool) -> dict:
 
         for kind in ("trt", "plugin"):
             t0 = time.time()
-            engine, info = trt_engine(kind, L, n, c, hw)
+            engine, info = trt_engine(kind, L, n, c, hw, stride)
             ctx = engine.create_execution_context()
             ob.fill(0x5A)
             bindings = [xb.ptr if engine.get_binding_name(i) == "x" else ob.ptr for i in range(engine.num_bindings)]
             if not ctx.execute_async_v2(bindings, int(stream)):
                 raise RuntimeError(f"{kind}: execute_async_v2 failed")
             ck(cudart.cudaStreamSynchronize(stream))
-            outs[kind] = ref.from_nc32hw32(ob.download(x32), c)
+            outs[kind] = ref.from_nc32hw32(ob.download(out_like), c)
             key = "trt_ms" if kind == "trt" else "plugin_engine_ms"
             row[key] = time_ms(lambda _: ctx.execute_async_v2(bindings, int(stream)), stream, reps)
             row[f"{kind}_layers"] = layer_summary(info)
@@ -116,7 +122,7 @@ def run_case(name: str, n: int, reps: int, stream, rng, with_trt: bool) -> dict:
     ob.free()
 
     idx = np.unique([0, n // 2, n - 1])
-    acc = ref.accumulate3x3(x[idx], L["w"])
+    acc = ref.accumulate3x3(x[idx], L["w"], stride)
     args = (x[idx], None, L["w_scale"], L["bias"], None, L["x_scale"], 0.0, L["out_scale"], True)
     want32, want64 = ref.reference_fp32(*args, acc=acc), ref.reference_fp64(*args, acc=acc)
     row["checks"] = [compare(f"ours {cfg} vs rounding rule (exact)", got[idx], want32, exact=True)

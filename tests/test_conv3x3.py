@@ -29,7 +29,8 @@ def test_conv3x3_check_without_gpu():
     L = random_conv3x3(rng, 64, 64, True)
     args = [64, 64, L["w"], L["w_scale"], L["bias"], 0.02, 0.04]
     assert op.check_conv3x3(*args) == 0
-    assert op.check_conv3x3(*args, stride=2) == ERR_STRIDE  # stride 2 is not supported (yet): refused, not run
+    assert op.check_conv3x3(*args, stride=2) == 0
+    assert op.check_conv3x3(*args, stride=3) == ERR_STRIDE
     bad_w = L["w"].copy()
     bad_w[63, 63, 2, 2] = -128  # the last weight: the check covers all 9 cin cout of them
     assert op.check_conv3x3(64, 64, bad_w, L["w_scale"], L["bias"], 0.02, 0.04) == -4
@@ -45,15 +46,15 @@ def cuda():
     return Cuda()
 
 
-def run_conv3x3(cuda, n, cin, cout, h, w, relu, config, rng):
+def run_conv3x3(cuda, n, cin, cout, h, w, relu, config, rng, stride=1):
     """One 3x3 layer on the GPU against the fp32 rounding rule (exact) and float64 (within 1 LSB), on a poisoned
     output buffer. Returns the number of outputs."""
     L = random_conv3x3(rng, cin, cout, relu)
     x = rng.integers(-128, 128, size=(n, cin, h, w), dtype=np.int8)
     x32 = ref.to_nc32hw32(x)
-    poisoned = np.full((n, -(-cout // 32), h, w, 32), POISON, np.int8)
+    poisoned = np.full((n, -(-cout // 32), -(-h // stride), -(-w // stride), 32), POISON, np.int8)
     dx, do = cuda.upload(x32), cuda.upload(poisoned)
-    layer = cuda.op.Conv3x3(L["w"], L["w_scale"], L["bias"], L["x_scale"], L["out_scale"], relu)
+    layer = cuda.op.Conv3x3(L["w"], L["w_scale"], L["bias"], L["x_scale"], L["out_scale"], relu, stride)
     try:
         layer.forward(dx.value, do.value, n, h, w, config)
         cuda.sync()
@@ -64,7 +65,7 @@ def run_conv3x3(cuda, n, cin, cout, h, w, relu, config, rng):
         cuda.free(dx, do)
     assert (ref.from_nc32hw32(got32, got32.shape[1] * 32)[:, cout:] == 0).all()  # padded channels are 0
     got = ref.from_nc32hw32(got32, cout)
-    acc = ref.accumulate3x3(x, L["w"])
+    acc = ref.accumulate3x3(x, L["w"], stride)
     args = (x, None, L["w_scale"], L["bias"], None, L["x_scale"], 0.0, L["out_scale"], relu)
     want = ref.reference_fp32(*args, acc=acc)
     mism = int((got != want).sum())
@@ -73,7 +74,7 @@ def run_conv3x3(cuda, n, cin, cout, h, w, relu, config, rng):
     return got.size
 
 
-SHAPES = [  # (n, cin, cout, h, w)
+SHAPES = [  # (n, cin, cout, h, w[, stride]): h x w is the input
     (2, 64, 64, 56, 56),  # ResNet-50 layer1 conv2: 4 image rows per tile, 14 tiles per image
     (2, 128, 128, 28, 28),  # layer2 conv2
     (2, 256, 256, 14, 14),  # layer3 conv2: 4 N tiles of 64
@@ -83,11 +84,17 @@ SHAPES = [  # (n, cin, cout, h, w)
     (3, 32, 32, 1, 1),  # a 1x1 image: every tap but the center reads padding
     (2, 16, 64, 6, 5),  # Cin 16: |acc| < 2^22, the accumulators start at the magic bits (Rule.small_acc)
     (1, 64, 64, 3, 120),  # a wide image: Wp 122, two rows per 256-row tile and one per 128-row tile
+    (2, 128, 128, 56, 56, 2),  # layer2.0 conv2: stride 2, four phase boxes a slab
+    (3, 64, 64, 9, 7, 2),  # stride 2, odd input: the last output row and column read the bottom/right padding
+    (1, 40, 72, 5, 8, 2),  # stride 2, channels not multiples of 32
+    (2, 32, 64, 2, 2, 2),  # stride 2 on a 2x2 input: one output position
 ]
 
 
 # configurations that must hold these layers (n dropped): weight slice, halo ring and staging within 227 KB
 MUST_FIT = {
+    ("halo_64x128_s2_b2_pp", (128, 128, 56, 56, 2)),
+    ("halo_128x64_s2_b2_pp", (128, 128, 56, 56, 2)),
     ("halo_64x256_s4_b2_pp", (64, 64, 56, 56)),
     ("halo_64x128_s4_b2_pp", (64, 64, 56, 56)),
     ("halo_128x128_s3_b1_pp", (128, 128, 28, 28)),
@@ -100,10 +107,11 @@ MUST_FIT = {
 @pytest.mark.parametrize("relu", [True, False])
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
 def test_small_auto_config(cuda, shape, relu):
-    run_conv3x3(cuda, *shape, relu, -1, np.random.default_rng())
+    n, cin, cout, h, w, *stride = shape
+    run_conv3x3(cuda, n, cin, cout, h, w, relu, -1, np.random.default_rng(), *stride)
 
 
-HALO_CONFIGS = 3  # residual_conv.cu's kHaloConfigs
+HALO_CONFIGS = 5  # residual_conv.cu's kHaloConfigs
 
 
 def test_config_count_is_the_librarys():
@@ -115,7 +123,8 @@ def test_config_count_is_the_librarys():
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
 def test_every_config(cuda, shape, config):
     try:
-        run_conv3x3(cuda, *shape, True, config, np.random.default_rng())
+        n, cin, cout, h, w, *stride = shape
+        run_conv3x3(cuda, n, cin, cout, h, w, True, config, np.random.default_rng(), *stride)
     except RuntimeError as e:
         if f"({ERR_FIT})" not in str(e):
             raise
@@ -142,6 +151,15 @@ def test_refusals(cuda):
             layer.forward(buf.value, buf.value, 1, 2, 300)
         with pytest.raises(RuntimeError, match=r"\(-6\)"):
             layer.forward(buf.value + 1, buf.value, 1, 8, 8)
+        # layer3.0's stride-2 conv: its weight slice (147 KB) leaves no room for four-phase-box slots
+        L3 = random_conv3x3(rng, 256, 256, True)
+        wide = cuda.op.Conv3x3(L3["w"], L3["w_scale"], L3["bias"], L3["x_scale"], L3["out_scale"], True, 2)
+        try:
+            assert wide.select_config(28, 28) == -1
+            with pytest.raises(RuntimeError, match=rf"\({ERR_FIT}\)"):
+                wide.forward(buf.value, buf.value, 1, 4, 4)
+        finally:
+            wide.close()
         with pytest.raises(RuntimeError, match=r"\(-5\)"):
             layer.forward(buf.value, buf.value, 1, 8, 8, config=99)
         # the 1x1 forward refuses a 3x3 layer, naming the right one

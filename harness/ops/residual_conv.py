@@ -319,8 +319,8 @@ def conv3x3_config_names() -> list[str]:
 
 
 class Conv3x3(_Layer):
-    """A 3x3 conv (padding 1, stride 1) + BN (+ReLU), no residual, on the sm_90a halo kernel: weights
-    [cout][cin][3][3]; forward on kCHW32 int8 device buffers of the same spatial size."""
+    """A 3x3 conv (padding 1, stride 1 or 2) + BN (+ReLU), no residual, on the sm_90a halo kernel: weights
+    [cout][cin][3][3]; forward on kCHW32 int8 device buffers, output ceil(h / stride) x ceil(w / stride)."""
 
     def __init__(self, w, w_scale, bias, x_scale: float, out_scale: float, relu: bool, stride: int = 1):
         w, ws, b = _arrays(w, w_scale, bias)
@@ -341,6 +341,6 @@ class Conv3x3(_Layer):
         return library().trtfuse_conv3x3_select_config(self._h, h, w)
 
     def forward(self, x_ptr: int, out_ptr: int, n: int, h: int, w: int, config: int = -1, stream: int = 0) -> None:
-        """x [n, cin, h, w] -> out [n, cout, h, w], int8 kCHW32 device pointers; config: an index of
-        conv3x3_config_names(), -1 = pick."""
+        """x [n, cin, h, w] -> out [n, cout, ceil(h / stride), ceil(w / stride)], int8 kCHW32 device pointers;
+        config: an index of conv3x3_config_names(), -1 = pick."""
         _raise(library().trtfuse_conv3x3_forward(self._h, x_ptr, out_ptr, n, h, w, config, stream), "forward")

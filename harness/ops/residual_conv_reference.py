@@ -65,16 +65,18 @@ def accumulate(x: np.ndarray, w: np.ndarray, stride: int = 1) -> np.ndarray:
     return acc.astype(np.int32).reshape(n, h, wd, -1).transpose(0, 3, 1, 2)
 
 
-def accumulate3x3(x: np.ndarray, w: np.ndarray) -> np.ndarray:
-    """int32 acc [N, Cout, H, W] of a 3x3 conv with padding 1 at stride 1: x [N, Cin, H, W] int8, w [Cout, Cin, 3, 3]
-    int8, exact (each tap a 1x1 accumulate of the shifted, zero-padded input)."""
+def accumulate3x3(x: np.ndarray, w: np.ndarray, stride: int = 1) -> np.ndarray:
+    """int32 acc [N, Cout, Ho, Wo] of a 3x3 conv with padding 1 (Ho = ceil(H / stride)): x [N, Cin, H, W] int8,
+    w [Cout, Cin, 3, 3] int8, exact (each tap a 1x1 accumulate of the shifted, zero-padded input)."""
     n, cin, h, wd = x.shape
+    ho, wo = -(-h // stride), -(-wd // stride)
     padded = np.zeros((n, cin, h + 2, wd + 2), np.int8)
     padded[:, :, 1:-1, 1:-1] = x
-    acc = np.zeros((n, w.shape[0], h, wd), np.int64)
+    acc = np.zeros((n, w.shape[0], ho, wo), np.int64)
     for ky in range(3):
         for kx in range(3):
-            tap = np.ascontiguousarray(padded[:, :, ky : ky + h, kx : kx + wd])
+            tap = np.ascontiguousarray(padded[:, :, ky : ky + stride * (ho - 1) + 1 : stride,
+                                              kx : kx + stride * (wo - 1) + 1 : stride])
             acc += accumulate(tap, np.ascontiguousarray(w[:, :, ky, kx]))
     assert np.abs(acc).max(initial=0) < 2**31
     return acc.astype(np.int32)

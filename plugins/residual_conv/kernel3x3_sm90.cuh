@@ -14,6 +14,11 @@
 //   at any row reads right, with base offset 0 (benchmarks/wgmma_desc_shift.cu, run on the H100: every shift
 //   0..19 exact), and the box's rows need no rearranging.
 //
+// Stride 2: output (y, x) reads input (2y + dy - 1, 2x + dx - 1). A slot holds four phase boxes, loaded with TMA
+// element strides of 2: odd or even input rows (2k - 1 or 2k, k = y0 .. y0 + R) times odd or even columns (2j - 1 or
+// 2j, j = 0 .. W), each as rows k * Wp + j (Wp = W + 1). Tap (dy, dx) reads the phase box of (dy odd ? even rows :
+// odd rows, dx likewise) shifted by (dy == 2) Wp + (dx == 2) rows: the same shifted-descriptor trick, 4 boxes a slab.
+//
 // Block: 384 threads. Warpgroups 0 and 1 are consumers: consumer c takes the block's tiles c, c + 2, ... (with
 // PINGPONG, issuing in turns); per slab it issues 9 taps x MB wgmma m64nBNk32 (one commit group), then rounds its
 // accumulators into a staging tile
@@ -39,18 +44,21 @@ namespace rconv {
 
 // Kernel arguments of the 3x3 conv (the host fills them: residual_conv.cu, launch_conv3x3).
 struct Conv3Params {
-    CUtensorMap in_map;    // x as (32 bytes, W, H, N * Kc), box (32, Wp, R + 2, 1), 32-byte swizzle, zero fill
+    CUtensorMap in_map;    // x as (32 bytes, W_in, H_in, N * Kc), 32-byte swizzle, zero fill; box (32, Wp, R + 2, 1) at
+                           // stride 1, (32, 2 Wp, 2 (R + 1), 1) with element strides (1, 2, 2, 1) at stride 2
     CUtensorMap out_map;   // out as (32 bytes, W, H, Nc, N), box (32, W, R, BN / 32, 1), 32-byte swizzle
     Rule rule;             // the layer's rule (no residual: s is 0)
     int8_t const* w_img;   // weight slices of BN rows (tile_layout.h: pack_weight_slices), k = tap * Kc * 32 + ch
     int Kpad;              // weight row bytes (9 * Kc * 32, padded to 128)
     int Kc;                // input slabs (ceil(Cin / 32))
-    int H, W, Wp;          // image size; Wp = W + 2, a halo row
+    int stride;            // 1, or 2 (four phase boxes per slab, see below)
+    int H, W, Wp;          // output size; Wp: a box row (W + 2 at stride 1, W + 1 at stride 2)
     int R;                 // output rows per tile (R * Wp <= 64 * MB)
     int tiles_per_img;     // ceil(H / R)
     int m_tiles;           // N * tiles_per_img
     int n_blocks;          // ceil(Nc * 32 / BN); the grid is a multiple of it
     uint32_t slot_bytes;   // one halo slot in shared memory (multiple of 1024)
+    uint32_t phase_bytes;  // stride 2: one phase box of a slot (a quarter of it)
     uint32_t stage_bytes;  // one staging tile (multiple of 1024)
 };
 
@@ -67,6 +75,9 @@ struct HaloConfig {
     static constexpr int CONSUMER_REGS = 232;
     static_assert(MB * BN / 2 <= 128, "accumulators per thread");
     static_assert(BN == 64 || BN == 128, "wgmma N tiles of this kernel");
+    // a consumer releases a slot once the next slab's wgmmas are issued, which with one slot is the one it waits for
+    // (a config with STAGES 1 hung on the H100)
+    static_assert(STAGES >= 2, "two halo slots per consumer at least");
     static_assert(256 * CONSUMER_REGS + 128 * PRODUCER_REGS <= 65536, "register file");
 };
 
@@ -168,15 +179,21 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1) conv3x3_kernel_sm90(const __g
             for (int off = 0; off < bytes; off += chunk)
                 bulk_load(smem_u32(sW) + off, src + off, min(chunk, bytes - off), w_full());
         }
-        uint32_t const box_bytes = (p.R + 2) * p.Wp * 32;
+        uint32_t const box_bytes = p.stride == 1 ? (p.R + 2) * p.Wp * 32 : 4 * (p.R + 1) * p.Wp * 32;
         for (int t = c, u = 0; t < my_tiles; t += 2, ++u) {
             int const mt = m_first + t * m_step, img = mt / p.tiles_per_img, y0 = (mt - img * p.tiles_per_img) * p.R;
             for (int s = 0; s < p.Kc; ++s) {
                 int const fill = u * p.Kc + s, slot = fill % STAGES;
                 mbar_wait(empty(c, slot), ((fill / STAGES) & 1) ^ 1);
                 mbar_arrive_expect_tx(full(c, slot), box_bytes);
-                tma_load_4d(&p.in_map, smem_u32(sA + (c * STAGES + slot) * p.slot_bytes), full(c, slot), 0, -1,
-                            y0 - 1, img * p.Kc + s);
+                uint32_t const dst = smem_u32(sA + (c * STAGES + slot) * p.slot_bytes);
+                if (p.stride == 1) {
+                    tma_load_4d(&p.in_map, dst, full(c, slot), 0, -1, y0 - 1, img * p.Kc + s);
+                } else {   // phase boxes (row parity, column parity): odd = from -1, even = from 0
+                    for (int ph = 0; ph < 4; ++ph)
+                        tma_load_4d(&p.in_map, dst + ph * p.phase_bytes, full(c, slot), 0, ph & 1 ? 0 : -1,
+                                    ph & 2 ? 2 * y0 : 2 * y0 - 1, img * p.Kc + s);
+                }
             }
         }
         return;
@@ -228,7 +245,10 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1) conv3x3_kernel_sm90(const __g
             uint32_t const a_slot = a_lo + ((slot * p.slot_bytes) >> 4);
 #pragma unroll
             for (int tap = 0; tap < 9; ++tap) {
-                uint32_t const shift = ((tap / 3) * p.Wp + tap % 3) * 2;   // box rows dy * Wp + dx, in 16 bytes
+                // the tap's rows in the slot, in 16 bytes: dy Wp + dx; stride 2: its phase box, then (dy == 2) Wp + (dx == 2)
+                int const dy = tap / 3, dx = tap % 3, phase = (dy == 1) * 2 + (dx == 1);
+                uint32_t const shift = p.stride == 1 ? (dy * p.Wp + dx) * 2
+                                                     : phase * (p.phase_bytes >> 4) + ((dy == 2) * p.Wp + (dx == 2)) * 2;
 #ifdef TRTFUSE_HALO_ALIGNED_SHIFT_TIMING  // timing experiment only (wrong results): every start 8-row aligned
                 uint32_t const shift_t = shift & ~15u;
 #define shift shift_t

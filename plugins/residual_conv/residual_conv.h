@@ -74,17 +74,18 @@ int trtfuse_proj_tail_select_config(void const* handle, int n, int h, int w);
 /* The workspace forward(config -1) needs on the current device for a block input of n x h x w: 0 where the fused
    kernel runs, else the projection's output bytes; negative on bad arguments. */
 int64_t trtfuse_proj_tail_workspace_size(void const* handle, int n, int h, int w);
-/* A 3x3 conv (padding 1, stride 1) + BN (+ReLU), no residual: weights [cout][cin][3][3] (row-major int8 in
+/* A 3x3 conv (padding 1, stride 1 or 2) + BN (+ReLU), no residual: weights [cout][cin][3][3] (row-major int8 in
    [-127, 127]), the other fields as trtfuse_conv1x1_create's. Runs on the sm_90a halo kernel only (forward returns
    TRTFUSE_RCONV_ERR_ARCH elsewhere), where a configuration holds its weight slice (9 Cin x 64 or 128 bytes: ResNet-50's
-   layer1-layer3 3x3 convs) and a row of its image (W <= 254; else TRTFUSE_RCONV_ERR_FIT). */
+   layer1-layer3 3x3 convs), its halo slots and a row of its image (W <= 254 at stride 1, 252 at stride 2; else
+   TRTFUSE_RCONV_ERR_FIT). */
 int trtfuse_conv3x3_create(int cin, int cout, int8_t const* weights, float const* w_scale, float const* bias,
                            float x_scale, float out_scale, int relu, int stride, void** handle);
-/* Validation of its fields (no GPU): 0 if trtfuse_conv3x3_create would accept them (stride: 1 only). */
+/* Validation of its fields (no GPU): 0 if trtfuse_conv3x3_create would accept them. */
 int trtfuse_conv3x3_check(int cin, int cout, int8_t const* weights, float const* w_scale, float const* bias,
                           float x_scale, float out_scale, int stride);
-/* out [n, cout, h, w] of x [n, cin, h, w], both int8 kCHW32 device pointers (16-byte aligned); config: an index
-   into the halo configurations (trtfuse_conv3x3_config_name), -1 picks. */
+/* out [n, cout, ceil(h / stride), ceil(w / stride)] of x [n, cin, h, w], both int8 kCHW32 device pointers (16-byte
+   aligned); config: an index into the halo configurations (trtfuse_conv3x3_config_name), -1 picks. */
 int trtfuse_conv3x3_forward(void const* handle, void const* x, void* out, int n, int h, int w, int config,
                             void* stream);
 /* The halo configuration forward(config -1) picks for an h x w input, -1 if none holds the layer. */

@@ -15,8 +15,8 @@
 // (Ho = ceil(H / proj_stride)); the projection's int8 output never goes to memory where the fused kernel runs, else
 // it goes through TensorRT's workspace (getWorkspaceSize).
 //
-// With kernel_size = 3 (optional, default 1) the layer is a 3x3 conv (padding 1, stride 1) + BN (+ReLU) without a
-// residual: weights [cout][cin][3][3], input x [N, cin, H, W], output [N, cout, H, W] (the sm_90a halo kernel,
+// With kernel_size = 3 (optional, default 1) the layer is a 3x3 conv (padding 1, stride 1 or 2) + BN (+ReLU) without a
+// residual: weights [cout][cin][3][3], input x [N, cin, H, W], output [N, cout, Ho, Wo] (the sm_90a halo kernel,
 // kernel3x3_sm90.cuh; r_scale must be 0 and there are no proj_* fields).
 //
 // Serialization: "RCV4" (written): RCV3's, then an int32 kernel_size. "RCV3": RCV2's fields, an int32 "has
