@@ -6,26 +6,15 @@
 //   1: 32-byte swizzle, base offset (start >> 7) & 7
 //   2: no swizzle, the tile as two 16-byte planes (LBO = plane size, SBO = 128)
 // Prints the mismatching outputs per shift (0 everywhere = reads right).
-//   nvcc -gencode arch=compute_90a,code=sm_90a -O2 -o wgmma_desc_shift benchmarks/wgmma_desc_shift.cu
+//   nvcc -gencode arch=compute_90a,code=sm_90a -O2 -I plugins -o wgmma_desc_shift benchmarks/wgmma_desc_shift.cu
 // H100 (2026-11-24): variant 0 and 2 exact at every shift; variant 1 wrong at shifts 4-7 and 12-15.
 #include <cstdio>
 #include <cstdint>
 #include <cuda_runtime.h>
+
+#include "residual_conv/ptx_sm90.cuh"   // the library's wgmma wrappers
 #define CK(x) do { cudaError_t e_ = (x); if (e_ != cudaSuccess) { printf("CUDA %s at %d\n", cudaGetErrorString(e_), __LINE__); return 1; } } while (0)
 
-__device__ __forceinline__ void wg64(int (&d)[32], uint64_t da, uint64_t db) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n64k32.s32.s8.s8 {"
-        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
-        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
-        "}, %32, %33, p;\n}\n"
-        : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3]), "+r"(d[4]), "+r"(d[5]), "+r"(d[6]), "+r"(d[7]),
-          "+r"(d[8]), "+r"(d[9]), "+r"(d[10]), "+r"(d[11]), "+r"(d[12]), "+r"(d[13]), "+r"(d[14]), "+r"(d[15]),
-          "+r"(d[16]), "+r"(d[17]), "+r"(d[18]), "+r"(d[19]), "+r"(d[20]), "+r"(d[21]), "+r"(d[22]), "+r"(d[23]),
-          "+r"(d[24]), "+r"(d[25]), "+r"(d[26]), "+r"(d[27]), "+r"(d[28]), "+r"(d[29]), "+r"(d[30]), "+r"(d[31])
-        : "l"(da), "l"(db), "n"(1));
-}
 __device__ uint64_t desc(uint32_t a, uint32_t lbo, uint32_t sbo, uint32_t base_off, uint32_t layout) {
     return (uint64_t)((a >> 4) & 0x3FFF) | ((uint64_t)((lbo >> 4) & 0x3FFF) << 16) | ((uint64_t)((sbo >> 4) & 0x3FFF) << 32) |
            ((uint64_t)(base_off & 7) << 49) | ((uint64_t)layout << 62);
@@ -59,10 +48,11 @@ __global__ void k(int s, int variant, int* bad) {
     else da = desc(a0 + s * 16, 512 * 16, 128, 0, 0);
     int d[32];
     for (int i = 0; i < 32; ++i) d[i] = 0;
-    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
-    wg64(d, da, db);
-    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-    asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+    using namespace trtfuse::rconv;
+    wgmma_fence();
+    wgmma_m64n64k32_s8(d, da, db, 1);
+    wgmma_commit();
+    wgmma_wait<0>();
     int w = t >> 5, lane = t & 31, g = lane >> 2, tig = lane & 3, nb = 0;
     for (int j = 0; j < 32; ++j) {
         int c = j >> 2, h = (j >> 1) & 1, e = j & 1;

@@ -1,4 +1,4 @@
-// The Hopper (sm_90a) 3x3 conv (padding 1, stride 1) + folded BN (+ReLU), int8 kCHW32 in and out, as an implicit
+// The Hopper (sm_90a) 3x3 conv (padding 1, stride 1 or 2) + folded BN (+ReLU), int8 kCHW32 in and out, as an implicit
 // GEMM on halo tiles ("halo_*" configs). The rounding rule is the library's (epilogue.cuh), without a residual.
 //
 // Why halo tiles: the first 3x3 form (branch wip/conv3x3-per-tap) copied each tap's input rows into its own k stage,
@@ -21,9 +21,8 @@
 //
 // Block: 384 threads. Warpgroups 0 and 1 are consumers: consumer c takes the block's tiles c, c + 2, ... (with
 // PINGPONG, issuing in turns); per slab it issues 9 taps x MB wgmma m64nBNk32 (one commit group), then rounds its
-// accumulators into a staging tile
-// [BN/32 slabs][R*W rows][32 bytes] in shared memory, which one TMA store writes to the output (rows past H are
-// clipped by the store). Warpgroup 2: thread 0 loads the weight slice (bulk copies, once), and lane 0 of warp 8 + c
+// accumulators into a staging tile [BN/32 slabs][R*W rows][32 bytes] in shared memory, which one TMA store writes to
+// the output (rows past H are clipped by the store). Warpgroup 2: thread 0 loads the weight slice (bulk copies, once), and lane 0 of warp 8 + c
 // loads consumer c's halo boxes into its ring of STAGES slots.
 // The weight slice of the block's N block (BN output channels x 9 Cin, packed as the sm90 1x1 kernel's: tile_layout.h)
 // stays in shared memory: Cout <= BN covers ResNet-50's layer1 and layer2 (BN 64: 40 and 74 KB; BN 128: 147 KB).
@@ -51,7 +50,7 @@ struct Conv3Params {
     int8_t const* w_img;   // weight slices of BN rows (tile_layout.h: pack_weight_slices), k = tap * Kc * 32 + ch
     int Kpad;              // weight row bytes (9 * Kc * 32, padded to 128)
     int Kc;                // input slabs (ceil(Cin / 32))
-    int stride;            // 1, or 2 (four phase boxes per slab, see below)
+    int stride;            // 1, or 2 (four phase boxes per slab, see above)
     int H, W, Wp;          // output size; Wp: a box row (W + 2 at stride 1, W + 1 at stride 2)
     int R;                 // output rows per tile (R * Wp <= 64 * MB)
     int tiles_per_img;     // ceil(H / R)
