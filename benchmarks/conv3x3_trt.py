@@ -1,4 +1,5 @@
-"""ResNet-50's 3x3 convs (conv2 + BN + ReLU of layer1-layer3, and layer2.0's at stride 2): the halo kernel against TensorRT 8.5's own.
+"""ResNet-50's 3x3 convs (conv2 + BN + ReLU of layer1-layer3, and layer2.0's at stride 2): the halo kernel against
+TensorRT 8.5's own.
 
 For each layer and batch, on identical int8 kCHW32 data (device resident), in one process:
   (a) a one-layer engine of TensorRT's int8 Conv(3x3, padding 1) + ReLU: network API, int8 I/O through dynamic

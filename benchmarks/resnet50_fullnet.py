@@ -44,11 +44,11 @@ def merge_layers(runs: list[dict]) -> dict:
 
 def replaced(r: dict) -> bool:
     """What --plugins all replaces (models/residual_conv_rewrite.py): every tail, (fused-proj-tail) the first blocks
-    whose projection and tail fit one kernel, projections up to MAX_PROJECTION_CIN input channels, and 3x3 convs up to
-    MAX_CONV3X3_COUT output channels."""
+    whose projection and tail fit one kernel, projections up to MAX_PROJECTION_CIN input channels, and stride-1 3x3
+    convs up to MAX_CONV3X3_COUT output channels."""
     kind = r.get("kind", "tail")
-    if kind == "conv3x3":
-        return r["cout"] <= MAX_CONV3X3_COUT
+    if kind == "conv3x3":   # stride 1 only: the stride-2 ones stay with TensorRT
+        return r["cout"] <= MAX_CONV3X3_COUT and r.get("stride", 1) == 1
     return kind in ("tail", "fused-proj-tail") or RESNET50_STAGES[r["stage"]][0] <= MAX_PROJECTION_CIN
 
 
