@@ -21,6 +21,7 @@
 #include "residual_conv/tuning_cache.h"
 
 #include <algorithm>
+#include <initializer_list>
 #include <cmath>
 #include <cstdlib>
 #include <mutex>
@@ -226,6 +227,17 @@ int select_config(int cin, int cout, int n, int hw, bool residual, int stride, i
     return heuristic(k_bytes, proj_cin > 0);
 }
 
+// The SM count of device `dev`, read once per device (both launch paths ask at every forward)
+int sm_count(int dev, int* out) {
+    static std::mutex mu;
+    static int cache[64] = {};
+    std::lock_guard<std::mutex> lock(mu);
+    if (dev < 64 && cache[dev]) { *out = cache[dev]; return 0; }
+    TRTFUSE_CUDA_RETURN(cudaDeviceGetAttribute(out, cudaDevAttrMultiProcessorCount, dev));
+    if (dev < 64) cache[dev] = *out;
+    return 0;
+}
+
 // Blocks of a kernel of `config` (its Form `residual`) that fit on the whole current GPU at once (SMs x blocks
 // per SM) with `smem` bytes of dynamic shared memory. Also raises the kernel's dynamic shared-memory limit (sm90: to
 // the maximum, their size depends on the layer); both are cached per (device, config, form) where the size is fixed.
@@ -254,7 +266,7 @@ int resident_blocks(int config, int residual, int smem, int* out) {
     }
     int per_sm = 0, sms = 0;
     TRTFUSE_CUDA_RETURN(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, C.threads, smem));
-    TRTFUSE_CUDA_RETURN(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    if (int st = sm_count(dev, &sms)) return st;
     if (per_sm <= 0) return static_cast<int>(cudaErrorInvalidConfiguration);
     *out = per_sm * sms;
     if (dev < 64 && fixed) {
@@ -337,8 +349,9 @@ int build_layer(int cin, int cout, int8_t const* weights, float const* w_scale, 
                         weights[(static_cast<size_t>(co) * cin + ci) * taps + tap];
         *rows = pack_rows(by_tap.data(), k, cout, L->npad, L->kpad);
     }
-    int st = upload(*rows, &L->w);
-    // the sm90 weight slices: of the 1x1 kernel's 256 rows, or of each of the halo kernel's N tiles
+    // the packed rows (the sm80 kernel's, 1x1 only; a 3x3 layer runs on the halo kernel alone), then the sm90 weight
+    // slices: of the 1x1 kernel's 256 rows, or of each of the halo kernel's N tiles
+    int st = taps == 1 ? upload(*rows, &L->w) : 0;
     std::vector<int8_t> img(rows->size());
     for (int i = 0; i < (taps == 1 ? 1 : 2) && st == 0; ++i) {
         pack_weight_slices(rows->data(), L->npad, L->kpad, taps == 1 ? kWeightSliceRows : 64 << i, img.data());
@@ -495,10 +508,12 @@ bool halo_geometry(HaloInfo const& C, Layer const& L, int h, int w, HaloGeometry
     return g->smem <= kMaxSmem;
 }
 
-int halo_config_by_name(char const* name) {
-    for (int i = 0; i < kNumHaloConfigs; ++i)
-        if (std::string(name) == kHaloConfigs[i].name) return i;
-    return -1;
+std::vector<int> halo_configs_by_name(std::initializer_list<char const*> names) {
+    std::vector<int> out;
+    for (char const* name : names)
+        for (int i = 0; i < kNumHaloConfigs; ++i)
+            if (std::string(name) == kHaloConfigs[i].name) out.push_back(i);
+    return out;
 }
 
 // The halo configuration for a 3x3 layer on an h x w input, -1 if none holds it: at Cout 64 (layer1) N tiles of 64
@@ -506,12 +521,12 @@ int halo_config_by_name(char const* name) {
 // a slot) only the rings of 2 slots fit; there one N tile of 128 with 64-row tiles reads the input once (layer2.0:
 // 0.66 ms, against 0.80 with two N tiles of 64, H100 batch 2048).
 int halo_heuristic(Layer const& L, int h, int w) {
-    static char const* const narrow[] = {"halo_64x256_s4_b2_pp", "halo_64x128_s4_b2_pp", "halo_64x128_s2_b2_pp",
-                                         nullptr};
-    static char const* const wide[] = {"halo_128x128_s3_b1_pp", "halo_64x128_s4_b2_pp", "halo_128x64_s2_b2_pp",
-                                       "halo_64x128_s2_b2_pp", nullptr};
-    for (char const* const* name = L.cout <= 64 ? narrow : wide; *name; ++name) {
-        int const i = halo_config_by_name(*name);
+    // the preference orders as indices, looked up once (this runs at every forward that picks)
+    static std::vector<int> const narrow = halo_configs_by_name(
+        {"halo_64x256_s4_b2_pp", "halo_64x128_s4_b2_pp", "halo_64x128_s2_b2_pp"});
+    static std::vector<int> const wide = halo_configs_by_name(
+        {"halo_128x128_s3_b1_pp", "halo_64x128_s4_b2_pp", "halo_128x64_s2_b2_pp", "halo_64x128_s2_b2_pp"});
+    for (int i : L.cout <= 64 ? narrow : wide) {
         HaloGeometry g;
         if (halo_geometry(kHaloConfigs[i], L, h, w, &g)) return i;
     }
@@ -546,19 +561,6 @@ int encode_halo_maps(Conv3Params& p, void const* x, void* out, int n, int h, int
     return st == CUDA_SUCCESS ? 0 : cudaErrorInvalidValue;
 }
 
-// The SM count of the current device, read once per device (launch_conv3x3 runs at every forward)
-int sm_count(int* out) {
-    static std::mutex mu;
-    static int cache[64] = {};
-    int dev = 0;
-    TRTFUSE_CUDA_RETURN(cudaGetDevice(&dev));
-    std::lock_guard<std::mutex> lock(mu);
-    if (dev < 64 && cache[dev]) { *out = cache[dev]; return 0; }
-    TRTFUSE_CUDA_RETURN(cudaDeviceGetAttribute(out, cudaDevAttrMultiProcessorCount, dev));
-    if (dev < 64) cache[dev] = *out;
-    return 0;
-}
-
 // One launch of 3x3 layer L on halo config `config` (-1 picks): x [n][kc][h][w][32] -> out [n][nc][ho][wo][32].
 int launch_conv3x3(Layer const& L, void const* x, void* out, int n, int h, int w, int config, cudaStream_t stream) {
     if (!wgmma_available()) return TRTFUSE_RCONV_ERR_ARCH;
@@ -586,14 +588,13 @@ int launch_conv3x3(Layer const& L, void const* x, void* out, int n, int h, int w
     p.phase_bytes = g.phase_bytes;
     p.stage_bytes = g.stage_bytes;
     if (int st = encode_halo_maps(p, x, out, n, h, w, L.nc, C.bn)) return st;
-    int sms = 0;
-    if (int st = sm_count(&sms)) return st;
+    int dev = 0, sms = 0;
+    TRTFUSE_CUDA_RETURN(cudaGetDevice(&dev));
+    if (int st = sm_count(dev, &sms)) return st;
     // one block per SM (the weight slice fills most of shared memory); per N block as many as there are M tiles
     int64_t const per_n = std::max<int64_t>(1, std::min<int64_t>(sms / p.n_blocks, m_tiles));
     static std::mutex mu;
     static bool attr_set[64][kNumHaloConfigs] = {};
-    int dev = 0;
-    TRTFUSE_CUDA_RETURN(cudaGetDevice(&dev));
     {
         std::lock_guard<std::mutex> lock(mu);
         if (dev >= 64 || !attr_set[dev][config]) {
