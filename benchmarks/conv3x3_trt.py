@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -99,24 +98,10 @@ def run_case(name: str, n: int, reps: int, stream, rng, with_trt: bool) -> dict:
     row["ours_ms"] = configs[row["ours_config"]]
     row["ours_best_ms"] = min(configs.values())
     if with_trt:  # TensorRT's own kernel, and ours as the plugin node inside a TensorRT engine
-        from residual_conv_trt import layer_summary
+        from residual_conv_trt import time_x_engines
 
-        for kind in ("trt", "plugin"):
-            t0 = time.time()
-            engine, info = trt_engine(kind, L, n, c, hw, stride)
-            ctx = engine.create_execution_context()
-            ob.fill(0x5A)
-            bindings = [xb.ptr if engine.get_binding_name(i) == "x" else ob.ptr for i in range(engine.num_bindings)]
-            if not ctx.execute_async_v2(bindings, int(stream)):
-                raise RuntimeError(f"{kind}: execute_async_v2 failed")
-            ck(cudart.cudaStreamSynchronize(stream))
-            outs[kind] = ref.from_nc32hw32(ob.download(out_like), c)
-            key = "trt_ms" if kind == "trt" else "plugin_engine_ms"
-            row[key] = time_ms(lambda _: ctx.execute_async_v2(bindings, int(stream)), stream, reps)
-            row[f"{kind}_layers"] = layer_summary(info)
-            print(f"  {name} batch {n} {kind} engine: built in {time.time() - t0:.0f} s, {row[key]:.4f} ms; "
-                  f"{row[f'{kind}_layers']}", flush=True)
-            del ctx, engine
+        time_x_engines(lambda kind: trt_engine(kind, L, n, c, hw, stride), ("trt", "plugin"), xb.ptr, ob,
+                       out_like, c, stream, reps, f"{name} batch {n}", row, outs)
         row["speedup"] = row["trt_ms"] / row["ours_ms"]
     layer.close()
     xb.free()

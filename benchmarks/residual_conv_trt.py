@@ -206,6 +206,30 @@ def build_fused_engine(kind: str, T: dict, P: dict, n: int, hw: int):
     return finish_engine(builder, network, out, T["out_scale"], f"fused {kind}")
 
 
+def time_x_engines(build, kinds, x_ptr: int, ob: DeviceBuffer, out_like: np.ndarray, cout: int, stream, reps: int,
+                   label: str, row: dict, outs: dict) -> None:
+    """One-input ("x") engines side by side on the same device input: for each kind, build(kind) -> (engine, info);
+    one run into the poisoned output buffer `ob` (kCHW32 like out_like), whose first cout channels go to outs[kind],
+    then CUDA-event timing (median of reps) into row["trt_ms"] for "trt", else row["plugin_engine_ms"], and the
+    engine's layers into row[kind + "_layers"]."""
+    for kind in kinds:
+        t0 = time.time()
+        engine, info = build(kind)
+        ctx = engine.create_execution_context()
+        ob.fill(0x5A)
+        bindings = [x_ptr if engine.get_binding_name(i) == "x" else ob.ptr for i in range(engine.num_bindings)]
+        if not ctx.execute_async_v2(bindings, int(stream)):
+            raise RuntimeError(f"{kind}: execute_async_v2 failed")
+        ck(cudart.cudaStreamSynchronize(stream))
+        outs[kind] = ref.from_nc32hw32(ob.download(out_like), cout)
+        key = "trt_ms" if kind == "trt" else "plugin_engine_ms"
+        row[key] = time_ms(lambda _: ctx.execute_async_v2(bindings, int(stream)), stream, reps)
+        row[f"{kind}_layers"] = layer_summary(info)
+        print(f"  {label} {kind} engine: built in {time.time() - t0:.0f} s, {row[key]:.4f} ms; "
+              f"{row[f'{kind}_layers']}", flush=True)
+        del ctx, engine
+
+
 def layer_summary(info: dict) -> list[str]:
     out = []
     for layer in info.get("Layers", []):

@@ -154,14 +154,14 @@ def onnx_for_build(model_dir: Path, cfg: BuildConfig) -> bytes:
     model = onnx.load(qdq)
     if cfg.plugins != "off":
         everything = cfg.plugins == "all"
-        model, n = rewrite(model, cfg.weight_dtype, projections=everything, conv3x3=everything)
+        model, n = rewrite(model, cfg.weight_dtype, projections=everything, conv3x3=everything, stem=everything)
         counts = plugin_counts(model)
         def n_of(n: int, what: str) -> str:
             return f"{n} {what}{'' if n == 1 else 's'}"
 
         print(f"trtfuse: --plugins {cfg.plugins}: TrtfuseResidualConv for {n_of(counts['tail'], 'residual tail')}, "
               f"{n_of(counts['proj'], 'projection')}, {n_of(counts['fused'], 'projection + tail pair')} (one node "
-              f"each) and {n_of(counts['conv3x3'], '3x3 conv')}", file=sys.stderr)
+              f"each), {n_of(counts['conv3x3'], '3x3 conv')} and {n_of(counts['stem'], 'stem')}", file=sys.stderr)
         if n == 0:
             raise UserError(f"--plugins {cfg.plugins} found no layer to fuse in this model",
                             "use --plugins off for it")

@@ -29,6 +29,13 @@ A stride-1 3x3 conv + BN + ReLU (a bottleneck's conv2), when asked (``conv3x3``)
 becomes ``Q(x) -> TrtfuseResidualConv(x_q; kernel_size 3, r_scale 0, relu 1) -> ...`` (the halo kernel), only where
 it is faster than TensorRT's own kernel: output channels up to ``MAX_CONV3X3_COUT`` (see there).
 
+The stem (ResNet's conv1 + BN + ReLU + max pool), when asked (``stem``),
+
+    Q(x) -> DQ -> Conv 7x7, pads 3, stride 2 -> Relu -> MaxPool 3x3, pads 1, stride 2 -> Q(out)
+
+becomes ``Q(x) -> TrtfuseResidualConv(x_q; kernel_size 7, stride 2, r_scale 0, relu 1) -> ...`` (the stem kernel,
+which reads the network's int8 input as it comes: up to 4 input channels, 64 output channels).
+
 A stage's first block, a replaced projection whose int8 output only a tail reads (as its residual), becomes one
 node (``fuse``, the default with projections): ``TrtfuseResidualConv(x_q, xp_q) -> ...`` with the tail's fields and
 the projection's as ``proj_*`` fields (``proj_weights``, ``proj_w_scale``, ``proj_bias``, ``proj_x_scale``,
@@ -185,6 +192,21 @@ def _is_conv3x3(conv) -> bool:
             and _attr(conv, "group", 1) == 1)
 
 
+def _is_stem_conv(conv) -> bool:
+    """A 7x7 conv with padding 3 on every side, stride 2, no dilation or groups."""
+    return (_attr(conv, "kernel_shape", None) == [7, 7] and _attr(conv, "strides", None) == [2, 2]
+            and _attr(conv, "pads", None) == [3, 3, 3, 3] and set(_attr(conv, "dilations", [1])) == {1}
+            and _attr(conv, "group", 1) == 1)
+
+
+def _is_stem_pool(pool) -> bool:
+    """A 3x3 max pool with padding 1 on every side, stride 2, floor mode, no dilation."""
+    return (pool.op_type == "MaxPool" and _attr(pool, "kernel_shape", None) == [3, 3]
+            and _attr(pool, "strides", None) == [2, 2] and _attr(pool, "pads", None) == [1, 1, 1, 1]
+            and _attr(pool, "ceil_mode", 0) == 0 and set(_attr(pool, "dilations", [1])) == {1}
+            and _attr(pool, "storage_order", 0) == 0 and len(pool.output) == 1)
+
+
 def find_tails(model: onnx.ModelProto) -> list[Tail]:
     """Every residual tail of a Q/DQ graph that the plugin can compute."""
     g = _Graph(model.graph)
@@ -322,6 +344,51 @@ def _match_conv3x3(g: _Graph, conv, max_cout: int) -> Conv3x3 | None:
     return Conv3x3(conv, relu, readers[0], x_q, {**fields, "r_scale": 0.0, "relu": 1, "kernel_size": 3})
 
 
+@dataclass
+class Stem:
+    conv: onnx.NodeProto
+    relu: onnx.NodeProto
+    pool: onnx.NodeProto
+    q_out: onnx.NodeProto
+    x_q: str
+    fields: dict
+
+
+STEM_MAX_CIN, STEM_MAX_COUT = 4, 64   # the stem kernel's (stem_sm90.cuh)
+
+
+def find_stems(model: onnx.ModelProto) -> list[Stem]:
+    """Every 7x7/2 conv + ReLU + 3x3/2 max pool of a Q/DQ graph whose pooled output only a QuantizeLinear reads and
+    that the stem kernel holds (cin <= 4, cout <= 64)."""
+    g = _Graph(model.graph)
+    found = (_match_stem(g, conv) for conv in model.graph.node if conv.op_type == "Conv")
+    return [s for s in found if s is not None]
+
+
+def _only_reader(g: _Graph, name: str):
+    readers = g.users[name]
+    return readers[0] if len(readers) == 1 and name not in g.outputs else None
+
+
+def _match_stem(g: _Graph, conv) -> Stem | None:
+    if not _is_stem_conv(conv):
+        return None
+    relu = _only_reader(g, conv.output[0])
+    if relu is None or relu.op_type != "Relu":
+        return None
+    pool = _only_reader(g, relu.output[0])
+    if pool is None or not _is_stem_pool(pool):
+        return None
+    q_out = _only_reader(g, pool.output[0])
+    if q_out is None or q_out.op_type != "QuantizeLinear":
+        return None
+    conv_fields = _conv_fields(g, conv, q_out)
+    if conv_fields is None or conv_fields[1]["cin"] > STEM_MAX_CIN or conv_fields[1]["cout"] > STEM_MAX_COUT:
+        return None
+    x_q, fields = conv_fields
+    return Stem(conv, relu, pool, q_out, x_q, {**fields, "r_scale": 0.0, "relu": 1, "kernel_size": 7, "stride": 2})
+
+
 def plugin_node(name: str, x_q: str, r_q: str | None, out_q: str, fields: dict,
                 weight_dtype: str = "int32", proj: Projection | None = None) -> onnx.NodeProto:
     """The TrtfuseResidualConv node (docs/ARCHITECTURE.md field names and types); r_q None: a layer without a
@@ -353,8 +420,10 @@ def _layer_attrs(name: str, prefix: str, fields: dict, weight_dtype: str) -> dic
 
 
 def plugin_kind(node: onnx.NodeProto) -> str:
-    """"conv3x3" (kernel_size 3), "fused" (a projection + tail node: proj_* fields), "tail" (a plugin node with a
-    residual input) or "proj" (a 1x1 node without)."""
+    """"stem" (kernel_size 7), "conv3x3" (kernel_size 3), "fused" (a projection + tail node: proj_* fields), "tail" (a
+    plugin node with a residual input) or "proj" (a 1x1 node without)."""
+    if any(a.name == "kernel_size" and a.i == 7 for a in node.attribute):
+        return "stem"
     if any(a.name == "kernel_size" and a.i == 3 for a in node.attribute):
         return "conv3x3"
     if any(a.name == "proj_weights" for a in node.attribute):
@@ -363,9 +432,9 @@ def plugin_kind(node: onnx.NodeProto) -> str:
 
 
 def plugin_counts(model: onnx.ModelProto) -> dict[str, int]:
-    """Plugin nodes of a rewritten graph by kind: {"tail": n, "proj": m, "fused": k, "conv3x3": c} (a fused node counts
-    only as "fused")."""
-    counts = {"tail": 0, "proj": 0, "fused": 0, "conv3x3": 0}
+    """Plugin nodes of a rewritten graph by kind: {"tail": n, "proj": m, "fused": k, "conv3x3": c, "stem": s} (a fused
+    node counts only as "fused")."""
+    counts = {"tail": 0, "proj": 0, "fused": 0, "conv3x3": 0, "stem": 0}
     for n in model.graph.node:
         if n.op_type == PLUGIN_OP and n.domain == PLUGIN_DOMAIN:
             counts[plugin_kind(n)] += 1
@@ -373,10 +442,10 @@ def plugin_counts(model: onnx.ModelProto) -> dict[str, int]:
 
 
 def rewrite(model: onnx.ModelProto, weight_dtype: str = "int32", projections: bool = False,
-            fuse: bool = True, conv3x3: bool = False) -> tuple[onnx.ModelProto, int]:
+            fuse: bool = True, conv3x3: bool = False, stem: bool = False) -> tuple[onnx.ModelProto, int]:
     """A copy of the Q/DQ ``model`` with every residual tail fused, every projection the plugin takes (see
-    find_projections) when ``projections``, and every 3x3 conv it takes (see find_conv3x3) when ``conv3x3``; returns
-    (model, plugin nodes). ``plugin_counts`` splits them by kind.
+    find_projections) when ``projections``, every 3x3 conv it takes (see find_conv3x3) when ``conv3x3``, and the stem
+    (see find_stems) when ``stem``; returns (model, plugin nodes). ``plugin_counts`` splits them by kind.
 
     ``fuse`` (with ``projections`` only): a replaced projection whose output only a tail reads, as its residual,
     becomes one node with that tail where the fused kernel holds both weight matrices (``MAX_FUSED_K_BYTES``);
@@ -391,6 +460,7 @@ def rewrite(model: onnx.ModelProto, weight_dtype: str = "int32", projections: bo
     tails = find_tails(model)
     projs = find_projections(model) if projections else []
     convs3 = find_conv3x3(model) if conv3x3 else []
+    stems = find_stems(model) if stem else []
     g = _Graph(graph)
     fused = _fusable(g, tails, projs) if fuse else {}   # id(tail) -> its projection: one node
     fused_projs = {id(p) for p in fused.values()}
@@ -412,6 +482,12 @@ def rewrite(model: onnx.ModelProto, weight_dtype: str = "int32", projections: bo
         replace[id(c.q_out)] = plugin_node(f"{PLUGIN_OP}_conv3x3_{k}", c.x_q, None, c.q_out.output[0], c.fields,
                                            weight_dtype)
         graph.value_info.append(helper.make_tensor_value_info(c.q_out.output[0], TensorProto.INT8, None))
+    # The stem's node likewise, in place of its pooled output's QuantizeLinear; its conv, ReLU and max pool go.
+    for k, st in enumerate(stems):
+        drop.update({id(st.conv), id(st.relu), id(st.pool)})
+        replace[id(st.q_out)] = plugin_node(f"{PLUGIN_OP}_stem{k}", st.x_q, None, st.q_out.output[0], st.fields,
+                                            weight_dtype)
+        graph.value_info.append(helper.make_tensor_value_info(st.q_out.output[0], TensorProto.INT8, None))
     for k, t in enumerate(tails):
         out_q = t.q_out.output[0]
         p = fused.get(id(t))
@@ -440,9 +516,9 @@ def rewrite(model: onnx.ModelProto, weight_dtype: str = "int32", projections: bo
     graph.node.extend(_toposort(_live(nodes, {o.name for o in graph.output}),
                                 {i.name for i in graph.input} | set(g.inits)))
     _drop_unused(graph)
-    if (tails or projs or convs3) and not any(o.domain == PLUGIN_DOMAIN for o in model.opset_import):
+    if (tails or projs or convs3 or stems) and not any(o.domain == PLUGIN_DOMAIN for o in model.opset_import):
         model.opset_import.append(helper.make_opsetid(PLUGIN_DOMAIN, 1))
-    return model, len(tails) + len(projs) - len(fused) + len(convs3)
+    return model, len(tails) + len(projs) - len(fused) + len(convs3) + len(stems)
 
 
 def _fusable(g: _Graph, tails: list[Tail], projs: list[Projection]) -> dict[int, Projection]:
@@ -505,10 +581,15 @@ def plugin_reference(x: np.ndarray, r: np.ndarray | None, node: onnx.NodeProto,
     """The plugin's output for int8 NCHW inputs, by the exact numpy reference (trtfuse.ops); r None: a node without
     a residual input. A fused node (proj_* fields) takes the block input ``xp`` instead of r: its residual is the
     projection's reference output (the composition the fused kernel computes exactly)."""
-    from trtfuse.ops.residual_conv_reference import accumulate3x3, reference_fp32
+    from trtfuse.ops.residual_conv_reference import accumulate3x3, accumulate_stem, maxpool3x3s2, reference_fp32
 
     a = {at.name: at for at in node.attribute}
     cout = a["cout"].i
+    if plugin_kind(node) == "stem":
+        w = numpy_helper.to_array(a["weights"].t).reshape(cout, a["cin"].i, 7, 7).astype(np.int8)
+        return maxpool3x3s2(reference_fp32(x, None, np.asarray(a["w_scale"].floats, np.float32),
+                                           np.asarray(a["bias"].floats, np.float32), None, a["x_scale"].f, 0.0,
+                                           a["out_scale"].f, a["relu"].i, acc=accumulate_stem(x, w)))
     if plugin_kind(node) == "conv3x3":
         w = numpy_helper.to_array(a["weights"].t).reshape(cout, a["cin"].i, 3, 3).astype(np.int8)
         return reference_fp32(x, None, np.asarray(a["w_scale"].floats, np.float32),
@@ -609,12 +690,15 @@ def main(argv=None) -> int:  # python -m trtfuse.models.residual_conv_rewrite IN
     p.add_argument("--no-fuse", dest="fuse", action="store_false",
                    help="with --projections: keep each projection and the tail reading it two nodes (A/B)")
     p.add_argument("--conv3x3", action="store_true", help="the stride-1 3x3 convs too (see MAX_CONV3X3_COUT)")
+    p.add_argument("--stem", action="store_true", help="the stem (7x7/2 conv + ReLU + 3x3/2 max pool) too")
     args = p.parse_args(argv)
-    model, _ = rewrite(onnx.load(args.qdq_onnx), args.weight_dtype, args.projections, args.fuse, args.conv3x3)
+    model, _ = rewrite(onnx.load(args.qdq_onnx), args.weight_dtype, args.projections, args.fuse, args.conv3x3,
+                       args.stem)
     onnx.save(model, args.out_onnx)
     counts = plugin_counts(model)
     print(f"replaced {counts['tail']} residual tails, {counts['proj']} projections, {counts['fused']} "
-          f"projection + tail pairs (one node each) and {counts['conv3x3']} 3x3 convs with {PLUGIN_OP} -> "
+          f"projection + tail pairs (one node each), {counts['conv3x3']} 3x3 convs and {counts['stem']} stems with "
+          f"{PLUGIN_OP} -> "
           f"{args.out_onnx}", file=sys.stderr)
     return 0
 

@@ -18,6 +18,7 @@ from trtfuse.models.residual_conv_rewrite import (
     find_projections,
     find_tails,
     find_conv3x3,
+    find_stems,
     fused_k_bytes,
     plugin_counts,
     plugin_kind,
@@ -174,8 +175,8 @@ def test_projections_become_plugin_nodes_without_a_residual_input(toy, monkeypat
     (p,) = find_projections(toy)
     assert (p.fields["cin"], p.fields["cout"], p.fields["stride"], p.fields["relu"]) == (16, 32, 2, 0)
     out, n = rewrite(toy, projections=True, fuse=False)
-    assert n == 3 and plugin_counts(out) == {"tail": 2, "proj": 1, "fused": 0, "conv3x3": 0}
-    assert plugin_counts(rewrite(toy)[0]) == {"tail": 2, "proj": 0, "fused": 0, "conv3x3": 0}
+    assert n == 3 and plugin_counts(out) == {"tail": 2, "proj": 1, "fused": 0, "conv3x3": 0, "stem": 0}
+    assert plugin_counts(rewrite(toy)[0]) == {"tail": 2, "proj": 0, "fused": 0, "conv3x3": 0, "stem": 0}
     onnx.checker.check_model(out)
     (proj,) = [nd for nd in out.graph.node if nd.op_type == PLUGIN_OP and len(nd.input) == 1]
     a = {x.name: x for x in proj.attribute}
@@ -258,7 +259,7 @@ def test_projection_and_its_tail_become_one_node(toy, monkeypatch):
     (p,) = find_projections(toy)
     (t,) = [t for t in find_tails(toy) if t.r_q == p.q_out.output[0]]
     out, n = rewrite(toy, projections=True)
-    assert n == 2 and plugin_counts(out) == {"tail": 1, "proj": 0, "fused": 1, "conv3x3": 0}
+    assert n == 2 and plugin_counts(out) == {"tail": 1, "proj": 0, "fused": 1, "conv3x3": 0, "stem": 0}
     onnx.checker.check_model(out)
     (fused,) = [nd for nd in out.graph.node if nd.op_type == PLUGIN_OP and plugin_kind(nd) == "fused"]
     assert list(fused.input) == [t.x_q, p.x_q] and list(fused.output) == [t.q_out.output[0]]
@@ -297,9 +298,9 @@ def test_fuse_false_and_the_k_limit_keep_two_nodes(toy, monkeypatch):
     from trtfuse.models import residual_conv_rewrite as rcr
 
     monkeypatch.setattr(rcr, "MIN_PROJECTION_COUT", 32)
-    two = {"tail": 2, "proj": 1, "fused": 0, "conv3x3": 0}
+    two = {"tail": 2, "proj": 1, "fused": 0, "conv3x3": 0, "stem": 0}
     assert plugin_counts(rewrite(toy, projections=True, fuse=False)[0]) == two
-    assert plugin_counts(rewrite(toy, fuse=True)[0]) == {"tail": 2, "proj": 0, "fused": 0, "conv3x3": 0}  # no projections: no-op
+    assert plugin_counts(rewrite(toy, fuse=True)[0]) == {"tail": 2, "proj": 0, "fused": 0, "conv3x3": 0, "stem": 0}  # no projections: no-op
     # the toy's pair needs 128 + 32 = 160 bytes per row: at the limit it fuses, one byte below it does not
     monkeypatch.setattr(rcr, "MAX_FUSED_K_BYTES", 160)
     assert plugin_counts(rewrite(toy, projections=True)[0])["fused"] == 1
@@ -316,7 +317,7 @@ def test_a_projection_output_read_elsewhere_is_not_fused(toy, monkeypatch):
     probe = onnx.ModelProto.FromString(toy.SerializeToString())
     probe.graph.output.append(onnx.helper.make_tensor_value_info(p.q_out.output[0], onnx.TensorProto.INT8, None))
     out, n = rewrite(probe, projections=True)
-    assert n == 3 and plugin_counts(out) == {"tail": 2, "proj": 1, "fused": 0, "conv3x3": 0}
+    assert n == 3 and plugin_counts(out) == {"tail": 2, "proj": 1, "fused": 0, "conv3x3": 0, "stem": 0}
     x = calib_batches(seed=7, n=1)[0]
     got = evaluate_with_reference(out, {"input": x})
     assert got[1].dtype == np.int8 and got[1].shape == (8, 32, 8, 8)
@@ -339,7 +340,7 @@ def test_fusion_follows_the_k_rule_on_real_widths(monkeypatch, proj_cin, width, 
     assert (fused_k_bytes(proj_cin, width) <= MAX_FUSED_K_BYTES) == fused
     qdq = _quantized(_stage_opening(proj_cin, width), size=8, channels=proj_cin)
     out, n = rewrite(qdq, projections=True)
-    want = {"tail": 0, "proj": 0, "fused": 1, "conv3x3": 0} if fused else {"tail": 1, "proj": 1, "fused": 0, "conv3x3": 0}
+    want = {"tail": 0, "proj": 0, "fused": 1, "conv3x3": 0, "stem": 0} if fused else {"tail": 1, "proj": 1, "fused": 0, "conv3x3": 0, "stem": 0}
     assert plugin_counts(out) == want and n == sum(want.values())
     x = np.random.default_rng(2).normal(size=(8, proj_cin, 8, 8)).astype(np.float32)
     got = _assert_same_network(qdq, out, x)
@@ -373,7 +374,7 @@ def test_conv3x3_becomes_a_plugin_node(toy, monkeypatch):
     assert find_conv3x3(toy) == [] and plugin_counts(rewrite(toy, conv3x3=True)[0])["conv3x3"] == 0
     monkeypatch.setattr(rcr, "MAX_CONV3X3_COUT", 64)
     out, n = rewrite(toy, conv3x3=True)
-    assert plugin_counts(out) == {"tail": 2, "proj": 0, "fused": 0, "conv3x3": 2} and n == 4
+    assert plugin_counts(out) == {"tail": 2, "proj": 0, "fused": 0, "conv3x3": 2, "stem": 0} and n == 4
     nodes = [nd for nd in out.graph.node if nd.op_type == PLUGIN_OP and plugin_kind(nd) == "conv3x3"]
     for nd, c in zip(nodes, found):
         a = {at.name: at for at in nd.attribute}
@@ -392,6 +393,46 @@ def test_conv3x3_becomes_a_plugin_node(toy, monkeypatch):
     _assert_same_network(toy, out, x)
 
 
+def _stem_net(pool_pads=1, pool_after_relu=True):
+    """ResNet's stem (7x7/2 conv + BN + ReLU + 3x3/2 max pool) on a 32 x 32 input, then a bottleneck and a classifier."""
+    g = GraphBuilder(seed=4, channels=3, size=32)
+    x = g.op("Relu", g.bn(g.conv("input", 3, 16, k=7, stride=2), 16))
+    if pool_after_relu:
+        x = g.op("MaxPool", x, kernel_shape=[3, 3], strides=[2, 2], pads=[pool_pads] * 4)
+    x = g.bottleneck(x, 16, 8, 32, downsample=True)
+    out = g.op("Gemm", g.op("Flatten", g.op("GlobalAveragePool", x)), g.init(g.rng.normal(0, 0.2, (10, 32))),
+               g.init(np.zeros(10)), transB=1)
+    return g.model(out)
+
+
+def test_stem_becomes_a_plugin_node():
+    """The stem becomes one kernel_size 7 node reading the quantized network input and writing the int8 tensor the
+    max pool's QuantizeLinear wrote (within 1 LSB: ONNX Runtime sums in fp32); the network computes the same. A max
+    pool of another shape, or a conv without one, stays with TensorRT."""
+    from trtfuse.models.residual_conv_rewrite import plugin_reference
+
+    qdq = _quantized(_stem_net(), size=32)
+    assert find_stems(_quantized(_stem_net(pool_pads=0), size=32)) == []
+    assert find_stems(_quantized(_stem_net(pool_after_relu=False), size=32)) == []
+    (stem,) = find_stems(qdq)
+    assert stem.fields["cin"] == 3 and stem.fields["cout"] == 16 and stem.fields["kernel_size"] == 7
+    assert plugin_counts(rewrite(qdq)[0])["stem"] == 0  # only when asked
+    out, n = rewrite(qdq, stem=True)
+    assert plugin_counts(out) == {"tail": 1, "proj": 0, "fused": 0, "conv3x3": 0, "stem": 1} and n == 2
+    (nd,) = [nd for nd in out.graph.node if nd.op_type == PLUGIN_OP and plugin_kind(nd) == "stem"]
+    a = {at.name: at for at in nd.attribute}
+    assert len(nd.input) == 1 and a["kernel_size"].i == 7 and a["stride"].i == 2 and a["relu"].i == 1
+    assert numpy_helper.to_array(a["weights"].t).size == 49 * 3 * 16
+    assert not [m for m in out.graph.node if m.op_type == "MaxPool"]
+    x = np.random.default_rng(5).normal(size=(4, 3, 32, 32)).astype(np.float32)
+    vals = _int8_values(qdq, [nd.input[0], nd.output[0]], x)
+    got = plugin_reference(vals[nd.input[0]], None, nd)
+    assert got.shape == (4, 16, 8, 8)
+    diff = np.abs(got.astype(np.int16) - vals[nd.output[0]].astype(np.int16))
+    assert diff.max() <= 1 and (diff == 0).mean() > 0.99
+    _assert_same_network(qdq, out, x)
+
+
 @pytest.mark.slow
 def test_resnet50_fuses_layer1_and_layer2_openings(tmp_path):
     """The real network (random weights; ~15 s): with --plugins all its 16 tails and 3 replaced projections become 14
@@ -407,17 +448,17 @@ def test_resnet50_fuses_layer1_and_layer2_openings(tmp_path):
     x = rng.normal(size=(2, 3, 224, 224)).astype(np.float32)
     qdq = quantize(fp32, calibrate(fp32, [x], progress=False), "max").model
     out, n = rewrite(qdq, projections=True)
-    assert n == 17 and plugin_counts(out) == {"tail": 14, "proj": 1, "fused": 2, "conv3x3": 0}
+    assert n == 17 and plugin_counts(out) == {"tail": 14, "proj": 1, "fused": 2, "conv3x3": 0, "stem": 0}
     fused = [{a.name: a.i for a in nd.attribute if a.name in ("cin", "proj_cin", "proj_stride")}
              for nd in out.graph.node if nd.op_type == PLUGIN_OP and plugin_kind(nd) == "fused"]
     assert fused == [{"cin": 64, "proj_cin": 64, "proj_stride": 1}, {"cin": 128, "proj_cin": 256, "proj_stride": 2}]
     two, n_two = rewrite(qdq, projections=True, fuse=False)
-    assert n_two == 19 and plugin_counts(two) == {"tail": 16, "proj": 3, "fused": 0, "conv3x3": 0}
+    assert n_two == 19 and plugin_counts(two) == {"tail": 16, "proj": 3, "fused": 0, "conv3x3": 0, "stem": 0}
     np.testing.assert_array_equal(evaluate_with_reference(out, {pm.input_name: x})[0],
                                   evaluate_with_reference(two, {pm.input_name: x})[0])
-    # --plugins all also takes the 3x3 convs of Cout 64 (MAX_CONV3X3_COUT): layer1's three conv2
-    every, n_every = rewrite(qdq, projections=True, conv3x3=True)
-    assert n_every == 20 and plugin_counts(every) == {"tail": 14, "proj": 1, "fused": 2, "conv3x3": 3}
+    # --plugins all also takes the 3x3 convs of Cout 64 (MAX_CONV3X3_COUT), layer1's three conv2, and the stem
+    every, n_every = rewrite(qdq, projections=True, conv3x3=True, stem=True)
+    assert n_every == 21 and plugin_counts(every) == {"tail": 14, "proj": 1, "fused": 2, "conv3x3": 3, "stem": 1}
     cmp = compare_logits(evaluate_with_reference(out, {pm.input_name: x})[0],
                          evaluate_with_reference(every, {pm.input_name: x})[0])
     assert cmp["max_abs_logit_diff"] < 0.05 * cmp["max_abs_logit"]

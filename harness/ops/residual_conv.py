@@ -67,6 +67,12 @@ def library(path: str | None = None) -> ctypes.CDLL:
     lib.trtfuse_conv3x3_select_config.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
     lib.trtfuse_conv3x3_config_name.restype = ctypes.c_char_p
     lib.trtfuse_conv3x3_config_name.argtypes = [ctypes.c_int]
+    # the stem: cin, cout, weights, w_scale, bias, x_scale, out_scale (+ relu for create)
+    lib.trtfuse_stem_check.argtypes = conv3
+    lib.trtfuse_stem_create.argtypes = conv3 + [ctypes.c_int, ctypes.POINTER(ctypes.c_void_p)]
+    lib.trtfuse_stem_forward.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int] * 4 + [ctypes.c_void_p]
+    lib.trtfuse_stem_config_name.restype = ctypes.c_char_p
+    lib.trtfuse_stem_config_name.argtypes = [ctypes.c_int]
     lib.trtfuse_residual_conv_destroy.argtypes = [ctypes.c_void_p]
     lib.trtfuse_residual_conv_forward.argtypes = (
         [ctypes.c_void_p] * 4 + [ctypes.c_int] * 4 + [ctypes.c_void_p]
@@ -344,3 +350,48 @@ class Conv3x3(_Layer):
         """x [n, cin, h, w] -> out [n, cout, ceil(h / stride), ceil(w / stride)], int8 kCHW32 device pointers;
         config: an index of conv3x3_config_names(), -1 = pick."""
         _raise(library().trtfuse_conv3x3_forward(self._h, x_ptr, out_ptr, n, h, w, config, stream), "forward")
+
+
+def check_stem(cin, cout, w, w_scale, bias, x_scale, out_scale) -> int:
+    """Validation of a stem's fields (no GPU; weights [cout][cin][7][7]): 0 or the C ABI's negative status."""
+    w, ws, b = _arrays(w, w_scale, bias)
+    if w.size != 49 * cin * cout or ws.size != cout or b.size != cout:
+        return -2
+    return library().trtfuse_stem_check(cin, cout, _ptr(w, ctypes.c_int8), _ptr(ws, ctypes.c_float),
+                                        _ptr(b, ctypes.c_float), x_scale, out_scale)
+
+
+def stem_config_names() -> list[str]:
+    """The stem kernel's configurations (pooled rows per block), in the order trtfuse_stem_forward indexes them."""
+    lib = library()
+    return [lib.trtfuse_stem_config_name(i).decode() for i in range(lib.trtfuse_stem_num_configs())]
+
+
+def stem_output_hw(h: int, w: int) -> tuple[int, int]:
+    """The stem's output size: a 7x7/2 conv (padding 3) then a 3x3/2 max pool (padding 1)."""
+    hc, wc = -(-h // 2), -(-w // 2)
+    return -(-hc // 2), -(-wc // 2)
+
+
+class Stem(_Layer):
+    """The ResNet stem on the sm_90a kernel: 7x7 conv (stride 2, padding 3) + BN (+ReLU) + 3x3 max pool (stride 2,
+    padding 1); weights [cout][cin][7][7], cin <= 4, cout <= 64. forward reads the network's int8 input as linear NCHW
+    (W a multiple of 16) and writes kCHW32."""
+
+    def __init__(self, w, w_scale, bias, x_scale: float, out_scale: float, relu: bool = True):
+        w, ws, b = _arrays(w, w_scale, bias)
+        if w.ndim != 4 or w.shape[2:] != (7, 7):
+            raise UserError(f"Stem takes weights [cout, cin, 7, 7], got shape {w.shape}")
+        self.cout, self.cin = w.shape[:2]
+        h = ctypes.c_void_p()
+        _raise(
+            library().trtfuse_stem_create(self.cin, self.cout, _ptr(w, ctypes.c_int8), _ptr(ws, ctypes.c_float),
+                                          _ptr(b, ctypes.c_float), x_scale, out_scale, int(relu), ctypes.byref(h)),
+            "create",
+        )
+        self._h = h
+
+    def forward(self, x_ptr: int, out_ptr: int, n: int, h: int, w: int, config: int = -1, stream: int = 0) -> None:
+        """x [n, cin, h, w] int8 linear -> out [n, cout, *stem_output_hw(h, w)] int8 kCHW32 (device pointers);
+        config: an index of stem_config_names(), -1 = pick."""
+        _raise(library().trtfuse_stem_forward(self._h, x_ptr, out_ptr, n, h, w, config, stream), "forward")

@@ -82,6 +82,35 @@ def accumulate3x3(x: np.ndarray, w: np.ndarray, stride: int = 1) -> np.ndarray:
     return acc.astype(np.int32)
 
 
+def accumulate_stem(x: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """int32 acc [N, Cout, ceil(H / 2), ceil(W / 2)] of the ResNet stem's 7x7 conv, stride 2, padding 3: x
+    [N, Cin, H, W] int8, w [Cout, Cin, 7, 7] int8, exact (each tap a 1x1 accumulate of the shifted, padded input)."""
+    n, cin, h, wd = x.shape
+    ho, wo = -(-h // 2), -(-wd // 2)
+    padded = np.zeros((n, cin, h + 6, wd + 6), np.int8)
+    padded[:, :, 3:-3, 3:-3] = x
+    acc = np.zeros((n, w.shape[0], ho, wo), np.int64)
+    for ky in range(7):
+        for kx in range(7):
+            tap = np.ascontiguousarray(padded[:, :, ky : ky + 2 * (ho - 1) + 1 : 2, kx : kx + 2 * (wo - 1) + 1 : 2])
+            acc += accumulate(tap, np.ascontiguousarray(w[:, :, ky, kx]))
+    assert np.abs(acc).max(initial=0) < 2**31
+    return acc.astype(np.int32)
+
+
+def maxpool3x3s2(q: np.ndarray) -> np.ndarray:
+    """3x3 max pool, stride 2, padding 1 (the padding never wins), of int8 NCHW: [N, C, ceil(H / 2), ceil(W / 2)]."""
+    n, c, h, w = q.shape
+    ho, wo = -(-h // 2), -(-w // 2)
+    padded = np.full((n, c, h + 2, w + 2), -128, np.int8)
+    padded[:, :, 1:-1, 1:-1] = q
+    out = np.full((n, c, ho, wo), -128, np.int8)
+    for dy in range(3):
+        for dx in range(3):
+            out = np.maximum(out, padded[:, :, dy : dy + 2 * (ho - 1) + 1 : 2, dx : dx + 2 * (wo - 1) + 1 : 2])
+    return out
+
+
 def fma32(x, y, z) -> np.ndarray:
     """fp32 fused multiply-add with one rounding, exactly: x*y is exact in float64 (24 + 24 bits); the sum's
     float64 rounding error (TwoSum) settles the one case double rounding gets wrong, an fp32 midpoint."""

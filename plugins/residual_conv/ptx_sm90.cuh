@@ -138,6 +138,28 @@ __device__ __forceinline__ void wgmma_m64n64k32_s8(int (&d)[32], uint64_t da, ui
 #endif
 }
 
+// wgmma.mma_async m64n64k32 s32 += s8 x s8 with A from registers (the stem, stem_sm90.cuh): a[0..3] is this thread's
+// A fragment in mma.sync m16n8k32's layout per warp (rows 16 warp + g and + 8, k bytes 4 tig .. and 16 + 4 tig ..);
+// the registers are read asynchronously, until a wgmma_wait retires the wgmma. scale_d 0: D = A*B (the start).
+__device__ __forceinline__ void wgmma_m64n64k32_s8_rs(int (&d)[32], uint32_t const (&a)[4], uint64_t db,
+                                                      int scale_d) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k32.s32.s8.s8 {"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+        "}, {%32, %33, %34, %35}, %36, p;\n}\n"
+        : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3]), "+r"(d[4]), "+r"(d[5]), "+r"(d[6]), "+r"(d[7]),
+          "+r"(d[8]), "+r"(d[9]), "+r"(d[10]), "+r"(d[11]), "+r"(d[12]), "+r"(d[13]), "+r"(d[14]), "+r"(d[15]),
+          "+r"(d[16]), "+r"(d[17]), "+r"(d[18]), "+r"(d[19]), "+r"(d[20]), "+r"(d[21]), "+r"(d[22]), "+r"(d[23]),
+          "+r"(d[24]), "+r"(d[25]), "+r"(d[26]), "+r"(d[27]), "+r"(d[28]), "+r"(d[29]), "+r"(d[30]), "+r"(d[31])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(scale_d));
+#else
+    (void)d; (void)a; (void)db; (void)scale_d;
+#endif
+}
+
 // wgmma m64nBNk32 for the 3x3 kernel's N tiles (64, 128)
 template <int BN>
 __device__ __forceinline__ void wgmma_m64k32_s8(int (&d)[BN / 2], uint64_t da, uint64_t db, int scale_d) {

@@ -5,8 +5,11 @@
 //   conv_kernel_sm80 (kernel_sm80.cuh): mma.sync, cp.async multistage pipeline; any GPU from sm_80, any K;
 //   conv_kernel_sm90 (kernel_sm90.cuh): wgmma, warp specialized (producers, two consumers), weight slice in shared
 //     memory, TMA output stores; sm_90a only, K up to what the weight slice leaves of shared memory;
-//   conv3x3_kernel_sm90 (kernel3x3_sm90.cuh): the 3x3 conv (padding 1, stride 1) on halo tiles, sm_90a only; its
-//     configurations ("halo_*") are a table of their own (kHaloConfigs), indexed by trtfuse_conv3x3_forward.
+//   conv3x3_kernel_sm90 (kernel3x3_sm90.cuh): the 3x3 conv (padding 1, stride 1 or 2) on halo tiles, sm_90a only;
+//     its configurations ("halo_*") are a table of their own (kHaloConfigs), indexed by trtfuse_conv3x3_forward;
+//   stem_kernel_sm90 (stem_sm90.cuh): the ResNet stem (7x7/2 conv + BN + ReLU + 3x3/2 max pool) from the network's
+//     linear int8 input, sm_90a only; its configurations ("stem_p*": pooled rows per block) indexed by
+//     trtfuse_stem_forward.
 // The configurations below are those the tuner picked for some ResNet-50 stage and batch on the H100 or the H200,
 // with the sm80 kernel ranked on its own for GPUs without sm_90a (docs/residual_conv.md, Version 12, has the A/B
 // numbers behind every configuration dropped).
@@ -17,6 +20,7 @@
 #include "residual_conv/out_map.h"
 #include "residual_conv/residual_conv.h"
 #include "residual_conv/schedule_sm90.h"
+#include "residual_conv/stem_sm90.cuh"
 #include "residual_conv/tile_layout.h"
 #include "residual_conv/tuning_cache.h"
 
@@ -100,7 +104,7 @@ struct Layer {
     float lo;          // lower clamp: 0 with ReLU, -128 without
     int8_t* w = nullptr;       // [npad * kpad], rows permuted (tile_layout.h: packed_row_channel)
     int8_t* w_img = nullptr;   // w as the sm90 kernel's weight slices (tile_layout.h: pack_weight_slices)
-    int taps = 1;              // 9: a 3x3 conv (trtfuse_conv3x3_create), K = 9 kc slabs, tap-major
+    int taps = 1;              // 9: a 3x3 conv (trtfuse_conv3x3_create), K = 9 kc slabs, tap-major; 49: the stem
     int8_t* w_img_halo[2] = {};   // a 3x3 conv: w as slices of 64 and 128 rows (the halo kernel's BN)
     float* abs = nullptr;   // [6][npad]: a, b, s of the rounding rule, then the same times 2^-8
     bool sat = false;       // the epilogue may use its saturating form (see sat_exact)
@@ -308,6 +312,27 @@ int free_layer(Layer* L) {
     return e;
 }
 
+// The rounding rule's constants of a layer, [6][npad]: a, b, s, then the same times 2^-8 (zero in the padding: padded
+// channels come out 0), each an fp32 operation in this order (docs/residual_conv.md); *sat: whether the epilogue may
+// use its saturating form (ReLU, and every constant sat_exact)
+std::vector<float> rule_constants(int cout, int npad, float const* w_scale, float const* bias, float x_scale,
+                                  float r_scale, float out_scale, int relu, bool* sat) {
+    std::vector<float> abs(6 * static_cast<size_t>(npad), 0.f);
+    float const inv_out = 1.0f / out_scale;
+    for (int n = 0; n < cout; ++n) {
+        float alpha = x_scale * w_scale[n];
+        abs[n] = alpha * inv_out;
+        abs[npad + n] = bias[n] * inv_out;
+        abs[2 * npad + n] = r_scale * inv_out;
+    }
+    *sat = relu != 0;
+    for (size_t i = 0; i < 3 * static_cast<size_t>(npad); ++i) {
+        *sat = *sat && sat_exact(abs[i]);
+        abs[3 * static_cast<size_t>(npad) + i] = std::ldexp(abs[i], -8);   // exact for these magnitudes
+    }
+    return abs;
+}
+
 // Fills L from checked fields and uploads its buffers; *rows: the packed weights (pack_rows). taps 9: a 3x3 conv,
 // weights [cout][cin][3][3], whose GEMM k is tap * kc * 32 + channel.
 int build_layer(int cin, int cout, int8_t const* weights, float const* w_scale, float const* bias, float x_scale,
@@ -323,20 +348,8 @@ int build_layer(int cin, int cout, int8_t const* weights, float const* w_scale, 
     L->kpad = round_up(taps * L->kc * 32, 128);   // every BK divides 128: the B loader needs no K predicate
     L->npad = round_up(L->nc * 32, 256);   // every BN divides 256: no N predicate
     L->lo = relu ? 0.f : -128.f;
-    std::vector<float> abs(6 * static_cast<size_t>(L->npad), 0.f);   // zero in the padding: padded channels -> 0
-    // The rounding rule's constants, each an fp32 operation in this order (docs/residual_conv.md).
-    float const inv_out = 1.0f / out_scale;
-    for (int n = 0; n < cout; ++n) {
-        float alpha = x_scale * w_scale[n];
-        abs[n] = alpha * inv_out;
-        abs[L->npad + n] = bias[n] * inv_out;
-        abs[2 * L->npad + n] = r_scale * inv_out;
-    }
-    L->sat = relu != 0;
-    for (size_t i = 0; i < 3 * static_cast<size_t>(L->npad); ++i) {
-        L->sat = L->sat && sat_exact(abs[i]);
-        abs[3 * static_cast<size_t>(L->npad) + i] = std::ldexp(abs[i], -8);   // exact for these magnitudes
-    }
+    std::vector<float> const abs =
+        rule_constants(cout, L->npad, w_scale, bias, x_scale, r_scale, out_scale, relu, &L->sat);
     if (taps == 1) {
         *rows = pack_rows(weights, cin, cout, L->npad, L->kpad);
     } else {   // [cout][cin][tap] -> [cout][tap][kc * 32 channels, zero padded]
@@ -607,6 +620,100 @@ int launch_conv3x3(Layer const& L, void const* x, void* out, int n, int h, int w
     return 0;
 }
 
+
+// ---- the stem (stem_sm90.cuh) ----
+
+// Pooled rows per block (P), the stem's configurations; named as a tuning cache would store them.
+struct StemInfo {
+    char const* name;
+    int pool_rows, ir, plane, box_plane;   // StemBand's
+    void (*kernel)(StemParams);
+};
+template <class B>
+constexpr StemInfo stem_info(char const* name) {
+    return {name, B::P, B::IR, B::PLANE, B::BOX_PLANE, stem_kernel_sm90<B>};
+}
+// H100, batch 2048 (random weights, benchmarks/results/stem_h100.json): 8 pooled rows a block 1.33 ms, 6 rows 1.41
+// (more conv rows computed twice); docs/residual_conv.md, Version 16, has the forms dropped.
+StemInfo const kStemConfigs[] = {
+    stem_info<StemBand<8>>("stem_p8"),
+    stem_info<StemBand<6>>("stem_p6"),
+};
+constexpr int kNumStemConfigs = sizeof(kStemConfigs) / sizeof(kStemConfigs[0]);
+constexpr int kStemTapsTotal = 49;   // Layer::taps of a stem layer
+
+// A launch's geometry for an h x w input of cin channels on configuration C; false: the image is too wide for a box
+// row (2 Wc + 19 > 256 bytes: W > 236) or the block's shared memory too large.
+struct StemGeometry {
+    int hc, wc, hp, wp, copy, pool, smem;
+};
+bool stem_geometry(StemInfo const& C, int cin, int h, int w, StemGeometry* g) {
+    g->hc = (h - 1) / 2 + 1;
+    g->wc = (w - 1) / 2 + 1;
+    g->hp = (g->hc - 1) / 2 + 1;
+    g->wp = (g->wc - 1) / 2 + 1;
+    if (2 * g->wc + 19 > kStemBoxRow) return false;   // the odd copy's last byte read is box column 2 Wc + 18
+    g->copy = round_up(cin * C.plane, 256);   // the pooling tile after both copies: 256-byte aligned
+    g->pool = round_up(std::max(4 * kStemN * g->wc, cin * C.box_plane), 256);
+    g->smem = stem_smem_bytes(g->copy, g->pool);
+    return g->smem <= kMaxSmem;
+}
+
+// p.in_map: x [n][cin][h][w] bytes as the tensor (w, h, cin, n), box (256, ir, cin, 1); 0 or a cudaError_t.
+int encode_stem_map(StemParams& p, void const* x, int n, int h, int w, int cin, int ir) {
+    auto encode = tensor_map_encoder();
+    if (!encode) return cudaErrorNotSupported;
+    cuuint64_t const dims[4] = {static_cast<cuuint64_t>(w), static_cast<cuuint64_t>(h), static_cast<cuuint64_t>(cin),
+                                static_cast<cuuint64_t>(n)};
+    cuuint64_t const strides[3] = {static_cast<cuuint64_t>(w), static_cast<cuuint64_t>(h) * w,
+                                   static_cast<cuuint64_t>(h) * w * cin};
+    cuuint32_t const box[4] = {kStemBoxRow, static_cast<cuuint32_t>(ir), static_cast<cuuint32_t>(cin), 1};
+    cuuint32_t const ones[4] = {1, 1, 1, 1};
+    CUresult const st = encode(&p.in_map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 4, const_cast<void*>(x), dims, strides, box,
+                               ones, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE,
+                               CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    return st == CUDA_SUCCESS ? 0 : cudaErrorInvalidValue;
+}
+
+// One launch of stem layer L: x [n][cin][h][w] (linear) -> out [n][nc][hp][wp][32]; config -1 picks.
+int launch_stem(Layer const& L, void const* x, void* out, int n, int h, int w, int config, cudaStream_t stream) {
+    if (!wgmma_available()) return TRTFUSE_RCONV_ERR_ARCH;
+    if (w % 16) return TRTFUSE_RCONV_ERR_ROW;   // the TMA map's row pitch
+    StemInfo const& C = kStemConfigs[config < 0 ? 0 : config];
+    StemGeometry g;
+    if (!stem_geometry(C, L.cin, h, w, &g)) return TRTFUSE_RCONV_ERR_FIT;
+    StemParams p{};
+    p.rule = rule_of(L);
+    p.w_img = L.w_img;
+    p.out = static_cast<int8_t*>(out);
+    p.Cin = L.cin;
+    p.Nc = L.nc;
+    p.Hc = g.hc;
+    p.Wc = g.wc;
+    p.Hp = g.hp;
+    p.Wp = g.wp;
+    p.half_w = (g.wc + 1) / 2;
+    p.bands = (g.hp + C.pool_rows - 1) / C.pool_rows;
+    p.copy_bytes = g.copy;
+    p.pool_bytes = g.pool;
+    int64_t const blocks = static_cast<int64_t>(n) * p.bands;
+    if (blocks >= (int64_t(1) << 31)) return TRTFUSE_RCONV_ERR_SHAPE;
+    if (int st = encode_stem_map(p, x, n, h, w, L.cin, C.ir)) return st;
+    static std::mutex mu;
+    static bool attr_set[64][kNumStemConfigs] = {};
+    int dev = 0;
+    TRTFUSE_CUDA_RETURN(cudaGetDevice(&dev));
+    {
+        std::lock_guard<std::mutex> lock(mu);
+        if (dev >= 64 || !attr_set[dev][config < 0 ? 0 : config]) {
+            TRTFUSE_CUDA_RETURN(cudaFuncSetAttribute(C.kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kMaxSmem));
+            if (dev < 64) attr_set[dev][config < 0 ? 0 : config] = true;
+        }
+    }
+    C.kernel<<<static_cast<unsigned>(blocks), kStemThreads, g.smem, stream>>>(p);
+    TRTFUSE_LAUNCH_CHECK();
+    return 0;
+}
 }  // namespace
 }  // namespace rconv
 }  // namespace trtfuse
@@ -761,6 +868,73 @@ extern "C" char const* trtfuse_conv3x3_config_name(int config) {
     return config >= 0 && config < kNumHaloConfigs ? kHaloConfigs[config].name : nullptr;
 }
 
+extern "C" int trtfuse_stem_check(int cin, int cout, int8_t const* weights, float const* w_scale, float const* bias,
+                                  float x_scale, float out_scale) {
+    if (cin <= 0 || cout <= 0 || cin > kStemMaxCin || cout > kStemN) return TRTFUSE_RCONV_ERR_SHAPE;
+    if (!weights) return TRTFUSE_RCONV_ERR_NULL;
+    for (int64_t i = 0; i < static_cast<int64_t>(kStemTapsTotal) * cin * cout; ++i)
+        if (weights[i] < -127) return TRTFUSE_RCONV_ERR_WEIGHT;
+    return trtfuse_residual_conv_check(cin, cout, weights, w_scale, bias, x_scale, 1.f, out_scale);
+}
+
+extern "C" int trtfuse_stem_create(int cin, int cout, int8_t const* weights, float const* w_scale, float const* bias,
+                                   float x_scale, float out_scale, int relu, void** handle) {
+    if (!handle) return TRTFUSE_RCONV_ERR_NULL;
+    *handle = nullptr;
+    if (int st = trtfuse_stem_check(cin, cout, weights, w_scale, bias, x_scale, out_scale)) return st;
+    wgmma_available();   // cache the sm_90a probe now, outside any stream capture of forward()
+    cudaGetLastError();
+    Layer* L = new Layer;
+    L->cin = cin;
+    L->cout = cout;
+    L->kc = 1;
+    L->nc = (cout + 31) / 32;
+    L->residual = false;
+    L->stride = 2;
+    L->taps = kStemTapsTotal;
+    L->kpad = kStemTaps * 32;
+    L->npad = kStemN;
+    L->lo = relu ? 0.f : -128.f;
+    std::vector<float> const abs =
+        rule_constants(cout, L->npad, w_scale, bias, x_scale, 0.f, out_scale, relu, &L->sat);
+    // [cout][cin][7][7] -> GEMM rows [cout][ky * 32 + c * 8 + kx] (tap 7 and channels >= cin zero), then the
+    // epilogue's row order and the kernel's weight slice
+    std::vector<int8_t> by_k(static_cast<size_t>(cout) * L->kpad, 0);
+    for (int co = 0; co < cout; ++co)
+        for (int c = 0; c < cin; ++c)
+            for (int ky = 0; ky < kStemTaps; ++ky)
+                for (int kx = 0; kx < kStemTaps; ++kx)
+                    by_k[static_cast<size_t>(co) * L->kpad + ky * 32 + c * 8 + kx] =
+                        weights[((static_cast<size_t>(co) * cin + c) * kStemTaps + ky) * kStemTaps + kx];
+    std::vector<int8_t> const rows = pack_rows(by_k.data(), L->kpad, cout, L->npad, L->kpad);
+    std::vector<int8_t> img(rows.size());
+    pack_weight_slices(rows.data(), L->npad, L->kpad, kStemN, img.data());
+    int st = upload(img, &L->w_img);
+    if (st == 0) st = upload(abs, &L->abs);
+    if (st != 0) {
+        free_layer(L);
+        return st;
+    }
+    *handle = L;
+    return 0;
+}
+
+extern "C" int trtfuse_stem_forward(void const* handle, void const* x, void* out, int n, int h, int w, int config,
+                                    void* stream) {
+    if (!handle || !x || !out) return TRTFUSE_RCONV_ERR_NULL;
+    Layer const* L = static_cast<Layer const*>(handle);
+    if (L->taps != kStemTapsTotal) return TRTFUSE_RCONV_ERR_FUSED;
+    if (config < -1 || config >= kNumStemConfigs) return TRTFUSE_RCONV_ERR_CONFIG;
+    if (int st = check_launch(x, nullptr, out, n, h, w, 2, -1)) return st;
+    return launch_stem(*L, x, out, n, h, w, config, static_cast<cudaStream_t>(stream));
+}
+
+extern "C" int trtfuse_stem_num_configs(void) { return kNumStemConfigs; }
+
+extern "C" char const* trtfuse_stem_config_name(int config) {
+    return config >= 0 && config < kNumStemConfigs ? kStemConfigs[config].name : nullptr;
+}
+
 extern "C" int trtfuse_residual_conv_destroy(void* handle) {
     return free_layer(static_cast<Layer*>(handle));
 }
@@ -889,8 +1063,8 @@ extern "C" char const* trtfuse_residual_conv_error_string(int status) {
         case TRTFUSE_RCONV_ERR_STRIDE: return "the stride must be 1 or 2";
         case TRTFUSE_RCONV_ERR_FUSED:
             return "a projection + tail layer (trtfuse_proj_tail_create) runs by trtfuse_proj_tail_forward, a 3x3 conv "
-                   "(trtfuse_conv3x3_create) by trtfuse_conv3x3_forward, any other layer by "
-                   "trtfuse_residual_conv_forward";
+                   "(trtfuse_conv3x3_create) by trtfuse_conv3x3_forward, a stem (trtfuse_stem_create) by "
+                   "trtfuse_stem_forward, any other layer by trtfuse_residual_conv_forward";
         case TRTFUSE_RCONV_ERR_WORKSPACE:
             return "this GPU or configuration runs the projection and the tail as two launches: pass a workspace of "
                    "trtfuse_proj_tail_workspace_size() bytes";
@@ -899,7 +1073,10 @@ extern "C" char const* trtfuse_residual_conv_error_string(int status) {
                    "(Cin too large): choose an sm80_* configuration, or -1 to pick; a 3x3 conv: this halo_* "
                    "configuration (or, with -1, every one) cannot hold its weight slice (9 Cin x 64 or 128 bytes) and "
                    "halo slots, or a box row of its image (W + 2 at stride 1, ceil(W / 2) + 1 at stride 2) is longer "
-                   "than its tile";
+                   "than its tile; the stem: its input is wider than 236 (a box row over 256 bytes)";
+        case TRTFUSE_RCONV_ERR_ROW:
+            return "the stem reads its input rows by TMA, whose row pitch must be a multiple of 16 bytes: W % 16 == 0 "
+                   "(pad the image's width)";
         case TRTFUSE_RCONV_ERR_ARCH:
             return "this tile configuration (wgw_*) uses wgmma and needs the sm_90a build (plugin_build --archs 90a) "
                    "on a compute capability 9.0 GPU (H100/H200); the loaded library/GPU has no sm_90a code";

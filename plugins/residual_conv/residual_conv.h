@@ -18,6 +18,7 @@
 #define TRTFUSE_RCONV_ERR_STRIDE (-11)     /* a stride other than 1 or 2 */
 #define TRTFUSE_RCONV_ERR_FUSED (-12)      /* a projection + tail layer given to the plain forward, or the reverse */
 #define TRTFUSE_RCONV_ERR_WORKSPACE (-13)  /* the two-launch path of a projection + tail layer needs a workspace */
+#define TRTFUSE_RCONV_ERR_ROW (-14)        /* the stem's input width is not a multiple of 16 */
 
 #ifdef __cplusplus
 extern "C" {
@@ -92,6 +93,21 @@ int trtfuse_conv3x3_forward(void const* handle, void const* x, void* out, int n,
 int trtfuse_conv3x3_select_config(void const* handle, int h, int w);
 int trtfuse_conv3x3_num_configs(void);
 char const* trtfuse_conv3x3_config_name(int config);
+/* The ResNet stem: 7x7 conv (stride 2, padding 3) + BN (+ReLU) + 3x3 max pool (stride 2, padding 1), weights
+   [cout][cin][7][7] (row-major int8 in [-127, 127]), cin <= 4, cout <= 64 (else TRTFUSE_RCONV_ERR_SHAPE), the other
+   fields as trtfuse_conv3x3_create's. The conv is rounded by the library's rule, the pool takes the max of the
+   rounded bytes. Runs on the sm_90a kernel only (forward returns TRTFUSE_RCONV_ERR_ARCH elsewhere). */
+int trtfuse_stem_create(int cin, int cout, int8_t const* weights, float const* w_scale, float const* bias,
+                        float x_scale, float out_scale, int relu, void** handle);
+/* Validation of its fields (no GPU): 0 if trtfuse_stem_create would accept them. */
+int trtfuse_stem_check(int cin, int cout, int8_t const* weights, float const* w_scale, float const* bias,
+                       float x_scale, float out_scale);
+/* out [n, cout, hp, wp] (kCHW32; hc = ceil(h / 2), hp = ceil(hc / 2), likewise w) of x [n, cin, h, w] (int8, LINEAR
+   NCHW: the network's input), 16-byte aligned device pointers; w % 16 == 0 (TRTFUSE_RCONV_ERR_ROW) and w <= 236
+   (TRTFUSE_RCONV_ERR_FIT). config: an index of trtfuse_stem_config_name (pooled rows per block), -1 picks. */
+int trtfuse_stem_forward(void const* handle, void const* x, void* out, int n, int h, int w, int config, void* stream);
+int trtfuse_stem_num_configs(void);
+char const* trtfuse_stem_config_name(int config);
 /* Frees any layer (every form). */
 int trtfuse_residual_conv_destroy(void* handle);
 

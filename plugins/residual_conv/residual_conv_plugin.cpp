@@ -19,6 +19,11 @@
 // residual: weights [cout][cin][3][3], input x [N, cin, H, W], output [N, cout, Ho, Wo] (the sm_90a halo kernel,
 // kernel3x3_sm90.cuh; r_scale must be 0 and there are no proj_* fields).
 //
+// With kernel_size = 7 the layer is the ResNet stem: a 7x7 conv (stride 2, padding 3) + BN (+ReLU) + 3x3 max pool
+// (stride 2, padding 1), weights [cout][cin][7][7] (cin <= 4, cout <= 64), stride 2, r_scale 0, no proj_* fields. Its
+// input x [N, cin, H, W] is INT8 kLINEAR (the network's input as the host sends it: no reformat), W a multiple of 16;
+// output [N, cout, ceil(ceil(H/2)/2), ceil(ceil(W/2)/2)] kCHW32 (stem_sm90.cuh).
+//
 // Serialization: "RCV4" (written): RCV3's, then an int32 kernel_size. "RCV3": RCV2's fields, an int32 "has
 // projection" flag, then (if set) the projection's cin, stride, x_scale, out_scale, weights, w_scale, bias. "RCV3",
 // "RCV2" and "RCV1" blobs (older engines) are still read.
@@ -55,7 +60,8 @@ void refuse(std::string const& why) { std::fprintf(stderr, "trtfuse: %s refused:
 bool sizes_ok(std::vector<int8_t> const& weights, std::vector<float> const& w_scale, std::vector<float> const& bias,
               int cin, int cout, std::string const& prefix, std::string* why, int taps = 1) {
     if (static_cast<int64_t>(weights.size()) != static_cast<int64_t>(taps) * cin * cout || cin <= 0 || cout <= 0) {
-        *why = prefix + "weights must hold " + (taps == 9 ? "9 * " : "") + prefix + "cin * cout values (" + prefix +
+        *why = prefix + "weights must hold " + (taps > 1 ? std::to_string(taps) + " * " : "") + prefix +
+               "cin * cout values (" + prefix +
                "cin, cout > 0)";
         return false;
     }
@@ -83,13 +89,19 @@ struct Fields {
     Proj proj;
 
     bool valid(std::string* why) const {
-        if (kernel_size != 1 && kernel_size != 3) {
-            *why = "kernel_size must be 1 or 3";
+        if (kernel_size != 1 && kernel_size != 3 && kernel_size != 7) {
+            *why = "kernel_size must be 1, 3 or 7 (the stem)";
             return false;
         }
         if (!sizes_ok(weights, w_scale, bias, cin, cout, "", why, kernel_size * kernel_size)) return false;
         int st;
-        if (kernel_size == 3) {
+        if (kernel_size == 7) {
+            if (has_proj || r_scale != 0.f || stride != 2) {
+                *why = "the stem (kernel_size 7) has stride 2, no residual input (r_scale 0) and no proj_* fields";
+                return false;
+            }
+            st = trtfuse_stem_check(cin, cout, weights.data(), w_scale.data(), bias.data(), x_scale, out_scale);
+        } else if (kernel_size == 3) {
             if (has_proj || r_scale != 0.f) {
                 *why = "a 3x3 layer (kernel_size 3) has no residual input (r_scale 0) and no proj_* fields";
                 return false;
@@ -242,7 +254,8 @@ public:
         int const stride = f_.has_proj ? f_.proj.stride : f_.stride;
         if (index != 0 || nbInputs != f_.inputs() || out.nbDims != 4) return out;
         out.d[1] = builder.constant(f_.cout);
-        if (stride != 1) {   // no padding: ceil(H / stride) x ceil(W / stride)
+        // no padding: ceil(H / stride) x ceil(W / stride); the stem: its conv's, then its max pool's (both stride 2)
+        for (int pass = 0; pass < (f_.kernel_size == 7 ? 2 : 1) && stride != 1; ++pass) {
             IDimensionExpr const* s = builder.constant(stride);
             out.d[2] = builder.operation(DimensionOperation::kCEIL_DIV, *out.d[2], *s);
             out.d[3] = builder.operation(DimensionOperation::kCEIL_DIV, *out.d[3], *s);
@@ -253,8 +266,10 @@ public:
     bool supportsFormatCombination(int32_t pos, PluginTensorDesc const* inOut, int32_t nbInputs,
                                    int32_t nbOutputs) noexcept override {
         if (nbInputs != f_.inputs() || nbOutputs != 1 || pos < 0 || pos > nbInputs) return false;
-        // INT8 kCHW32 everywhere: the kernels read and write 32-channel blocks directly.
-        return inOut[pos].type == DataType::kINT8 && inOut[pos].format == TensorFormat::kCHW32;
+        // INT8 kCHW32 everywhere: the kernels read and write 32-channel blocks directly; but the stem's input, the
+        // network's, which it reads as it comes (kLINEAR)
+        TensorFormat const want = f_.kernel_size == 7 && pos == 0 ? TensorFormat::kLINEAR : TensorFormat::kCHW32;
+        return inOut[pos].type == DataType::kINT8 && inOut[pos].format == want;
     }
 
     void configurePlugin(DynamicPluginTensorDesc const* in, int32_t nbInputs, DynamicPluginTensorDesc const* out,
@@ -267,6 +282,8 @@ public:
         if (x.nbDims != 4) return refuse("x must be 4-D NCHW");
         if (x.d[1] != -1 && x.d[1] != f_.cin) refuse("x has " + std::to_string(x.d[1]) + " channels, cin = " +
                                                      std::to_string(f_.cin));
+        if (f_.kernel_size == 7 && x.d[3] != -1 && x.d[3] % 16 != 0)
+            refuse("the stem's input width " + std::to_string(x.d[3]) + " is not a multiple of 16 (its TMA rows)");
         if (f_.has_proj) {
             Dims const& xp = in[1].desc.dims;
             if (xp.nbDims != 4) return refuse("xp must be 4-D NCHW");
@@ -316,6 +333,8 @@ public:
                                            static_cast<int>(xp.d[2]), static_cast<int>(xp.d[3]), ws, -1, stream);
         } else if (f_.kernel_size == 3) {
             st = trtfuse_conv3x3_forward(handle_, inputs[0], outputs[0], d.d[0], d.d[2], d.d[3], -1, stream);
+        } else if (f_.kernel_size == 7) {
+            st = trtfuse_stem_forward(handle_, inputs[0], outputs[0], d.d[0], d.d[2], d.d[3], -1, stream);
         } else {
             st = trtfuse_residual_conv_forward(handle_, inputs[0], f_.residual() ? inputs[1] : nullptr, outputs[0],
                                                d.d[0], d.d[2], d.d[3], -1, stream);
@@ -335,7 +354,10 @@ private:
     int create() const noexcept {
         if (handle_) return 0;
         int st;
-        if (f_.kernel_size == 3)
+        if (f_.kernel_size == 7)
+            st = trtfuse_stem_create(f_.cin, f_.cout, f_.weights.data(), f_.w_scale.data(), f_.bias.data(), f_.x_scale,
+                                     f_.out_scale, f_.relu, &handle_);
+        else if (f_.kernel_size == 3)
             st = trtfuse_conv3x3_create(f_.cin, f_.cout, f_.weights.data(), f_.w_scale.data(), f_.bias.data(),
                                         f_.x_scale, f_.out_scale, f_.relu, f_.stride, &handle_);
         else if (f_.has_proj)
@@ -380,7 +402,7 @@ public:
             PluginField("cin", nullptr, PluginFieldType::kINT32, 1),
             PluginField("cout", nullptr, PluginFieldType::kINT32, 1),
             PluginField("stride", nullptr, PluginFieldType::kINT32, 1),
-            PluginField("kernel_size", nullptr, PluginFieldType::kINT32, 1),   // 1 (default) or 3
+            PluginField("kernel_size", nullptr, PluginFieldType::kINT32, 1),   // 1 (default), 3 or 7 (the stem)
             // the fused form (a stage's first block): all or none of these (proj_stride optional)
             PluginField("proj_weights", nullptr, PluginFieldType::kINT8, 0),
             PluginField("proj_w_scale", nullptr, PluginFieldType::kFLOAT32, 0),
