@@ -55,14 +55,13 @@ constexpr uint32_t kSerialTagV1 = 0x52435631; // "RCV1": engines built before st
 // Refusals go to stderr with the reason: TensorRT 8.5 gives plugins no logger of their own.
 void refuse(std::string const& why) { std::fprintf(stderr, "trtfuse: %s refused: %s\n", kName, why.c_str()); }
 
-// weights [cout][cin] (taps 9: [cout][cin][3][3]), w_scale and bias [cout]: the sizes the C ABI trusts. prefix: ""
-// or "proj_" (field names).
+// weights [cout][cin] (taps 9: [cout][cin][3][3]; 49: [cout][cin][7][7]), w_scale and bias [cout]: the sizes the
+// C ABI trusts. prefix: "" or "proj_" (field names).
 bool sizes_ok(std::vector<int8_t> const& weights, std::vector<float> const& w_scale, std::vector<float> const& bias,
               int cin, int cout, std::string const& prefix, std::string* why, int taps = 1) {
     if (static_cast<int64_t>(weights.size()) != static_cast<int64_t>(taps) * cin * cout || cin <= 0 || cout <= 0) {
         *why = prefix + "weights must hold " + (taps > 1 ? std::to_string(taps) + " * " : "") + prefix +
-               "cin * cout values (" + prefix +
-               "cin, cout > 0)";
+               "cin * cout values (" + prefix + "cin, cout > 0)";
         return false;
     }
     if (static_cast<int>(w_scale.size()) != cout || static_cast<int>(bias.size()) != cout) {
