@@ -123,6 +123,11 @@ class _Graph:
             return numpy_helper.to_array(node.attribute[0].t)
         return None
 
+    def only_reader(self, name):
+        """The one node that reads tensor ``name``, or None (several readers, or a graph output)."""
+        readers = self.users[name]
+        return readers[0] if len(readers) == 1 and name not in self.outputs else None
+
     def op(self, name, op_type):
         node = self.producer.get(name)
         return node if node is not None and node.op_type == op_type else None
@@ -316,6 +321,10 @@ class Conv3x3:
     x_q: str
     fields: dict
 
+    def replaced(self) -> tuple:
+        """The nodes the plugin node takes the place of, but q_out."""
+        return self.conv, self.relu
+
 
 def find_conv3x3(model: onnx.ModelProto, max_cout: int | None = None) -> list[Conv3x3]:
     """Every stride-1 3x3 conv + ReLU of a Q/DQ graph, quantized on its own, that the halo kernel computes faster than
@@ -329,19 +338,18 @@ def find_conv3x3(model: onnx.ModelProto, max_cout: int | None = None) -> list[Co
 def _match_conv3x3(g: _Graph, conv, max_cout: int) -> Conv3x3 | None:
     if not _is_conv3x3(conv):
         return None
-    y = conv.output[0]
-    relu = g.users[y][0] if len(g.users[y]) == 1 and y not in g.outputs else None
+    relu = g.only_reader(conv.output[0])
     if relu is None or relu.op_type != "Relu":
         return None
     # the ReLU's only reader quantizes it: the plugin writes that int8 tensor
-    readers = g.users[relu.output[0]]
-    if relu.output[0] in g.outputs or len(readers) != 1 or readers[0].op_type != "QuantizeLinear":
+    q_out = g.only_reader(relu.output[0])
+    if q_out is None or q_out.op_type != "QuantizeLinear":
         return None
-    conv_fields = _conv_fields(g, conv, readers[0])
+    conv_fields = _conv_fields(g, conv, q_out)
     if conv_fields is None or conv_fields[1]["cout"] > max_cout:
         return None
     x_q, fields = conv_fields
-    return Conv3x3(conv, relu, readers[0], x_q, {**fields, "r_scale": 0.0, "relu": 1, "kernel_size": 3})
+    return Conv3x3(conv, relu, q_out, x_q, {**fields, "r_scale": 0.0, "relu": 1, "kernel_size": 3})
 
 
 @dataclass
@@ -352,6 +360,10 @@ class Stem:
     q_out: onnx.NodeProto
     x_q: str
     fields: dict
+
+    def replaced(self) -> tuple:
+        """The nodes the plugin node takes the place of, but q_out."""
+        return self.conv, self.relu, self.pool
 
 
 STEM_MAX_CIN, STEM_MAX_COUT = 4, 64   # the stem kernel's (stem_sm90.cuh)
@@ -365,21 +377,16 @@ def find_stems(model: onnx.ModelProto) -> list[Stem]:
     return [s for s in found if s is not None]
 
 
-def _only_reader(g: _Graph, name: str):
-    readers = g.users[name]
-    return readers[0] if len(readers) == 1 and name not in g.outputs else None
-
-
 def _match_stem(g: _Graph, conv) -> Stem | None:
     if not _is_stem_conv(conv):
         return None
-    relu = _only_reader(g, conv.output[0])
+    relu = g.only_reader(conv.output[0])
     if relu is None or relu.op_type != "Relu":
         return None
-    pool = _only_reader(g, relu.output[0])
+    pool = g.only_reader(relu.output[0])
     if pool is None or not _is_stem_pool(pool):
         return None
-    q_out = _only_reader(g, pool.output[0])
+    q_out = g.only_reader(pool.output[0])
     if q_out is None or q_out.op_type != "QuantizeLinear":
         return None
     conv_fields = _conv_fields(g, conv, q_out)
@@ -476,18 +483,14 @@ def rewrite(model: onnx.ModelProto, weight_dtype: str = "int32", projections: bo
         replace[id(p.q_out)] = plugin_node(f"{PLUGIN_OP}_proj{k}", p.x_q, None, p.q_out.output[0], p.fields,
                                            weight_dtype)
         graph.value_info.append(helper.make_tensor_value_info(p.q_out.output[0], TensorProto.INT8, None))
-    # A 3x3 conv's node takes the place of its output QuantizeLinear, like a projection's; its conv and ReLU go.
-    for k, c in enumerate(convs3):
-        drop.update({id(c.conv), id(c.relu)})
-        replace[id(c.q_out)] = plugin_node(f"{PLUGIN_OP}_conv3x3_{k}", c.x_q, None, c.q_out.output[0], c.fields,
+    # A 3x3 conv's or the stem's node takes the place of its output QuantizeLinear, like a projection's; the nodes
+    # before it go (conv and ReLU, and the stem's max pool).
+    chains = [(f"conv3x3_{k}", c) for k, c in enumerate(convs3)] + [(f"stem{k}", st) for k, st in enumerate(stems)]
+    for name, c in chains:
+        drop.update(id(n) for n in c.replaced())
+        replace[id(c.q_out)] = plugin_node(f"{PLUGIN_OP}_{name}", c.x_q, None, c.q_out.output[0], c.fields,
                                            weight_dtype)
         graph.value_info.append(helper.make_tensor_value_info(c.q_out.output[0], TensorProto.INT8, None))
-    # The stem's node likewise, in place of its pooled output's QuantizeLinear; its conv, ReLU and max pool go.
-    for k, st in enumerate(stems):
-        drop.update({id(st.conv), id(st.relu), id(st.pool)})
-        replace[id(st.q_out)] = plugin_node(f"{PLUGIN_OP}_stem{k}", st.x_q, None, st.q_out.output[0], st.fields,
-                                            weight_dtype)
-        graph.value_info.append(helper.make_tensor_value_info(st.q_out.output[0], TensorProto.INT8, None))
     for k, t in enumerate(tails):
         out_q = t.q_out.output[0]
         p = fused.get(id(t))

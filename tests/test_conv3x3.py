@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from test_residual_conv import POISON, Cuda, _kernels_lib
+from test_residual_conv import POISON, Cuda, _kernels_lib, trt_benchmark
 from trtfuse.ops import residual_conv_reference as ref
 
 ERR_FIT, ERR_STRIDE, ERR_FUSED = -9, -11, -12
@@ -178,18 +178,8 @@ def test_refusals(cuda):
 def test_plugin_node_in_a_tensorrt_engine():
     """The TrtfuseResidualConv node with kernel_size 3 in a TensorRT engine, next to TensorRT's own 3x3 conv on the
     same int8 data (benchmarks/conv3x3_trt.py at batch 2): the plugin exact, TensorRT within 1 LSB of float64."""
-    import importlib.util
-    from pathlib import Path
-
     pytest.importorskip("tensorrt")
-    path = Path(__file__).resolve().parent.parent / "benchmarks" / "conv3x3_trt.py"
-    spec = importlib.util.spec_from_file_location("conv3x3_trt", path)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
-    from residual_conv_trt import load_plugin_library
-
-    load_plugin_library()
-    stream = bench.ck(bench.cudart.cudaStreamCreate())
+    bench, stream = trt_benchmark("conv3x3_trt")
     row = bench.run_case("layer1.conv2", 2, 3, stream, np.random.default_rng(), True)
     names = [c["name"] for c in row["checks"] if c["ok"]]
     assert len(names) == len(row["checks"]) and "ours plugin vs rounding rule (exact)" in names

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from test_residual_conv import POISON, Cuda, _kernels_lib
+from test_residual_conv import POISON, Cuda, _kernels_lib, trt_benchmark
 from trtfuse.ops import residual_conv_reference as ref
 
 ERR_SHAPE, ERR_CONFIG, ERR_ALIGN, ERR_FIT, ERR_FUSED, ERR_ROW = -2, -5, -6, -9, -12, -14
@@ -159,18 +159,8 @@ def test_plugin_node_in_a_tensorrt_engine():
     """The TrtfuseResidualConv node with kernel_size 7 in a TensorRT engine (int8 LINEAR input, as the network's),
     next to TensorRT's own stem on the same data (benchmarks/stem_trt.py at batch 2): the plugin exact, TensorRT
     within 1 LSB of float64."""
-    import importlib.util
-    from pathlib import Path
-
     pytest.importorskip("tensorrt")
-    path = Path(__file__).resolve().parent.parent / "benchmarks" / "stem_trt.py"
-    spec = importlib.util.spec_from_file_location("stem_trt", path)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
-    from residual_conv_trt import load_plugin_library
-
-    load_plugin_library()
-    stream = bench.ck(bench.cudart.cudaStreamCreate())
+    bench, stream = trt_benchmark("stem_trt")
     row = bench.run_case(2, 3, stream, np.random.default_rng(), True)
     names = [c["name"] for c in row["checks"] if c["ok"]]
     assert len(names) == len(row["checks"]) and "ours plugin vs rounding rule + max pool (exact)" in names

@@ -29,6 +29,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <mutex>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -242,32 +243,38 @@ int sm_count(int dev, int* out) {
     return 0;
 }
 
+// Raises `kernel`'s dynamic shared-memory limit to `bytes` (more than the default 48 KB) on the current device, once
+// per (device, kernel): the attribute is per device, and the launches ask at every forward.
+template <class Kernel>
+int allow_dynamic_smem(Kernel kernel, int bytes) {
+    static std::mutex mu;
+    static std::set<std::pair<int, void const*>> done;
+    int dev = 0;
+    TRTFUSE_CUDA_RETURN(cudaGetDevice(&dev));
+    auto const key = std::make_pair(dev, reinterpret_cast<void const*>(kernel));
+    std::lock_guard<std::mutex> lock(mu);
+    if (done.count(key)) return 0;
+    TRTFUSE_CUDA_RETURN(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+    done.insert(key);
+    return 0;
+}
+
 // Blocks of a kernel of `config` (its Form `residual`) that fit on the whole current GPU at once (SMs x blocks
-// per SM) with `smem` bytes of dynamic shared memory. Also raises the kernel's dynamic shared-memory limit (sm90: to
-// the maximum, their size depends on the layer); both are cached per (device, config, form) where the size is fixed.
+// per SM) with `smem` bytes of dynamic shared memory, cached per (device, config, form) where the size is fixed. Also
+// raises the kernel's dynamic shared-memory limit (sm90: to the maximum, their size depends on the layer).
 int resident_blocks(int config, int residual, int smem, int* out) {
     static std::mutex mu;
     static int cache[64][kNumConfigs][kForms] = {};
-    static bool attr_set[64][kNumConfigs][kForms] = {};
     int dev = 0;
     TRTFUSE_CUDA_RETURN(cudaGetDevice(&dev));
     ConfigInfo const& C = kConfigs[config];
     auto const kernel = C.kernels[residual];
     bool const fixed = !C.sm90;
-    bool need_attr = true;
-    if (dev < 64) {
+    if (dev < 64 && fixed) {
         std::lock_guard<std::mutex> lock(mu);
-        if (fixed && cache[dev][config][residual] > 0) { *out = cache[dev][config][residual]; return 0; }
-        need_attr = !attr_set[dev][config][residual];
+        if (cache[dev][config][residual] > 0) { *out = cache[dev][config][residual]; return 0; }
     }
-    if (need_attr) {
-        TRTFUSE_CUDA_RETURN(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                 fixed ? C.smem : kMaxSmem));
-        if (dev < 64) {
-            std::lock_guard<std::mutex> lock(mu);
-            attr_set[dev][config][residual] = true;
-        }
-    }
+    if (int st = allow_dynamic_smem(kernel, fixed ? C.smem : kMaxSmem)) return st;
     int per_sm = 0, sms = 0;
     TRTFUSE_CUDA_RETURN(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, C.threads, smem));
     if (int st = sm_count(dev, &sms)) return st;
@@ -606,15 +613,7 @@ int launch_conv3x3(Layer const& L, void const* x, void* out, int n, int h, int w
     if (int st = sm_count(dev, &sms)) return st;
     // one block per SM (the weight slice fills most of shared memory); per N block as many as there are M tiles
     int64_t const per_n = std::max<int64_t>(1, std::min<int64_t>(sms / p.n_blocks, m_tiles));
-    static std::mutex mu;
-    static bool attr_set[64][kNumHaloConfigs] = {};
-    {
-        std::lock_guard<std::mutex> lock(mu);
-        if (dev >= 64 || !attr_set[dev][config]) {
-            TRTFUSE_CUDA_RETURN(cudaFuncSetAttribute(C.kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kMaxSmem));
-            if (dev < 64) attr_set[dev][config] = true;
-        }
-    }
+    if (int st = allow_dynamic_smem(C.kernel, kMaxSmem)) return st;
     C.kernel<<<static_cast<unsigned>(per_n * p.n_blocks), C.threads, g.smem, stream>>>(p);
     TRTFUSE_LAUNCH_CHECK();
     return 0;
@@ -679,7 +678,7 @@ int encode_stem_map(StemParams& p, void const* x, int n, int h, int w, int cin, 
 int launch_stem(Layer const& L, void const* x, void* out, int n, int h, int w, int config, cudaStream_t stream) {
     if (!wgmma_available()) return TRTFUSE_RCONV_ERR_ARCH;
     if (w % 16) return TRTFUSE_RCONV_ERR_ROW;   // the TMA map's row pitch
-    StemInfo const& C = kStemConfigs[config < 0 ? 0 : config];
+    StemInfo const& C = kStemConfigs[config < 0 ? 0 : config];   // -1: the first
     StemGeometry g;
     if (!stem_geometry(C, L.cin, h, w, &g)) return TRTFUSE_RCONV_ERR_FIT;
     StemParams p{};
@@ -699,17 +698,7 @@ int launch_stem(Layer const& L, void const* x, void* out, int n, int h, int w, i
     int64_t const blocks = static_cast<int64_t>(n) * p.bands;
     if (blocks >= (int64_t(1) << 31)) return TRTFUSE_RCONV_ERR_SHAPE;
     if (int st = encode_stem_map(p, x, n, h, w, L.cin, C.ir)) return st;
-    static std::mutex mu;
-    static bool attr_set[64][kNumStemConfigs] = {};
-    int dev = 0;
-    TRTFUSE_CUDA_RETURN(cudaGetDevice(&dev));
-    {
-        std::lock_guard<std::mutex> lock(mu);
-        if (dev >= 64 || !attr_set[dev][config < 0 ? 0 : config]) {
-            TRTFUSE_CUDA_RETURN(cudaFuncSetAttribute(C.kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kMaxSmem));
-            if (dev < 64) attr_set[dev][config < 0 ? 0 : config] = true;
-        }
-    }
+    if (int st = allow_dynamic_smem(C.kernel, kMaxSmem)) return st;
     C.kernel<<<static_cast<unsigned>(blocks), kStemThreads, g.smem, stream>>>(p);
     TRTFUSE_LAUNCH_CHECK();
     return 0;
