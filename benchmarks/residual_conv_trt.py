@@ -67,26 +67,20 @@ class PluginFields:
     """The plugin's fields. A trt.PluginField keeps only a pointer into its numpy array, so the arrays
     live as long as this object (inline temporaries arrive as garbage: NVIDIA/TensorRT#238)."""
 
-    def __init__(self, L: dict, cin: int, cout: int, P: dict | None = None):
+    def __init__(self, L: dict, cin: int, cout: int, P: dict | None = None, N: dict | None = None):
         F = trt.PluginFieldType
-        # P: the projection fused into this tail (its fields as proj_*)
-        proj = [] if P is None else [
-            ("proj_weights", np.ascontiguousarray(P["w"], dtype=np.int32).reshape(-1), F.INT32),
-            ("proj_w_scale", np.ascontiguousarray(P["w_scale"], dtype=np.float32), F.FLOAT32),
-            ("proj_bias", np.ascontiguousarray(P["bias"], dtype=np.float32), F.FLOAT32),
-            ("proj_x_scale", np.array([P["x_scale"]], dtype=np.float32), F.FLOAT32),
-            ("proj_out_scale", np.array([P["out_scale"]], dtype=np.float32), F.FLOAT32),
+        # P: the projection fused into this tail (its fields as proj_*); N: the next conv chained onto it (next_*,
+        # the node's second output)
+        proj = [] if P is None else self._layer("proj_", P) + [
             ("proj_cin", np.array([P["w"].shape[1]], dtype=np.int32), F.INT32),
             ("proj_stride", np.array([P["stride"]], dtype=np.int32), F.INT32),
         ]
-        self.arrays = proj + [
-            # INT32: what the ONNX rewrite emits for the weights (the creator also takes INT8 and FLOAT)
-            ("weights", np.ascontiguousarray(L["w"], dtype=np.int32).reshape(-1), F.INT32),
-            ("w_scale", np.ascontiguousarray(L["w_scale"], dtype=np.float32), F.FLOAT32),
-            ("bias", np.ascontiguousarray(L["bias"], dtype=np.float32), F.FLOAT32),
-            ("x_scale", np.array([L["x_scale"]], dtype=np.float32), F.FLOAT32),
+        nxt = [] if N is None else self._layer("next_", N) + [
+            ("next_cout", np.array([N["w"].shape[0]], dtype=np.int32), F.INT32),
+            ("next_relu", np.array([1], dtype=np.int32), F.INT32),
+        ]
+        self.arrays = proj + nxt + self._layer("", L) + [
             ("r_scale", np.array([L["r_scale"]], dtype=np.float32), F.FLOAT32),
-            ("out_scale", np.array([L["out_scale"]], dtype=np.float32), F.FLOAT32),
             ("relu", np.array([int(L["relu"])], dtype=np.int32), F.INT32),
             ("cin", np.array([cin], dtype=np.int32), F.INT32),
             ("cout", np.array([cout], dtype=np.int32), F.INT32),
@@ -95,9 +89,22 @@ class PluginFields:
         self.fields = [trt.PluginField(*a) for a in self.arrays]
         self.collection = trt.PluginFieldCollection(self.fields)
 
+    @staticmethod
+    def _layer(prefix: str, L: dict) -> list:
+        """A layer's weights, scales and bias as `prefix`-named fields ("": the node's own; proj_*, next_*). The
+        weights as INT32: what the ONNX rewrite emits (the creator also takes INT8 and FLOAT)."""
+        F = trt.PluginFieldType
+        return [
+            (f"{prefix}weights", np.ascontiguousarray(L["w"], dtype=np.int32).reshape(-1), F.INT32),
+            (f"{prefix}w_scale", np.ascontiguousarray(L["w_scale"], dtype=np.float32), F.FLOAT32),
+            (f"{prefix}bias", np.ascontiguousarray(L["bias"], dtype=np.float32), F.FLOAT32),
+            (f"{prefix}x_scale", np.array([L["x_scale"]], dtype=np.float32), F.FLOAT32),
+            (f"{prefix}out_scale", np.array([L["out_scale"]], dtype=np.float32), F.FLOAT32),
+        ]
 
-def create_plugin(name: str, L: dict, cin: int, cout: int, P: dict | None = None):
-    fields = PluginFields(L, cin, cout, P)
+
+def create_plugin(name: str, L: dict, cin: int, cout: int, P: dict | None = None, N: dict | None = None):
+    fields = PluginFields(L, cin, cout, P, N)
     return plugin_creator().create_plugin(name, fields.collection)
 
 
@@ -150,12 +157,14 @@ def build_engine(kind: str, L: dict, n: int, cin: int, cout: int, hw: int):
     return finish_engine(builder, network, out, L["out_scale"], kind)
 
 
-def finish_engine(builder, network, out: trt.ITensor, out_scale: float, what: str):
-    """Marks `out` (int8 kCHW32 at out_scale) as the output, builds with the INT8 flag and no tactic libraries (no
-    cuBLAS/cuDNN/cuBLASLt on the GPU machine); returns (engine, its layer information)."""
-    out.name = "out"
-    network.mark_output(out)
-    _int8_io(out, out_scale)
+def finish_engine(builder, network, out: trt.ITensor, out_scale: float, what: str, more=()):
+    """Marks `out` (int8 kCHW32 at out_scale) as the output ("out"; and each (tensor, name, scale) of `more`), builds
+    with the INT8 flag and no tactic libraries (no cuBLAS/cuDNN/cuBLASLt on the GPU machine); returns (engine, its
+    layer information)."""
+    for t, name, scale in ((out, "out", out_scale), *more):
+        t.name = name
+        network.mark_output(t)
+        _int8_io(t, scale)
     config = builder.create_builder_config()
     config.set_flag(trt.BuilderFlag.INT8)
     config.set_tactic_sources(0)

@@ -4,8 +4,9 @@ the two device runs that measure it; nothing is measured here:
   - the layers: benchmarks/conv_layers_device.sh -> conv_layers_h100.json (each replaced layer's plugin against
     TensorRT's own kernel for the same layer, in one run; copy bandwidth), and later runs of some layers
     (conv_layers_fused_h100.json: the fused first blocks; conv3x3_h100.json: the 3x3 convs, from
-    benchmarks/conv3x3_trt.py; stem_h100.json: the stem, from benchmarks/stem_trt.py), whose rows add to or replace
-    the first file's;
+    benchmarks/conv3x3_trt.py; stem_h100.json: the stem, from benchmarks/stem_trt.py; next_conv_h100.json: the layer1
+    tails with the next conv1 chained, from benchmarks/next_conv_trt.py), whose rows add to or replace the first
+    file's;
   - the network: benchmarks/resnet50_e2e.py run --plugins off,tails,all -> resnet50_fullnet_e2e_h100.json (engines
     off / tails / all at batch 256 and 2048, TensorRT's per-layer profile, agreement, LoadGen Offline and Server);
   - optionally a second network run (--e2e2, e.g. on a machine without Server latency tails): its --e2e2-keys
@@ -46,9 +47,11 @@ def merge_layers(runs: list[dict]) -> dict:
 def replaced(r: dict) -> bool:
     """What --plugins all replaces (models/residual_conv_rewrite.py): every tail, (fused-proj-tail) the first blocks
     whose projection and tail fit one kernel, projections up to MAX_PROJECTION_CIN input channels, stride-1 3x3
-    convs up to MAX_CONV3X3_COUT output channels, and the stem."""
+    convs up to MAX_CONV3X3_COUT output channels (of ResNet-50's three in layer1, layer1.0's: the other two read a
+    chained conv1's output and stay with TensorRT), the stem, and (fused-tail-conv1) the layer1 tails with the next
+    conv1 chained."""
     kind = r.get("kind", "tail")
-    if kind == "stem":
+    if kind in ("stem", "fused-tail-conv1"):
         return True
     if kind == "conv3x3":   # stride 1 only: the stride-2 ones stay with TensorRT
         return r["cout"] <= MAX_CONV3X3_COUT and r.get("stride", 1) == 1
@@ -98,8 +101,8 @@ def compose(layers: dict, e2e: dict, e2e2: dict | None = None, e2e2_keys=SECOND_
                             if e2e2 and e2e2.get("note") else None),
         "sources": {"layers": "conv_layers_h100.json (benchmarks/conv_layers_device.sh), rows of "
                               "conv_layers_fused_h100.json (benchmarks/residual_conv_trt.py --stages fused1,fused2), "
-                              "of conv3x3_h100.json (benchmarks/conv3x3_trt.py) and of stem_h100.json "
-                              "(benchmarks/stem_trt.py)",
+                              "of conv3x3_h100.json (benchmarks/conv3x3_trt.py), of stem_h100.json "
+                              "(benchmarks/stem_trt.py) and of next_conv_h100.json (benchmarks/next_conv_trt.py)",
                     "network": "resnet50_fullnet_e2e_h100.json (resnet50_e2e.py --plugins off,tails,all)",
                     "second_run": ("resnet50_fullnet_e2e2_h100.json: " + ", ".join(e2e2_keys)) if e2e2 else None},
     }
@@ -128,7 +131,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--layers", type=Path, nargs="+",
                    default=[RESULTS / "conv_layers_h100.json", RESULTS / "conv_layers_fused_h100.json",
-                            RESULTS / "conv3x3_h100.json", RESULTS / "stem_h100.json"],
+                            RESULTS / "conv3x3_h100.json", RESULTS / "stem_h100.json", RESULTS / "next_conv_h100.json"],
                    help="layer runs, later ones replacing rows of earlier ones")
     p.add_argument("--e2e", type=Path, default=RESULTS / "resnet50_fullnet_e2e_h100.json")
     p.add_argument("--e2e2", type=Path, default=RESULTS / "resnet50_fullnet_e2e2_h100.json",

@@ -154,14 +154,17 @@ def onnx_for_build(model_dir: Path, cfg: BuildConfig) -> bytes:
     model = onnx.load(qdq)
     if cfg.plugins != "off":
         everything = cfg.plugins == "all"
-        model, n = rewrite(model, cfg.weight_dtype, projections=everything, conv3x3=everything, stem=everything)
+        model, n = rewrite(model, cfg.weight_dtype, projections=everything, conv3x3=everything, stem=everything,
+                           chain_next=everything)
         counts = plugin_counts(model)
         def n_of(n: int, what: str) -> str:
             return f"{n} {what}{'' if n == 1 else 's'}"
 
+        # "next": tails (and fused pairs) that also compute the next bottleneck's conv1, no node of their own
         print(f"trtfuse: --plugins {cfg.plugins}: TrtfuseResidualConv for {n_of(counts['tail'], 'residual tail')}, "
               f"{n_of(counts['proj'], 'projection')}, {n_of(counts['fused'], 'projection + tail pair')} (one node "
-              f"each), {n_of(counts['conv3x3'], '3x3 conv')} and {n_of(counts['stem'], 'stem')}", file=sys.stderr)
+              f"each), {n_of(counts['conv3x3'], '3x3 conv')} and {n_of(counts['stem'], 'stem')}; "
+              f"{n_of(counts['next'], 'next conv1')} computed by the tail before it", file=sys.stderr)
         if n == 0:
             raise UserError(f"--plugins {cfg.plugins} found no layer to fuse in this model",
                             "use --plugins off for it")
@@ -269,6 +272,7 @@ def build_engine(model_dir: str | Path, cfg: BuildConfig, plugin_lib: str | None
         errors = "; ".join(str(parser.get_error(i)) for i in range(parser.num_errors))
         raise UserError(f"TensorRT's ONNX parser rejected the model: {errors}",
                         "check the plugin library is built for this TensorRT (trtfuse plugins build)")
+    pin_int8_plugin_outputs(trt, network)
     if cfg.top_k:
         add_top_classes(trt, network, prepared.output_name, cfg.top_k)
     config = builder.create_builder_config()
@@ -315,6 +319,29 @@ def build_engine(model_dir: str | Path, cfg: BuildConfig, plugin_lib: str | None
     path.with_suffix(".json").write_text(json.dumps(meta, indent=1) + "\n")
     print(f"trtfuse: built in {meta['build_s']} s -> {path}", file=sys.stderr)
     return path
+
+
+def pin_int8_plugin_outputs(trt, network) -> int:
+    """Pins every output of a TrtfuseResidualConv layer to int8 (the type the plugin declares for all of them); returns
+    how many. TensorRT 8.5 does not carry a plugin's int8 type to a second output that feeds another plugin directly
+    (no Q/DQ between them, as a chained tail's next-conv output feeding the 3x3 plugin): its Q/DQ optimizer then
+    finds no format for that edge and stops the build ("All of the candidates were removed ... incorrectly marked as
+    an int8 node"). Before the build the parsed network reports these outputs as float, so the pin goes by the
+    plugin's type, not by the tensor's; other plugins (LayerNorm, whose outputs are float) are left alone."""
+    from trtfuse.models.residual_conv_rewrite import PLUGIN_OP
+
+    pinned = 0
+    for i in range(network.num_layers):
+        layer = network.get_layer(i)
+        if layer.type != trt.LayerType.PLUGIN_V2:
+            continue
+        layer.__class__ = trt.IPluginV2Layer   # the Python API's way to reach a layer's plugin
+        if layer.plugin.plugin_type != PLUGIN_OP:
+            continue
+        for j in range(layer.num_outputs):
+            layer.set_output_type(j, trt.int8)
+            pinned += 1
+    return pinned
 
 
 def add_top_classes(trt, network, scores_name: str, k: int) -> None:

@@ -20,7 +20,7 @@ A projection (ResNet's downsample: conv 1x1 + BN, stride 1 or 2, no ReLU, its ou
 becomes ``Q(x) -> TrtfuseResidualConv(x_q; r_scale 0, stride s) -> ...``, only where the plugin is faster than
 TensorRT's own kernel: input channels up to ``MAX_PROJECTION_CIN``, output channels from ``MIN_PROJECTION_COUT``
 (see there). A 1x1 conv followed by a ReLU (a bottleneck's conv1) is left to TensorRT, which runs it at the DRAM
-floor already.
+floor already, unless the tail before it computes it too (``chain_next``, below).
 
 A stride-1 3x3 conv + BN + ReLU (a bottleneck's conv2), when asked (``conv3x3``),
 
@@ -42,6 +42,18 @@ the projection's as ``proj_*`` fields (``proj_weights``, ``proj_w_scale``, ``pro
 ``proj_out_scale``, ``proj_cin``, ``proj_stride``): x_q is the tail's input, xp_q the block input (the projection's),
 and the projection's output never goes to memory. Only where the fused kernel holds both weight matrices
 (``MAX_FUSED_K_BYTES``): ResNet-50's layer1.0 and layer2.0; layer3.0 keeps two nodes.
+
+A tail (plain or fused) whose int8 output the next bottleneck's conv1 reads, when asked (``chain_next``),
+
+    tail -> out_q -> DQ -> Conv 1x1, stride 1 -> Relu -> Q(c1) -> ...
+
+also computes that conv1 from its own output tile (``MAX_NEXT_TAIL_COUT``, ``MAX_NEXT_COUT``): the node gets a second
+output, Q(c1)'s, and the conv's fields as ``next_*`` fields (``next_weights`` [next_cout][cout], ``next_w_scale``,
+``next_bias``, ``next_x_scale``, ``next_out_scale``, ``next_cout``, ``next_relu``); the conv1, its ReLU and its
+QuantizeLinear go, and the conv1 no longer reads the tail's output back from memory. ResNet-50: layer1.0 -> layer1.1,
+layer1.1 -> layer1.2, layer1.2 -> layer2.0. A 3x3 node may read the second output directly (layer1.1's and layer1.2's
+conv2); TensorRT 8.5 builds that only with the plugin's output types pinned (harness/engine.py:
+pin_int8_plugin_outputs).
 
 Fields follow docs/ARCHITECTURE.md exactly; the activation scales are copied from the neighbouring
 Q/DQ nodes because TensorRT passes no scales to plugins in explicitly quantized networks.
@@ -80,6 +92,14 @@ MAX_FUSED_K_BYTES = 512
 # layer2 (128; under issue 14's 1.3x bar for a replaced layer) and slower at layer3 (256, where TensorRT runs a
 # Hopper kernel).
 MAX_CONV3X3_COUT = 64
+# A tail computes the next bottleneck's conv1 from its own output tile only where that tile holds whole rows of the
+# tail's output (the conv1 sums over all of its channels): the kernel's N tile is 256 channels, so tails of at most
+# 256 (ResNet-50's layer1; layer2's 512 would need each row from two tiles). The conv1's weights and accumulator sit
+# beside the tail's in the chained sm90 configuration, which has room for at most 128 conv1 output channels
+# (residual_conv.h, trtfuse_next_fuses): layer1's conv1s (64) and layer2.0's (128). Only 1x1 stride-1 conv1s with a
+# ReLU (the conv1 form the kernel chains), reading exactly the tail's channels, are chained.
+MAX_NEXT_TAIL_COUT = 256
+MAX_NEXT_COUT = 128
 
 
 def _roundup(v: int, m: int) -> int:
@@ -335,16 +355,25 @@ def find_conv3x3(model: onnx.ModelProto, max_cout: int | None = None) -> list[Co
     return [c for c in found if c is not None]
 
 
-def _match_conv3x3(g: _Graph, conv, max_cout: int) -> Conv3x3 | None:
-    if not _is_conv3x3(conv):
-        return None
+def _relu_q(g: _Graph, conv) -> tuple | None:
+    """(relu, q_out) when ``conv``'s only reader is a Relu whose only reader quantizes it (the int8 tensor a plugin
+    node then writes), else None."""
     relu = g.only_reader(conv.output[0])
     if relu is None or relu.op_type != "Relu":
         return None
-    # the ReLU's only reader quantizes it: the plugin writes that int8 tensor
     q_out = g.only_reader(relu.output[0])
     if q_out is None or q_out.op_type != "QuantizeLinear":
         return None
+    return relu, q_out
+
+
+def _match_conv3x3(g: _Graph, conv, max_cout: int) -> Conv3x3 | None:
+    if not _is_conv3x3(conv):
+        return None
+    relu_q = _relu_q(g, conv)
+    if relu_q is None:
+        return None
+    relu, q_out = relu_q
     conv_fields = _conv_fields(g, conv, q_out)
     if conv_fields is None or conv_fields[1]["cout"] > max_cout:
         return None
@@ -396,12 +425,56 @@ def _match_stem(g: _Graph, conv) -> Stem | None:
     return Stem(conv, relu, pool, q_out, x_q, {**fields, "r_scale": 0.0, "relu": 1, "kernel_size": 7, "stride": 2})
 
 
+@dataclass
+class NextConv:
+    """The next bottleneck's conv1 (1x1, stride 1, + ReLU) that a tail computes too: it reads the tail's out_q."""
+    conv: onnx.NodeProto
+    relu: onnx.NodeProto
+    q_out: onnx.NodeProto
+    fields: dict
+
+    def replaced(self) -> tuple:
+        """The nodes that go: the tail's node writes q_out's output as its second output."""
+        return self.conv, self.relu, self.q_out
+
+
+def _chainable(g: _Graph, tails: list[Tail]) -> dict[int, NextConv]:
+    """{id(tail): the next conv1 it computes too} for each tail that can chain one."""
+    found = {id(t): _match_next(g, t) for t in tails}
+    return {k: n for k, n in found.items() if n is not None}
+
+
+def _match_next(g: _Graph, t: Tail) -> NextConv | None:
+    """The first conv1 that reads tail ``t``'s int8 output through a DequantizeLinear and that the chained kernel
+    computes (a tail of at most MAX_NEXT_TAIL_COUT channels; 1x1 stride 1 + ReLU, cin the tail's cout, at most
+    MAX_NEXT_COUT output channels), or None."""
+    if t.fields["cout"] > MAX_NEXT_TAIL_COUT:
+        return None
+    out_q = t.q_out.output[0]
+    for dq in g.users[out_q]:
+        for conv in g.users[dq.output[0]] if dq.op_type == "DequantizeLinear" else ():
+            if conv.op_type != "Conv" or conv.input[0] != dq.output[0] or not _is_pointwise(conv):
+                continue
+            relu_q = _relu_q(g, conv)
+            conv_fields = relu_q and _conv_fields(g, conv, relu_q[1])
+            # its input must be DQ(out_q) with out_q's scale (_conv_fields checks the DQ against its Q)
+            if not conv_fields or conv_fields[0] != out_q:
+                continue
+            fields = conv_fields[1]
+            if fields["cin"] == t.fields["cout"] and fields["cout"] <= MAX_NEXT_COUT:
+                return NextConv(conv, relu_q[0], relu_q[1], {**fields, "relu": 1})
+    return None
+
+
 def plugin_node(name: str, x_q: str, r_q: str | None, out_q: str, fields: dict,
-                weight_dtype: str = "int32", proj: Projection | None = None) -> onnx.NodeProto:
+                weight_dtype: str = "int32", proj: Projection | None = None,
+                next_conv: NextConv | None = None) -> onnx.NodeProto:
     """The TrtfuseResidualConv node (docs/ARCHITECTURE.md field names and types); r_q None: a layer without a
     residual input (r_scale 0). ``proj``: the fused form, a tail (``fields``, r_q None) whose residual is this
-    projection: inputs [x_q, proj.x_q], its fields as the proj_* fields."""
+    projection: inputs [x_q, proj.x_q], its fields as the proj_* fields. ``next_conv``: a tail (either form) that
+    computes the next conv1 too: outputs [out_q, next_conv's q_out output], its fields as the next_* fields."""
     assert proj is None or r_q is None, "a fused node's residual is its projection"
+    assert next_conv is None or r_q or proj is not None, "only a tail chains the next conv"
     attrs = _layer_attrs(name, "", fields, weight_dtype)
     attrs.update(r_scale=float(fields["r_scale"]), relu=int(fields["relu"]), cout=int(fields["cout"]),
                  stride=int(fields.get("stride", 1)))
@@ -412,7 +485,13 @@ def plugin_node(name: str, x_q: str, r_q: str | None, out_q: str, fields: dict,
         attrs.update(_layer_attrs(name, "proj_", proj.fields, weight_dtype),
                      proj_stride=int(proj.fields.get("stride", 1)))
         inputs.append(proj.x_q)
-    return helper.make_node(PLUGIN_OP, inputs, [out_q], name=name, domain=PLUGIN_DOMAIN, plugin_version="1",
+    outputs = [out_q]
+    if next_conv is not None:
+        next_attrs = _layer_attrs(name, "next_", next_conv.fields, weight_dtype)
+        del next_attrs["next_cin"]   # the layer's cout
+        attrs.update(next_attrs, next_cout=int(next_conv.fields["cout"]), next_relu=int(next_conv.fields["relu"]))
+        outputs.append(next_conv.q_out.output[0])
+    return helper.make_node(PLUGIN_OP, inputs, outputs, name=name, domain=PLUGIN_DOMAIN, plugin_version="1",
                             plugin_namespace="", **attrs)
 
 
@@ -440,19 +519,26 @@ def plugin_kind(node: onnx.NodeProto) -> str:
 
 def plugin_counts(model: onnx.ModelProto) -> dict[str, int]:
     """Plugin nodes of a rewritten graph by kind: {"tail": n, "proj": m, "fused": k, "conv3x3": c, "stem": s} (a fused
-    node counts only as "fused")."""
-    counts = {"tail": 0, "proj": 0, "fused": 0, "conv3x3": 0, "stem": 0}
+    node counts only as "fused"), and "next": how many of the tail and fused nodes also compute the next conv1
+    (next_* fields; counted in their kind as well, so not part of the node total)."""
+    counts = {"tail": 0, "proj": 0, "fused": 0, "conv3x3": 0, "stem": 0, "next": 0}
     for n in model.graph.node:
         if n.op_type == PLUGIN_OP and n.domain == PLUGIN_DOMAIN:
             counts[plugin_kind(n)] += 1
+            counts["next"] += any(a.name == "next_weights" for a in n.attribute)
     return counts
 
 
 def rewrite(model: onnx.ModelProto, weight_dtype: str = "int32", projections: bool = False,
-            fuse: bool = True, conv3x3: bool = False, stem: bool = False) -> tuple[onnx.ModelProto, int]:
+            fuse: bool = True, conv3x3: bool = False, stem: bool = False,
+            chain_next: bool = False) -> tuple[onnx.ModelProto, int]:
     """A copy of the Q/DQ ``model`` with every residual tail fused, every projection the plugin takes (see
     find_projections) when ``projections``, every 3x3 conv it takes (see find_conv3x3) when ``conv3x3``, and the stem
     (see find_stems) when ``stem``; returns (model, plugin nodes). ``plugin_counts`` splits them by kind.
+
+    ``chain_next``: each tail (plain or fused) whose output the next bottleneck's conv1 reads computes that conv1 too
+    where the chained kernel holds it (``MAX_NEXT_TAIL_COUT``, ``MAX_NEXT_COUT``): a second output and the next_*
+    fields on the tail's node, no node of its own (the node count does not change).
 
     ``fuse`` (with ``projections`` only): a replaced projection whose output only a tail reads, as its residual,
     becomes one node with that tail where the fused kernel holds both weight matrices (``MAX_FUSED_K_BYTES``);
@@ -471,6 +557,7 @@ def rewrite(model: onnx.ModelProto, weight_dtype: str = "int32", projections: bo
     g = _Graph(graph)
     fused = _fusable(g, tails, projs) if fuse else {}   # id(tail) -> its projection: one node
     fused_projs = {id(p) for p in fused.values()}
+    nexts = _chainable(g, tails) if chain_next else {}   # id(tail) -> the conv1 it computes too
     replace, drop = {}, set()
     # A projection's plugin node takes the place of its output QuantizeLinear (same output name, so the tail that
     # reads the projection as its residual still finds it); its conv goes. A fused one leaves no node of its own: its
@@ -493,12 +580,16 @@ def rewrite(model: onnx.ModelProto, weight_dtype: str = "int32", projections: bo
         graph.value_info.append(helper.make_tensor_value_info(c.q_out.output[0], TensorProto.INT8, None))
     for k, t in enumerate(tails):
         out_q = t.q_out.output[0]
-        p = fused.get(id(t))
+        p, nxt = fused.get(id(t)), nexts.get(id(t))
         if p is not None:   # inputs [x_q, the block input xp_q]: the residual is computed in the node
-            node = plugin_node(f"{PLUGIN_OP}_fused{k}", t.x_q, None, out_q, t.fields, weight_dtype, proj=p)
+            node = plugin_node(f"{PLUGIN_OP}_fused{k}", t.x_q, None, out_q, t.fields, weight_dtype, proj=p,
+                               next_conv=nxt)
         else:
-            node = plugin_node(f"{PLUGIN_OP}_{k}", t.x_q, t.r_q, out_q, t.fields, weight_dtype)
+            node = plugin_node(f"{PLUGIN_OP}_{k}", t.x_q, t.r_q, out_q, t.fields, weight_dtype, next_conv=nxt)
         replace[id(t.add)] = node
+        if nxt is not None:   # the conv1, its ReLU and its Q go (the DQ feeding it too, if unread: _live)
+            drop.update(id(n) for n in nxt.replaced())
+            graph.value_info.append(helper.make_tensor_value_info(nxt.q_out.output[0], TensorProto.INT8, None))
         drop.update({id(t.conv), id(t.q_out)} | ({id(t.relu)} if t.relu is not None else set()))
         # Other readers of the float block output now read the dequantized plugin output.
         float_out = (t.relu or t.add).output[0]
@@ -599,16 +690,29 @@ def plugin_reference(x: np.ndarray, r: np.ndarray | None, node: onnx.NodeProto,
                               np.asarray(a["bias"].floats, np.float32), None, a["x_scale"].f, 0.0, a["out_scale"].f,
                               a["relu"].i, acc=accumulate3x3(x, w))
 
-    def conv(inp, prefix, r, r_scale, relu, stride):
-        w = numpy_helper.to_array(a[prefix + "weights"].t).reshape(cout, a[prefix + "cin"].i)
-        return reference_fp32(inp, w.astype(np.int8), np.asarray(a[prefix + "w_scale"].floats, np.float32),
-                              np.asarray(a[prefix + "bias"].floats, np.float32), r, a[prefix + "x_scale"].f,
-                              r_scale, a[prefix + "out_scale"].f, relu, stride=stride)
-
     if "proj_weights" in a:
         assert r is None and xp is not None, "a fused node takes x and the block input xp"
-        r = conv(xp, "proj_", None, 0.0, 0, a["proj_stride"].i if "proj_stride" in a else 1)
-    return conv(x, "", r, a["r_scale"].f, a["relu"].i, a["stride"].i if "stride" in a else 1)
+        r = _conv1x1_reference(a, "proj_", cout, xp, None, 0.0, 0, a["proj_stride"].i if "proj_stride" in a else 1)
+    return _conv1x1_reference(a, "", cout, x, r, a["r_scale"].f, a["relu"].i, a["stride"].i if "stride" in a else 1)
+
+
+def next_reference(y: np.ndarray, node: onnx.NodeProto) -> np.ndarray:
+    """The second output of a node with next_* fields: the next conv1 (1x1, stride 1, no residual) of its first output
+    ``y`` (int8 NCHW), by the same exact reference as any 1x1 layer."""
+    a = {at.name: at for at in node.attribute}
+    return _conv1x1_reference(a, "next_", a["next_cout"].i, y, None, 0.0, a["next_relu"].i, 1)
+
+
+def _conv1x1_reference(a: dict, prefix: str, cout: int, x: np.ndarray, r: np.ndarray | None, r_scale: float,
+                       relu: int, stride: int) -> np.ndarray:
+    """The exact reference of the 1x1 conv whose fields are the attributes ``prefix`` + name of a plugin node
+    (``a``: name -> attribute); weights [cout][x's channels]."""
+    from trtfuse.ops.residual_conv_reference import reference_fp32
+
+    w = numpy_helper.to_array(a[prefix + "weights"].t).reshape(cout, -1)
+    return reference_fp32(x, w.astype(np.int8), np.asarray(a[prefix + "w_scale"].floats, np.float32),
+                          np.asarray(a[prefix + "bias"].floats, np.float32), r, a[prefix + "x_scale"].f,
+                          r_scale, a[prefix + "out_scale"].f, relu, stride=stride)
 
 
 def evaluate_with_reference(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
@@ -657,6 +761,8 @@ def evaluate_with_reference(model: onnx.ModelProto, feeds: dict[str, np.ndarray]
                 values[n.output[0]] = plugin_reference(values[n.input[0]], None, n, xp=second)
             else:
                 values[n.output[0]] = plugin_reference(values[n.input[0]], second, n)
+            if len(n.output) > 1:   # next_* fields: the next conv1 of the node's own output
+                values[n.output[1]] = next_reference(values[n.output[0]], n)
             start = k + 1
     if start < len(graph.node):
         run_segment(start, len(graph.node))
@@ -694,14 +800,16 @@ def main(argv=None) -> int:  # python -m trtfuse.models.residual_conv_rewrite IN
                    help="with --projections: keep each projection and the tail reading it two nodes (A/B)")
     p.add_argument("--conv3x3", action="store_true", help="the stride-1 3x3 convs too (see MAX_CONV3X3_COUT)")
     p.add_argument("--stem", action="store_true", help="the stem (7x7/2 conv + ReLU + 3x3/2 max pool) too")
+    p.add_argument("--chain-next", action="store_true",
+                   help="tails also compute the next bottleneck's conv1 (see MAX_NEXT_TAIL_COUT)")
     args = p.parse_args(argv)
     model, _ = rewrite(onnx.load(args.qdq_onnx), args.weight_dtype, args.projections, args.fuse, args.conv3x3,
-                       args.stem)
+                       args.stem, args.chain_next)
     onnx.save(model, args.out_onnx)
     counts = plugin_counts(model)
     print(f"replaced {counts['tail']} residual tails, {counts['proj']} projections, {counts['fused']} "
           f"projection + tail pairs (one node each), {counts['conv3x3']} 3x3 convs and {counts['stem']} stems with "
-          f"{PLUGIN_OP} -> "
+          f"{PLUGIN_OP} ({counts['next']} of them computing the next conv1 too) -> "
           f"{args.out_onnx}", file=sys.stderr)
     return 0
 

@@ -1,7 +1,7 @@
 // Host-only checks of plugins/residual_conv/residual_conv_plugin.cpp: no GPU, no libnvinfer (only TensorRT's headers
-// and the kernels library's validation functions). The creator's fields and refusals, the serialization (RCV4
-// written: the 1x1 form with and without the projection, and the 3x3 form; RCV3, RCV2 and RCV1 blobs of older engines
-// read), configurePlugin's refusals.
+// and the kernels library's validation functions). The creator's fields and refusals, the serialization (RCV5
+// written: the 1x1 form with and without the projection, with and without the chained next conv, and the 3x3 form;
+// RCV4, RCV3, RCV2 and RCV1 blobs of older engines read), configurePlugin's refusals.
 // Built and run by tests/test_residual_conv_plugin.py; prints "ok NAME" / "FAIL NAME" and exits with the failures.
 #include <NvInferRuntime.h>
 
@@ -121,6 +121,14 @@ Fields fused_fields(int pcin, int cin, int cout, int stride) {
     return f;
 }
 
+// the next conv1 chained onto a layer of `cout` output channels (its x_scale: the layer's out_scale, 0.03)
+void add_next(Fields* f, int cout, int next_cout) {
+    add_layer(f, "next_", cout, next_cout, 3, 0.03f, 0.05f);
+    f->drop("next_cin");   // not a field: the next conv's cin is the layer's cout
+    f->add("next_cout", std::vector<int32_t>{next_cout}, PluginFieldType::kINT32);
+    f->add("next_relu", std::vector<int32_t>{1}, PluginFieldType::kINT32);
+}
+
 std::vector<char> blob(IPluginV2DynamicExt const* p) {
     std::vector<char> b(p->getSerializationSize());
     p->serialize(b.data());
@@ -149,10 +157,10 @@ DynamicPluginTensorDesc desc(int64_t n, int64_t c, int64_t h, int64_t w) {
     return d;
 }
 
-void configure(IPluginV2DynamicExt* p, std::vector<DynamicPluginTensorDesc> const& in) {
-    DynamicPluginTensorDesc out = desc(-1, -1, -1, -1);
+void configure(IPluginV2DynamicExt* p, std::vector<DynamicPluginTensorDesc> const& in, int outputs = 1) {
+    std::vector<DynamicPluginTensorDesc> out(outputs, desc(-1, -1, -1, -1));
     std::fprintf(stderr, "--- configure\n");
-    p->configurePlugin(in.data(), static_cast<int32_t>(in.size()), &out, 1);
+    p->configurePlugin(in.data(), static_cast<int32_t>(in.size()), out.data(), outputs);
 }
 
 }  // namespace
@@ -160,24 +168,28 @@ void configure(IPluginV2DynamicExt* p, std::vector<DynamicPluginTensorDesc> cons
 int main() {
     int const pcin = 96, cin = 64, cout = 128;
 
-    // ---- the plain tail: RCV4 with the projection flag 0 and kernel_size 1, a byte-identical round trip
+    // ---- the plain tail: RCV5 with the projection flag 0, kernel_size 1 and the next flag 0, a byte-identical round
+    // trip
     Fields tail = tail_fields(cin, cout);
     IPluginV2DynamicExt* t = tail.create();
     expect(t != nullptr, "tail created");
     if (!t) return 1;
     std::vector<char> tb = blob(t);
-    expect(tag(tb) == 0x52435634, "tail serializes as RCV4");
+    expect(tag(tb) == 0x52435635, "tail serializes as RCV5");
     IPluginV2DynamicExt* t2 = deserialize(tb);
     expect(t2 && blob(t2) == tb, "tail round trip");
 
-    // ---- RCV3 (no kernel_size), RCV2 (no projection flag either) and RCV1 (no stride either) blobs of older engines
-    size_t const ks = sizeof(int32_t), flag_at = tb.size() - 2 * ks;
-    IPluginV2DynamicExt* from3 = deserialize(older(tb, ks, 0x52435633));
+    // ---- RCV4 (no next flag), RCV3 (no kernel_size either), RCV2 (no projection flag either) and RCV1 (no stride
+    // either) blobs of older engines
+    size_t const ks = sizeof(int32_t), flag_at = tb.size() - 3 * ks;
+    IPluginV2DynamicExt* from4 = deserialize(older(tb, ks, 0x52435634));
+    expect(from4 && blob(from4) == tb, "RCV4 blob read (no next conv)");
+    IPluginV2DynamicExt* from3 = deserialize(older(tb, 2 * ks, 0x52435633));
     expect(from3 && blob(from3) == tb, "RCV3 blob read (kernel_size 1)");
-    std::vector<char> v2 = older(tb, 2 * ks, 0x52435632);
+    std::vector<char> v2 = older(tb, 3 * ks, 0x52435632);
     uint32_t const tag1 = 0x52435631;
     IPluginV2DynamicExt* from2 = deserialize(v2);
-    expect(from2 && blob(from2) == tb, "RCV2 blob read (as RCV4 with no projection)");
+    expect(from2 && blob(from2) == tb, "RCV2 blob read (as RCV5 with no projection)");
     std::vector<char> v1(v2);
     size_t const stride_at = sizeof(uint32_t) + 3 * sizeof(int32_t);
     v1.erase(v1.begin() + static_cast<long>(stride_at), v1.begin() + static_cast<long>(stride_at + sizeof(int32_t)));
@@ -191,10 +203,12 @@ int main() {
     expect(f != nullptr, "fused created");
     if (!f) return 1;
     std::vector<char> fb = blob(f);
-    expect(tag(fb) == 0x52435634 && fb.size() > tb.size() + static_cast<size_t>(pcin) * cout, "fused serializes as RCV4");
+    expect(tag(fb) == 0x52435635 && fb.size() > tb.size() + static_cast<size_t>(pcin) * cout, "fused serializes as RCV5");
     IPluginV2DynamicExt* f2 = deserialize(fb);
     expect(f2 && blob(f2) == fb, "fused round trip");
-    IPluginV2DynamicExt* f3 = deserialize(older(fb, ks, 0x52435633));
+    IPluginV2DynamicExt* f4 = deserialize(older(fb, ks, 0x52435634));
+    expect(f4 && blob(f4) == fb, "fused RCV4 blob read");
+    IPluginV2DynamicExt* f3 = deserialize(older(fb, 2 * ks, 0x52435633));
     expect(f3 && blob(f3) == fb, "fused RCV3 blob read");
     std::vector<char> cut(fb.begin(), fb.end() - 1), longer(fb), flag2(fb);
     longer.push_back(0);
@@ -257,18 +271,18 @@ int main() {
         expect(g.create() == nullptr, "bad proj_out_scale refused");
     }
 
-    // ---- the 3x3 form: RCV4 with kernel_size 3, one input, its refusals
+    // ---- the 3x3 form: RCV5 with kernel_size 3, one input, its refusals
     Fields conv3 = conv3x3_fields(cin, cout);
     IPluginV2DynamicExt* c3 = conv3.create();
     expect(c3 != nullptr, "3x3 created");
     if (!c3) return 1;
     std::vector<char> cb = blob(c3);
     int32_t kernel_size = 0;
-    std::memcpy(&kernel_size, cb.data() + cb.size() - ks, ks);
-    expect(tag(cb) == 0x52435634 && kernel_size == 3, "3x3 serializes as RCV4 with kernel_size 3");
+    std::memcpy(&kernel_size, cb.data() + cb.size() - 2 * ks, ks);
+    expect(tag(cb) == 0x52435635 && kernel_size == 3, "3x3 serializes as RCV5 with kernel_size 3");
     IPluginV2DynamicExt* c32 = deserialize(cb);
     expect(c32 && blob(c32) == cb && c32->supportsFormatCombination(1, io, 1, 1), "3x3 round trip, input [x]");
-    expect(!deserialize(older(cb, ks, 0x52435633)), "a 3x3 blob read as RCV3 (weights 9x too many) refused");
+    expect(!deserialize(older(cb, 2 * ks, 0x52435633)), "a 3x3 blob read as RCV3 (weights 9x too many) refused");
     {
         Fields g = conv3x3_fields(cin, cout);
         g.set_float("r_scale", 0.04f);
@@ -302,14 +316,88 @@ int main() {
         expect(g.create() == nullptr, "kernel_size 3 with 1x1 weights refused");
     }
 
+    // ---- the chained next conv (next_* fields): two outputs, RCV5 with the next flag 1, on a tail or a fused layer
+    int const next_cout = 48;
+    Fields chained = tail_fields(cin, cout);
+    add_next(&chained, cout, next_cout);
+    IPluginV2DynamicExt* n = chained.create();
+    expect(n != nullptr, "tail with a next conv created");
+    if (!n) return 1;
+    std::vector<char> nb = blob(n);
+    int32_t next_flag = 0;
+    std::memcpy(&next_flag, nb.data() + tb.size() - ks, ks);   // the tail's bytes, then the next conv's
+    expect(tag(nb) == 0x52435635 && next_flag == 1 && nb.size() > tb.size() + static_cast<size_t>(cout) * next_cout,
+           "tail with a next conv serializes as RCV5 with the next flag");
+    IPluginV2DynamicExt* n2 = deserialize(nb);
+    expect(n2 && blob(n2) == nb, "tail with a next conv round trip");
+    expect(n2 && n2->getNbOutputs() == 2 && t->getNbOutputs() == 1, "the next conv is a second output");
+    PluginTensorDesc io4[4]{};
+    for (auto& d : io4) {
+        d.type = DataType::kINT8;
+        d.format = TensorFormat::kCHW32;
+    }
+    expect(n2 && n2->supportsFormatCombination(3, io4, 2, 2) && !n2->supportsFormatCombination(2, io4, 2, 1),
+           "tail with a next conv: [x, r] -> [out, next_out], kCHW32");
+    std::vector<char> cut_next(nb.begin(), nb.end() - 1), next_flag_only(tb);
+    std::memcpy(next_flag_only.data() + tb.size() - ks, &next_flag, ks);   // the flag set without the next fields
+    expect(!deserialize(cut_next) && !deserialize(next_flag_only), "bad next-conv blobs refused");
+    {
+        Fields g = fused_fields(pcin, cin, cout, 2);
+        add_next(&g, cout, next_cout);
+        IPluginV2DynamicExt* fn = g.create();
+        expect(fn && fn->getNbOutputs() == 2, "fused with a next conv created");
+        IPluginV2DynamicExt* fn2 = fn ? deserialize(blob(fn)) : nullptr;
+        expect(fn2 && blob(fn2) == blob(fn), "fused with a next conv round trip");
+        for (IPluginV2DynamicExt* p : {fn, fn2})
+            if (p) p->destroy();
+    }
+    for (char const* name : {"next_weights", "next_w_scale", "next_bias", "next_x_scale", "next_out_scale",
+                             "next_cout", "next_relu"}) {
+        Fields g = tail_fields(cin, cout);
+        add_next(&g, cout, next_cout);
+        g.drop(name);
+        expect(g.create() == nullptr, std::string("missing ") + name + " refused");
+    }
+    {
+        Fields g = tail_fields(cin, cout);
+        g.set_float("r_scale", 0.f);   // a projection (no residual input): not a tail
+        add_next(&g, cout, next_cout);
+        expect(g.create() == nullptr, "a next conv on a layer without a residual refused");
+    }
+    {
+        Fields g = conv3x3_fields(cin, cout);
+        add_next(&g, cout, next_cout);
+        expect(g.create() == nullptr, "a next conv on a 3x3 layer refused");
+    }
+    {
+        Fields g = tail_fields(cin, cout);
+        add_next(&g, cout, next_cout);
+        g.set_int("next_cout", next_cout + 1);
+        expect(g.create() == nullptr, "next_weights of the wrong size refused");
+    }
+    {
+        Fields g = tail_fields(cin, cout);
+        add_next(&g, cout, next_cout);
+        g.set_float("next_out_scale", -1.f);
+        expect(g.create() == nullptr, "bad next_out_scale refused");
+    }
+    {
+        Fields g = tail_fields(cin, cout);
+        add_next(&g, cout, next_cout);
+        g.set_int("next_relu", 2);
+        expect(g.create() == nullptr, "next_relu 2 refused");
+    }
+
     // ---- configurePlugin: what it refuses (stderr: the Python test reads the reasons)
     configure(f, {desc(-1, cin, -1, -1), desc(-1, pcin + 4, -1, -1)});   // xp channels
     configure(f, {desc(-1, cin, 4, 4), desc(-1, pcin, 9, 9)});           // 4 != ceil(9 / 2)
     configure(f, {desc(-1, cin + 1, 5, 5), desc(-1, pcin, 9, 9)});       // x channels
     configure(f, {desc(-1, cin, 5, 5)});                                  // one input
     configure(f, {desc(-1, cin, 5, 5), desc(-1, pcin, 9, 10)});          // accepted: nothing printed
+    configure(n, {desc(-1, cin, 5, 5), desc(-1, cout, 5, 5)});           // the next conv's output missing
+    configure(n, {desc(-1, cin, 5, 5), desc(-1, cout, 5, 5)}, 2);        // accepted: nothing printed
     std::printf("failures %d\n", failures);
-    for (IPluginV2DynamicExt* p : {t, t2, from3, from2, from1, f, f2, f3, c3, c32})
+    for (IPluginV2DynamicExt* p : {t, t2, from4, from3, from2, from1, f, f2, f4, f3, c3, c32, n, n2})
         if (p) p->destroy();
     return failures;
 }

@@ -1,12 +1,13 @@
 """`trtfuse build` on CPU: what it hands the parser, the cache key, and its user errors."""
 
 import json
+import types
 
 import onnx
 import pytest
 from test_bn_fold import toy_resnet
 from test_quantize import calib_batches
-from trtfuse.engine import QDQ_FILE, BuildConfig, cli_main, engine_key, onnx_for_build
+from trtfuse.engine import QDQ_FILE, BuildConfig, cli_main, engine_key, onnx_for_build, pin_int8_plugin_outputs
 from trtfuse.errors import UserError
 from trtfuse.models.quantize import calibrate, quantize
 from trtfuse.models.residual_conv_rewrite import PLUGIN_OP
@@ -150,9 +151,12 @@ def test_plugins_all_adds_the_projections(model_dir, capsys, monkeypatch):
     # bottleneck's conv2; input x only)
     assert sorted((residual_conv_rewrite.plugin_kind(n), len(n.input)) for n in plugins) == [
         ("conv3x3", 1), ("conv3x3", 1), ("fused", 2), ("tail", 2)]
+    # the fused node also computes the second bottleneck's conv1 (32 -> 8, stride 1 + ReLU): a second output
+    assert sorted((residual_conv_rewrite.plugin_kind(n), len(n.output)) for n in plugins if len(n.output) > 1) == [
+        ("fused", 2)]
     # (the toy has no 7x7 stem: "0 stems")
-    assert "1 residual tail, 0 projections, 1 projection + tail pair (one node each), 2 3x3 convs and 0 stems" in \
-        capsys.readouterr().err
+    assert "1 residual tail, 0 projections, 1 projection + tail pair (one node each), 2 3x3 convs and 0 stems; " \
+           "1 next conv1 computed by the tail before it" in capsys.readouterr().err
     assert (model_dir / "model.int8.plugins-all.onnx").is_file()
 
     # the two kept apart where the fused kernel could not hold both (MAX_FUSED_K_BYTES): x the projection's only input
@@ -161,6 +165,9 @@ def test_plugins_all_adds_the_projections(model_dir, capsys, monkeypatch):
     plugins = [n for n in graph.node if n.op_type == PLUGIN_OP]
     assert sorted(len(n.input) for n in plugins) == [1, 1, 1, 2, 2]
     assert "2 residual tails, 1 projection, 0 projection + tail pairs" in capsys.readouterr().err
+    # --plugins tails chains nothing
+    onnx_for_build(model_dir, BuildConfig(plugins="tails"))
+    assert "0 next conv1s" in capsys.readouterr().err
 
 
 def test_plugin_modes_and_their_older_spellings():
@@ -172,3 +179,21 @@ def test_plugin_modes_and_their_older_spellings():
 
     assert config.load(overrides={"tensorrt.plugins": True})["tensorrt"]["plugins"] == "tails"
     assert config.load()["tensorrt"]["plugins"] == "off"
+
+
+def test_residual_conv_plugin_outputs_are_pinned_to_int8_and_others_left_alone():
+    # a stand-in for TensorRT's network API: a chained tail (two outputs), a LayerNorm plugin, a conv
+    class Layer:
+        def __init__(self, type_, plugin_type, n_out):
+            self.type, self.num_outputs, self.pinned = type_, n_out, {}
+            self.plugin = types.SimpleNamespace(plugin_type=plugin_type)
+
+        def set_output_type(self, j, dtype):
+            self.pinned[j] = dtype
+
+    trt = types.SimpleNamespace(int8="int8", IPluginV2Layer=Layer,
+                                LayerType=types.SimpleNamespace(PLUGIN_V2="plugin", CONVOLUTION="conv"))
+    layers = [Layer("plugin", PLUGIN_OP, 2), Layer("plugin", "TrtfuseLayerNorm", 1), Layer("conv", None, 1)]
+    network = types.SimpleNamespace(num_layers=len(layers), get_layer=lambda i: layers[i])
+    assert pin_int8_plugin_outputs(trt, network) == 2
+    assert [L.pinned for L in layers] == [{0: "int8", 1: "int8"}, {}, {}]

@@ -24,6 +24,7 @@ HOST_CHECK = ROOT / "tests" / "residual_conv_plugin_host.cpp"
 HEADER_SETS = ROOT.parent / "shared" / "third_party" / "tensorrt"
 PROJ_FIELDS = ("proj_weights", "proj_w_scale", "proj_bias", "proj_x_scale", "proj_out_scale", "proj_cin",
                "proj_stride")
+NEXT_FIELDS = ("next_weights", "next_w_scale", "next_bias", "next_x_scale", "next_out_scale", "next_cout", "next_relu")
 
 
 @pytest.fixture(scope="module")
@@ -74,6 +75,7 @@ def test_creator_refuses_bad_fields(side):
         "stride",
         "kernel_size",
         *PROJ_FIELDS,
+        *NEXT_FIELDS,
     }
     assert side.create_plugin("ok", L, 64, 32) is not None
     bad = dict(L, out_scale=-1.0)
@@ -219,8 +221,9 @@ def test_creator_refuses_bad_fused_fields(side):
 @pytest.mark.parametrize("version", ["8.5.3", "11.1"])
 def test_plugin_fields_and_serialization_on_the_host(version, tmp_path):
     """tests/residual_conv_plugin_host.cpp, compiled against each TensorRT header set with the plugin's own source:
-    the creator's proj_* fields (all or none, proj_stride optional) and refusals, the RCV3 round trip of both forms,
-    RCV2 and RCV1 blobs read, truncated or foreign blobs refused, and configurePlugin's refusals by name."""
+    the creator's proj_* and next_* fields (all or none, proj_stride optional) and refusals, the RCV5 round trip of
+    every form, RCV4, RCV3, RCV2 and RCV1 blobs read, truncated or foreign blobs refused, and configurePlugin's
+    refusals by name."""
     from trtfuse.errors import UserError
     from trtfuse.plugin_build import library_path, plugins_source_dir
 
@@ -245,10 +248,14 @@ def test_plugin_fields_and_serialization_on_the_host(version, tmp_path):
     assert "failures 0" in res.stdout
     assert "missing field proj_bias (the proj_* fields come all together)" in res.stderr
     assert "needs r_scale > 0" in res.stderr
+    assert "missing field next_relu (the next_* fields come all together)" in res.stderr
+    assert "next_weights (the next_* fields) given to a layer that is not a tail" in res.stderr
     configure = res.stderr.split("--- configure\n")[1:]
-    assert len(configure) == 5
+    assert len(configure) == 7
     assert "xp has 100 channels, proj_cin = 96" in configure[0]
     assert "x must be [N, cin, ceil(H/proj_stride), ceil(W/proj_stride)]" in configure[1]
     assert "x has 65 channels, cin = 64" in configure[2]
     assert "expects inputs [x, xp]" in configure[3]
     assert configure[4] == ""  # x 5x5 for xp 9x10 at stride 2: accepted
+    assert "expects inputs [x, r] and two outputs [out, next_out] (next_* fields)" in configure[5]
+    assert configure[6] == ""  # a tail with a next conv, two outputs: accepted

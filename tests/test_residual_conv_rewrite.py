@@ -6,12 +6,14 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from onnx import numpy_helper
+from onnx import TensorProto, helper, numpy_helper
 from test_bn_fold import GraphBuilder, toy_resnet
 from test_quantize import calib_batches
 from trtfuse.models.quantize import calibrate, quantize, top1_onnxruntime, weights_as_float_qdq
 from trtfuse.models.residual_conv_rewrite import (
     MAX_FUSED_K_BYTES,
+    MAX_NEXT_COUT,
+    MAX_NEXT_TAIL_COUT,
     PLUGIN_OP,
     compare_logits,
     evaluate_with_reference,
@@ -175,8 +177,8 @@ def test_projections_become_plugin_nodes_without_a_residual_input(toy, monkeypat
     (p,) = find_projections(toy)
     assert (p.fields["cin"], p.fields["cout"], p.fields["stride"], p.fields["relu"]) == (16, 32, 2, 0)
     out, n = rewrite(toy, projections=True, fuse=False)
-    assert n == 3 and plugin_counts(out) == {"tail": 2, "proj": 1, "fused": 0, "conv3x3": 0, "stem": 0}
-    assert plugin_counts(rewrite(toy)[0]) == {"tail": 2, "proj": 0, "fused": 0, "conv3x3": 0, "stem": 0}
+    assert n == 3 and plugin_counts(out) == {"tail": 2, "proj": 1, "fused": 0, "conv3x3": 0, "stem": 0, "next": 0}
+    assert plugin_counts(rewrite(toy)[0]) == {"tail": 2, "proj": 0, "fused": 0, "conv3x3": 0, "stem": 0, "next": 0}
     onnx.checker.check_model(out)
     (proj,) = [nd for nd in out.graph.node if nd.op_type == PLUGIN_OP and len(nd.input) == 1]
     a = {x.name: x for x in proj.attribute}
@@ -259,7 +261,7 @@ def test_projection_and_its_tail_become_one_node(toy, monkeypatch):
     (p,) = find_projections(toy)
     (t,) = [t for t in find_tails(toy) if t.r_q == p.q_out.output[0]]
     out, n = rewrite(toy, projections=True)
-    assert n == 2 and plugin_counts(out) == {"tail": 1, "proj": 0, "fused": 1, "conv3x3": 0, "stem": 0}
+    assert n == 2 and plugin_counts(out) == {"tail": 1, "proj": 0, "fused": 1, "conv3x3": 0, "stem": 0, "next": 0}
     onnx.checker.check_model(out)
     (fused,) = [nd for nd in out.graph.node if nd.op_type == PLUGIN_OP and plugin_kind(nd) == "fused"]
     assert list(fused.input) == [t.x_q, p.x_q] and list(fused.output) == [t.q_out.output[0]]
@@ -298,9 +300,9 @@ def test_fuse_false_and_the_k_limit_keep_two_nodes(toy, monkeypatch):
     from trtfuse.models import residual_conv_rewrite as rcr
 
     monkeypatch.setattr(rcr, "MIN_PROJECTION_COUT", 32)
-    two = {"tail": 2, "proj": 1, "fused": 0, "conv3x3": 0, "stem": 0}
+    two = {"tail": 2, "proj": 1, "fused": 0, "conv3x3": 0, "stem": 0, "next": 0}
     assert plugin_counts(rewrite(toy, projections=True, fuse=False)[0]) == two
-    assert plugin_counts(rewrite(toy, fuse=True)[0]) == {"tail": 2, "proj": 0, "fused": 0, "conv3x3": 0, "stem": 0}  # no projections: no-op
+    assert plugin_counts(rewrite(toy, fuse=True)[0]) == {"tail": 2, "proj": 0, "fused": 0, "conv3x3": 0, "stem": 0, "next": 0}  # no projections: no-op
     # the toy's pair needs 128 + 32 = 160 bytes per row: at the limit it fuses, one byte below it does not
     monkeypatch.setattr(rcr, "MAX_FUSED_K_BYTES", 160)
     assert plugin_counts(rewrite(toy, projections=True)[0])["fused"] == 1
@@ -317,7 +319,7 @@ def test_a_projection_output_read_elsewhere_is_not_fused(toy, monkeypatch):
     probe = onnx.ModelProto.FromString(toy.SerializeToString())
     probe.graph.output.append(onnx.helper.make_tensor_value_info(p.q_out.output[0], onnx.TensorProto.INT8, None))
     out, n = rewrite(probe, projections=True)
-    assert n == 3 and plugin_counts(out) == {"tail": 2, "proj": 1, "fused": 0, "conv3x3": 0, "stem": 0}
+    assert n == 3 and plugin_counts(out) == {"tail": 2, "proj": 1, "fused": 0, "conv3x3": 0, "stem": 0, "next": 0}
     x = calib_batches(seed=7, n=1)[0]
     got = evaluate_with_reference(out, {"input": x})
     assert got[1].dtype == np.int8 and got[1].shape == (8, 32, 8, 8)
@@ -340,7 +342,7 @@ def test_fusion_follows_the_k_rule_on_real_widths(monkeypatch, proj_cin, width, 
     assert (fused_k_bytes(proj_cin, width) <= MAX_FUSED_K_BYTES) == fused
     qdq = _quantized(_stage_opening(proj_cin, width), size=8, channels=proj_cin)
     out, n = rewrite(qdq, projections=True)
-    want = {"tail": 0, "proj": 0, "fused": 1, "conv3x3": 0, "stem": 0} if fused else {"tail": 1, "proj": 1, "fused": 0, "conv3x3": 0, "stem": 0}
+    want = {"tail": 0, "proj": 0, "fused": 1, "conv3x3": 0, "stem": 0, "next": 0} if fused else {"tail": 1, "proj": 1, "fused": 0, "conv3x3": 0, "stem": 0, "next": 0}
     assert plugin_counts(out) == want and n == sum(want.values())
     x = np.random.default_rng(2).normal(size=(8, proj_cin, 8, 8)).astype(np.float32)
     got = _assert_same_network(qdq, out, x)
@@ -356,9 +358,9 @@ def test_emitted_fields_are_the_plugin_creators(toy, monkeypatch):
     monkeypatch.setattr(rcr, "MIN_PROJECTION_COUT", 32)
     declared = set(re.findall(r'PluginField\("(\w+)"', PLUGIN_SOURCE.read_text()))
     assert {"weights", "proj_weights", "proj_stride"} <= declared
-    out = rewrite(toy, projections=True)[0]
+    out = rewrite(toy, projections=True, chain_next=True)[0]
     emitted = {a.name for nd in out.graph.node if nd.op_type == PLUGIN_OP for a in nd.attribute}
-    assert "proj_weights" in emitted
+    assert {"proj_weights", "next_weights", "next_relu"} <= emitted
     assert emitted - {"plugin_version", "plugin_namespace"} <= declared
 
 
@@ -374,7 +376,7 @@ def test_conv3x3_becomes_a_plugin_node(toy, monkeypatch):
     assert find_conv3x3(toy) == [] and plugin_counts(rewrite(toy, conv3x3=True)[0])["conv3x3"] == 0
     monkeypatch.setattr(rcr, "MAX_CONV3X3_COUT", 64)
     out, n = rewrite(toy, conv3x3=True)
-    assert plugin_counts(out) == {"tail": 2, "proj": 0, "fused": 0, "conv3x3": 2, "stem": 0} and n == 4
+    assert plugin_counts(out) == {"tail": 2, "proj": 0, "fused": 0, "conv3x3": 2, "stem": 0, "next": 0} and n == 4
     nodes = [nd for nd in out.graph.node if nd.op_type == PLUGIN_OP and plugin_kind(nd) == "conv3x3"]
     for nd, c in zip(nodes, found):
         a = {at.name: at for at in nd.attribute}
@@ -418,7 +420,7 @@ def test_stem_becomes_a_plugin_node():
     assert stem.fields["cin"] == 3 and stem.fields["cout"] == 16 and stem.fields["kernel_size"] == 7
     assert plugin_counts(rewrite(qdq)[0])["stem"] == 0  # only when asked
     out, n = rewrite(qdq, stem=True)
-    assert plugin_counts(out) == {"tail": 1, "proj": 0, "fused": 0, "conv3x3": 0, "stem": 1} and n == 2
+    assert plugin_counts(out) == {"tail": 1, "proj": 0, "fused": 0, "conv3x3": 0, "stem": 1, "next": 0} and n == 2
     (nd,) = [nd for nd in out.graph.node if nd.op_type == PLUGIN_OP and plugin_kind(nd) == "stem"]
     a = {at.name: at for at in nd.attribute}
     assert len(nd.input) == 1 and a["kernel_size"].i == 7 and a["stride"].i == 2 and a["relu"].i == 1
@@ -437,7 +439,8 @@ def test_stem_becomes_a_plugin_node():
 def test_resnet50_fuses_layer1_and_layer2_openings(tmp_path):
     """The real network (random weights; ~15 s): with --plugins all its 16 tails and 3 replaced projections become 14
     tails, layer3.0's projection alone, and layer1.0 + layer2.0 as fused nodes; the fused graph computes exactly what
-    the unfused one computes."""
+    the unfused one computes. The three layer1 tails (256 channels) chain the next conv1: layer1.1's, layer1.2's (64)
+    and layer2.0's (128, stride 1 in torchvision's v1.5)."""
     pytest.importorskip("torch")
     from trtfuse.models import prepare
     from trtfuse.models.bn_fold import fold_pad_into_conv
@@ -448,17 +451,196 @@ def test_resnet50_fuses_layer1_and_layer2_openings(tmp_path):
     x = rng.normal(size=(2, 3, 224, 224)).astype(np.float32)
     qdq = quantize(fp32, calibrate(fp32, [x], progress=False), "max").model
     out, n = rewrite(qdq, projections=True)
-    assert n == 17 and plugin_counts(out) == {"tail": 14, "proj": 1, "fused": 2, "conv3x3": 0, "stem": 0}
+    assert n == 17 and plugin_counts(out) == {"tail": 14, "proj": 1, "fused": 2, "conv3x3": 0, "stem": 0, "next": 0}
     fused = [{a.name: a.i for a in nd.attribute if a.name in ("cin", "proj_cin", "proj_stride")}
              for nd in out.graph.node if nd.op_type == PLUGIN_OP and plugin_kind(nd) == "fused"]
     assert fused == [{"cin": 64, "proj_cin": 64, "proj_stride": 1}, {"cin": 128, "proj_cin": 256, "proj_stride": 2}]
     two, n_two = rewrite(qdq, projections=True, fuse=False)
-    assert n_two == 19 and plugin_counts(two) == {"tail": 16, "proj": 3, "fused": 0, "conv3x3": 0, "stem": 0}
+    assert n_two == 19 and plugin_counts(two) == {"tail": 16, "proj": 3, "fused": 0, "conv3x3": 0, "stem": 0, "next": 0}
     np.testing.assert_array_equal(evaluate_with_reference(out, {pm.input_name: x})[0],
                                   evaluate_with_reference(two, {pm.input_name: x})[0])
     # --plugins all also takes the 3x3 convs of Cout 64 (MAX_CONV3X3_COUT), layer1's three conv2, and the stem
-    every, n_every = rewrite(qdq, projections=True, conv3x3=True, stem=True)
-    assert n_every == 21 and plugin_counts(every) == {"tail": 14, "proj": 1, "fused": 2, "conv3x3": 3, "stem": 1}
+    every, n_every = rewrite(qdq, projections=True, conv3x3=True, stem=True, chain_next=True)
+    assert n_every == 21 and plugin_counts(every) == {"tail": 14, "proj": 1, "fused": 2, "conv3x3": 3, "stem": 1,
+                                                      "next": 3}
+    chained = [(plugin_kind(nd), {a.name: a.i for a in nd.attribute}) for nd in every.graph.node
+               if nd.op_type == PLUGIN_OP and len(nd.output) == 2]
+    assert [(kind, a["cout"], a["next_cout"]) for kind, a in chained] == [("fused", 256, 64), ("tail", 256, 64),
+                                                                        ("tail", 256, 128)]
+    # layer1.1's and layer1.2's conv2 (3x3 nodes) read the first two chained outputs directly; layer2.0's stride-2
+    # conv2 (TensorRT's) reads the third through a DequantizeLinear
+    second = [nd.output[1] for nd in every.graph.node if nd.op_type == PLUGIN_OP and len(nd.output) == 2]
+    readers = [[plugin_kind(r) if r.op_type == PLUGIN_OP else r.op_type for r in every.graph.node if o in r.input]
+               for o in second]
+    assert readers == [["conv3x3"], ["conv3x3"], ["DequantizeLinear"]]
     cmp = compare_logits(evaluate_with_reference(out, {pm.input_name: x})[0],
                          evaluate_with_reference(every, {pm.input_name: x})[0])
     assert cmp["max_abs_logit_diff"] < 0.05 * cmp["max_abs_logit"]
+
+
+# ----------------------------------------------------------------------------- a tail that computes the next conv1
+def _tail_then_conv1(cin=40, cout=64, next_cout=48, stride=1, relu=True, shared_dq=False, seed=0):
+    """A hand-made Q/DQ graph: a tail (1x1 conv + bias + residual Add + ReLU, quantized: out_q) whose int8 output the
+    next conv1 (1x1 + bias (+ ReLU), quantized: "c1_q") reads through its own DequantizeLinear (``shared_dq``: the one
+    the graph output "out" reads). Every scale is a power of two and every bias a multiple of its channel's x_scale *
+    w_scale, so each float value is exact and ONNX Runtime rounds what the plugin's rule rounds: the rewritten graph
+    must give the same bytes. Returns (model, the conv1's int8 weights, w_scale, bias, its out_scale)."""
+    rng = np.random.default_rng(seed)
+    sx, sr, so, s1 = 2.0**-3, 2.0**-2, 2.0**-1, 2.0**-2
+    inits, nodes = [], []
+
+    def init(name, a):
+        inits.append(numpy_helper.from_array(np.asarray(a), name))
+        return name
+
+    def node(op, inputs, out, **kw):
+        nodes.append(helper.make_node(op, inputs, [out], **kw))
+        return out
+
+    zp = init("zp", np.array(0, np.int8))
+
+    def qdq(x, scale, name):   # Q then DQ (per tensor, zero point 0)
+        q = node("QuantizeLinear", [x, init(name + "_s", np.float32(scale)), zp], name + "_q")
+        return q, node("DequantizeLinear", [q, name + "_s", zp], name + "_dq")
+
+    def conv(x, ci, co, name, in_scale, strides=1):   # per-channel int8 weights behind a DequantizeLinear, axis 0
+        w = rng.integers(-127, 128, (co, ci, 1, 1)).astype(np.int8)
+        ws = (2.0 ** -rng.integers(6, 9, co)).astype(np.float32)
+        b = (rng.integers(-1000, 1000, co) * in_scale * ws).astype(np.float32)
+        wd = node("DequantizeLinear", [init(name + "_w", w), init(name + "_ws", ws),
+                                       init(name + "_wz", np.zeros(co, np.int8))], name + "_wdq", axis=0)
+        y = node("Conv", [x, wd, init(name + "_b", b)], name, kernel_shape=[1, 1], strides=[strides, strides])
+        return y, w.reshape(co, ci), ws, b
+
+    _, xd = qdq("x", sx, "x")
+    _, rd = qdq("r", sr, "r")
+    y, *_ = conv(xd, cin, cout, "tail_conv", sx)
+    out_q, out_dq = qdq(node("Relu", [node("Add", [y, rd], "add")], "tail_relu"), so, "out")
+    c1_in = out_dq if shared_dq else node("DequantizeLinear", [out_q, "out_s", zp], "c1_in")
+    c1, w1, ws1, b1 = conv(c1_in, cout, next_cout, "conv1", so, stride)
+    c1_q, c1_dq = qdq(node("Relu", [c1], "conv1_relu") if relu else c1, s1, "c1")
+    h = 6
+    graph = helper.make_graph(
+        nodes, "tail_then_conv1",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, cin, h, h]),
+         helper.make_tensor_value_info("r", TensorProto.FLOAT, [None, cout, h, h])],
+        [helper.make_tensor_value_info(o, TensorProto.FLOAT, ["N", None, None, None]) for o in (out_dq, c1_dq)],
+        inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    return model, w1, ws1, b1, s1
+
+
+def _int8_feeds(model, n=3, seed=1):
+    """Random int8 values for the graph's inputs x and r, as floats their QuantizeLinear gives back exactly."""
+    rng = np.random.default_rng(seed)
+    scales = {"x": 2.0**-3, "r": 2.0**-2}
+    shapes = {i.name: [d.dim_value for d in i.type.tensor_type.shape.dim] for i in model.graph.input}
+    return {k: (rng.integers(-128, 128, (n, *shapes[k][1:])) * scales[k]).astype(np.float32) for k in ("x", "r")}
+
+
+def _run_ort(model, feeds):
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    sess = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+    return sess.run(None, feeds)
+
+
+@pytest.mark.parametrize("shared_dq", [False, True], ids=["own-dq", "shared-dq"])
+def test_tail_chains_the_next_conv1(shared_dq):
+    """With chain_next the tail's node gets a second output, the conv1's int8 output (Q(c1)'s name), and the conv1's
+    fields as next_*; the conv1, its ReLU and its QuantizeLinear go (its DequantizeLinear too, unless the graph output
+    reads it), and the rewritten graph computes byte for byte what ONNX Runtime computes on the original."""
+    qdq, w1, ws1, b1, s1 = _tail_then_conv1(shared_dq=shared_dq)
+    assert plugin_counts(rewrite(qdq)[0]) == {"tail": 1, "proj": 0, "fused": 0, "conv3x3": 0, "stem": 0, "next": 0}
+    out, n = rewrite(qdq, chain_next=True)
+    onnx.checker.check_model(out)
+    assert n == 1 and plugin_counts(out) == {"tail": 1, "proj": 0, "fused": 0, "conv3x3": 0, "stem": 0, "next": 1}
+    (nd,) = [m for m in out.graph.node if m.op_type == PLUGIN_OP]
+    assert list(nd.input) == ["x_q", "r_q"] and list(nd.output) == ["out_q", "c1_q"]
+    a = {at.name: at for at in nd.attribute}
+    assert {k for k in a if k.startswith("next_")} == {"next_weights", "next_w_scale", "next_bias", "next_x_scale",
+                                                      "next_out_scale", "next_cout", "next_relu"}
+    nw = numpy_helper.to_array(a["next_weights"].t)
+    assert nw.dtype == np.int32 and nw.shape == (48, 64)   # the rewrite's weight_dtype, [next_cout][cout]
+    np.testing.assert_array_equal(nw, w1)
+    np.testing.assert_array_equal(np.float32(a["next_w_scale"].floats), ws1)
+    np.testing.assert_array_equal(np.float32(a["next_bias"].floats), b1)
+    assert (a["next_x_scale"].f, a["next_out_scale"].f) == (a["out_scale"].f, s1)   # the DQ's scale is out_q's
+    assert (a["next_cout"].i, a["next_relu"].i, a["cout"].i) == (48, 1, 64)
+    kept = {m.name or m.output[0] for m in out.graph.node}
+    assert not kept & {"conv1", "conv1_relu"} and not [m for m in out.graph.node if m.op_type == "Relu"]
+    assert [m.op_type for m in out.graph.node if "c1_q" in m.output] == [PLUGIN_OP]
+    # out_q's readers: the graph output's DequantizeLinear only (the conv1's own went with it)
+    assert [m.output[0] for m in out.graph.node if "out_q" in m.input] == ["out_dq"]
+    i8 = rewrite(qdq, weight_dtype="int8", chain_next=True)[0]
+    assert numpy_helper.to_array(next(at.t for m in i8.graph.node if m.op_type == PLUGIN_OP
+                                      for at in m.attribute if at.name == "next_weights")).dtype == np.int8
+
+    feeds = _int8_feeds(qdq)
+    want = _run_ort(qdq, feeds)
+    got = evaluate_with_reference(out, feeds)
+    assert np.abs(want[1]).max() > 10 * s1 and (want[1] == 0).mean() < 0.9   # conv1 outputs span the int8 range
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(g, w)
+
+
+def test_next_output_is_the_1x1_reference_of_the_first():
+    """evaluate_with_reference computes the second output as the library's 1x1 reference (r_scale 0, relu 1, stride
+    1) of the first: exactly the plugin node a conv1 of these fields would be."""
+    from trtfuse.models.residual_conv_rewrite import next_reference, plugin_node, plugin_reference
+
+    qdq, w1, ws1, b1, s1 = _tail_then_conv1(seed=3)
+    out, _ = rewrite(qdq, chain_next=True)
+    (nd,) = [m for m in out.graph.node if m.op_type == PLUGIN_OP]
+    a = {at.name: at for at in nd.attribute}
+    y = np.random.default_rng(4).integers(-128, 128, (2, 64, 5, 7)).astype(np.int8)
+    conv1 = plugin_node("c1", "y", None, "c1_q", dict(weights=w1, w_scale=ws1, bias=b1, x_scale=a["out_scale"].f,
+                                                      out_scale=s1, cin=64, cout=48, r_scale=0.0, relu=1))
+    want = plugin_reference(y, None, conv1)
+    got = next_reference(y, nd)
+    assert got.dtype == np.int8 and got.shape == (2, 48, 5, 7) and want.min() == 0 and want.max() > 0
+    np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("kw", [dict(cin=16, cout=512, next_cout=16), dict(stride=2), dict(relu=False),
+                                dict(next_cout=136)], ids=["tail-cout-512", "conv1-stride-2", "no-relu",
+                                                           "next-cout-136"])
+def test_what_does_not_chain_is_left_alone(kw):
+    """A tail wider than the kernel's N tile (MAX_NEXT_TAIL_COUT), a strided conv1, one without a ReLU or with more
+    than MAX_NEXT_COUT output channels: the tail is replaced as before and the conv1 stays, with the same result."""
+    assert (MAX_NEXT_TAIL_COUT, MAX_NEXT_COUT) == (256, 128)
+    qdq, *_ = _tail_then_conv1(**kw)
+    out, n = rewrite(qdq, chain_next=True)
+    assert n == 1 and plugin_counts(out)["next"] == 0
+    assert out == rewrite(qdq)[0]
+    assert len([m for m in out.graph.node if m.op_type == "Conv"]) == 1   # the conv1
+    feeds = _int8_feeds(qdq)
+    for g, w in zip(evaluate_with_reference(out, feeds), _run_ort(qdq, feeds)):
+        np.testing.assert_array_equal(g, w)
+
+
+def test_a_fused_node_chains_the_next_conv1_too(toy, monkeypatch):
+    """The toy's first block as one projection + tail node also computes the second block's conv1 (32 -> 8): its
+    second output is that conv1's int8 tensor (within 1 LSB of ONNX Runtime's on the graph's own int8 tensors, which
+    sums in fp32), the network computes the same, and a 3x3 node (conv3x3) reads the chained output."""
+    from trtfuse.models import residual_conv_rewrite as rcr
+    from trtfuse.models.residual_conv_rewrite import next_reference
+
+    monkeypatch.setattr(rcr, "MIN_PROJECTION_COUT", 32)
+    monkeypatch.setattr(rcr, "MAX_CONV3X3_COUT", 64)
+    out, n = rewrite(toy, projections=True, conv3x3=True, chain_next=True)
+    assert n == 4 and plugin_counts(out) == {"tail": 1, "proj": 0, "fused": 1, "conv3x3": 2, "stem": 0, "next": 1}
+    onnx.checker.check_model(out)
+    (fused,) = [nd for nd in out.graph.node if nd.op_type == PLUGIN_OP and plugin_kind(nd) == "fused"]
+    assert len(fused.output) == 2
+    readers = [nd for nd in out.graph.node if fused.output[1] in nd.input]
+    assert [plugin_kind(nd) for nd in readers] == ["conv3x3"]
+    x = calib_batches(seed=7, n=1)[0]
+    v = _int8_values(toy, list(fused.output), x)
+    diff = np.abs(next_reference(v[fused.output[0]], fused).astype(np.int16) - v[fused.output[1]].astype(np.int16))
+    assert diff.max() <= 1 and (diff == 0).mean() > 0.99
+    _assert_same_network(toy, out, x)

@@ -44,6 +44,7 @@ def fake_tensorrt(version: str):
             self.input = Tensor("input", (-1, 3, 16, 16))
 
         num_outputs = property(lambda self: len(self.outputs))
+        num_layers = 0   # the fake parser adds none (pin_int8_plugin_outputs then has nothing to pin)
 
         def get_output(self, i):
             return self.outputs[i]

@@ -73,6 +73,16 @@ def library(path: str | None = None) -> ctypes.CDLL:
     lib.trtfuse_stem_forward.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int] * 4 + [ctypes.c_void_p]
     lib.trtfuse_stem_config_name.restype = ctypes.c_char_p
     lib.trtfuse_stem_config_name.argtypes = [ctypes.c_int]
+    # a tail's chained next conv: cin (check only), cout, weights, w_scale, bias, x_scale, out_scale (+ relu)
+    nxt = [ctypes.c_int, c_i8p, c_fp, c_fp, ctypes.c_float, ctypes.c_float]
+    lib.trtfuse_next_check.argtypes = [ctypes.c_int] + nxt
+    lib.trtfuse_next_attach.argtypes = [ctypes.c_void_p] + nxt + [ctypes.c_int]
+    lib.trtfuse_next_fuses.argtypes = [ctypes.c_void_p] + [ctypes.c_int] * 4
+    lib.trtfuse_next_forward.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int] * 3 + [
+        ctypes.c_void_p,
+        ctypes.c_int,
+        ctypes.c_void_p,
+    ]
     lib.trtfuse_residual_conv_destroy.argtypes = [ctypes.c_void_p]
     lib.trtfuse_residual_conv_forward.argtypes = (
         [ctypes.c_void_p] * 4 + [ctypes.c_int] * 4 + [ctypes.c_void_p]
@@ -211,7 +221,41 @@ class _Layer:
             pass
 
 
-class ResidualConv(_Layer):
+def check_next(cin, cout, w, w_scale, bias, x_scale, out_scale) -> int:
+    """0 if a next conv with these fields (weights [cout][cin]) can be chained onto a tail of cin output channels,
+    else the C ABI's error code (no GPU needed)."""
+    w, ws, b = _arrays(w, w_scale, bias)
+    return library().trtfuse_next_check(cin, cout, _ptr(w, ctypes.c_int8), _ptr(ws, ctypes.c_float),
+                                        _ptr(b, ctypes.c_float), x_scale, out_scale)
+
+
+class _Tail(_Layer):
+    """A tail (ResidualConv with a residual, ProjTail), onto which the next bottleneck's conv1 may be chained: one
+    kernel then writes both outputs where an sm90 configuration can (next_fuses), else two launches."""
+
+    def attach_next(self, w, w_scale, bias, x_scale: float, out_scale: float, relu: bool = True) -> None:
+        """The next 1x1 conv (stride 1, no residual): weights [next_cout][cout]; x_scale: the scale it reads this
+        layer's int8 output with."""
+        w, ws, b = _arrays(w, w_scale, bias)
+        _raise(library().trtfuse_next_attach(self._h, w.shape[0], _ptr(w, ctypes.c_int8), _ptr(ws, ctypes.c_float),
+                                             _ptr(b, ctypes.c_float), x_scale, out_scale, int(relu)), "next_attach")
+        self.next_cout = w.shape[0]
+
+    def next_fuses(self, config: int = -1, n: int = 0, h: int = 0, w: int = 0) -> bool:
+        """Whether forward_next on `config` (-1: its pick for an n x h x w input) runs one kernel on this device."""
+        st = library().trtfuse_next_fuses(self._h, config, n, h, w)
+        _raise(min(st, 0), "next_fuses")
+        return bool(st)
+
+    def forward_next(self, x_ptr: int, second_ptr: int, out_ptr: int, next_out_ptr: int, n: int, h: int, w: int,
+                     workspace_ptr: int = 0, config: int = -1, stream: int = 0) -> None:
+        """out as forward() writes it, and next_out [n, next_cout, ho, wo], the next conv of out. second: r (a tail),
+        xp (a ProjTail); n, h, w and the workspace as forward()'s."""
+        _raise(library().trtfuse_next_forward(self._h, x_ptr, second_ptr, out_ptr, next_out_ptr, n, h, w,
+                                              workspace_ptr, config, stream), "next_forward")
+
+
+class ResidualConv(_Tail):
     """One layer's packed weights on the device; forward() on kCHW32 int8 device buffers.
 
     r_scale 0: a layer without a residual input (a projection with relu False, a bottleneck's conv1 with relu True),
@@ -259,7 +303,7 @@ class ResidualConv(_Layer):
         )
 
 
-class ProjTail(_Layer):
+class ProjTail(_Tail):
     """A stage's first block in one kernel: its tail (1x1 conv + BN + residual Add + ReLU, stride 1) whose residual
     is its projection (1x1 conv of the block input, stride 1 or 2, no ReLU), computed in the same kernel on the sm90
     configurations that hold both weight matrices; exactly ResidualConv(projection) then ResidualConv(tail).

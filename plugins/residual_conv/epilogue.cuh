@@ -104,9 +104,15 @@ __device__ __forceinline__ uint32_t q_quad_t(float t0, float t1, float t2, float
 // accumulator has this layout per warp). With the permuted weights (tile_layout.h: packed_row_channel) chunks 2k and
 // 2k+1 hold channels 16k + 4*tig .. 16k + 4*tig + 3 for this thread: one 32-bit word per row of the tile.
 // tile: [slab][ROWS][32] (swz_offset) starting at the fragment's first column; n0: that column's channel.
-template <int ROWS, int MI, int NI, bool RESIDUAL, bool SMALL, bool SAT>
+// keep(group, i, h, word): each output word (16-channel group `group` of the fragment, rows row + 16i + 8h) is also
+// handed to it (the sm90 kernel keeps a tail's words as the A fragments of the next conv's GEMM); STORE = false: the
+// words are not written to the tile (nor is a residual read from it).
+struct KeepNone {
+    __device__ __forceinline__ void operator()(int, int, int, uint32_t) const {}
+};
+template <int ROWS, int MI, int NI, bool RESIDUAL, bool SMALL, bool SAT, bool STORE = true, class Keep = KeepNone>
 __device__ __forceinline__ void epilogue_fragment_form(int const (&acc)[MI][NI * 4], Rule const& rule, int8_t* tile,
-                                                       int row, int tig, int n0) {
+                                                       int row, int tig, int n0, Keep&& keep = Keep{}) {
     static_assert(NI % 2 == 0, "n8 chunks come in pairs (16-channel groups)");
     std::integral_constant<bool, SMALL> small;
     // this thread's first channel of the per-channel constants: each chunk's loads are then an immediate offset from
@@ -121,7 +127,7 @@ __device__ __forceinline__ void epilogue_fragment_form(int const (&acc)[MI][NI *
         float4 const b = __ldg(reinterpret_cast<float4 const*>(pb + n * 8));
         float4 const s = RESIDUAL ? __ldg(reinterpret_cast<float4 const*>(ps + n * 8)) : float4{};
         // rows row + 16i + 8h: 32-byte rows, 4-byte units (the swizzle depends on the row mod 8 only)
-        uint32_t* base = reinterpret_cast<uint32_t*>(tile + swz_offset(col >> 5, ROWS, row, col & 31));
+        uint32_t* base = STORE ? reinterpret_cast<uint32_t*>(tile + swz_offset(col >> 5, ROWS, row, col & 31)) : nullptr;
         uint32_t rv[MI][2], q[MI][2];
 #pragma unroll
         for (int i = 0; i < MI; ++i)
@@ -153,20 +159,27 @@ __device__ __forceinline__ void epilogue_fragment_form(int const (&acc)[MI][NI *
 #pragma unroll
         for (int i = 0; i < MI; ++i)
 #pragma unroll
-            for (int h = 0; h < 2; ++h) base[(i * 16 + h * 8) * 8] = q[i][h];
+            for (int h = 0; h < 2; ++h) {
+                if constexpr (STORE) base[(i * 16 + h * 8) * 8] = q[i][h];
+                keep(n >> 1, i, h, q[i][h]);
+            }
     }
 }
 
 // The form is chosen per launch (rule.sat, rule.small_acc), the same for every thread: no divergence.
-template <int ROWS, int MI, int NI, bool RESIDUAL>
+template <int ROWS, int MI, int NI, bool RESIDUAL, bool STORE = true, class Keep = KeepNone>
 __device__ __forceinline__ void epilogue_fragment(int const (&acc)[MI][NI * 4], Rule const& rule, int8_t* tile, int row,
-                                                  int tig, int n0) {
+                                                  int tig, int n0, Keep&& keep = Keep{}) {
     if (rule.sat) {
-        if (rule.small_acc) epilogue_fragment_form<ROWS, MI, NI, RESIDUAL, true, true>(acc, rule, tile, row, tig, n0);
-        else epilogue_fragment_form<ROWS, MI, NI, RESIDUAL, false, true>(acc, rule, tile, row, tig, n0);
+        if (rule.small_acc)
+            epilogue_fragment_form<ROWS, MI, NI, RESIDUAL, true, true, STORE>(acc, rule, tile, row, tig, n0, keep);
+        else
+            epilogue_fragment_form<ROWS, MI, NI, RESIDUAL, false, true, STORE>(acc, rule, tile, row, tig, n0, keep);
     } else {
-        if (rule.small_acc) epilogue_fragment_form<ROWS, MI, NI, RESIDUAL, true, false>(acc, rule, tile, row, tig, n0);
-        else epilogue_fragment_form<ROWS, MI, NI, RESIDUAL, false, false>(acc, rule, tile, row, tig, n0);
+        if (rule.small_acc)
+            epilogue_fragment_form<ROWS, MI, NI, RESIDUAL, true, false, STORE>(acc, rule, tile, row, tig, n0, keep);
+        else
+            epilogue_fragment_form<ROWS, MI, NI, RESIDUAL, false, false, STORE>(acc, rule, tile, row, tig, n0, keep);
     }
 }
 

@@ -59,6 +59,16 @@
 // quantized before the Add; this keeps the int8 tensor the graph defines. The consumer holds its tensor-core turn
 // (PINGPONG) through the projection's epilogue: the turns then stay one per tile.
 //
+// NEXT_N > 0, a chained next conv (issue 14, step 3: a tail and the next bottleneck's conv1 in one kernel): the next
+// conv's 1x1 GEMM (K = this layer's <= 256 channels, N = NEXT_N of 64 or 128) runs from the tail's output tile
+// while it is still in registers, so the conv1 does not read the tail's output back from memory (ResNet-50 layer1:
+// 1.6 GB per batch of 2048 at the DRAM floor, TensorRT's conv1 0.67 ms). The epilogue hands each output word to the
+// consumer as well as to the tile (epilogue.cuh: keep): a thread's word of 16-channel group j, row g (+ 8), holds
+// channels 16 j + 4 tig .. + 3, which is exactly its wgmma A fragment of k32 step j / 2 (mma.sync m16n8k32 layout)
+// for the next GEMM, so its A comes from registers (wgmma RS), and its weights (one slice of NEXT_N rows, loaded at
+// block start) from shared memory. The next conv's epilogue writes its words straight to global memory: per warp
+// instruction 8 rows x 16 bytes, two instructions a 256-byte run.
+//
 // Compiled only in the sm_90a pass (ptx_sm90.cuh; kHasWgmma guards the launch).
 #pragma once
 #include <cstdint>
@@ -130,7 +140,7 @@ struct WgwConfig {
     static constexpr int R_BLOCK = 16 * BN;
     // k chunks of the weight slice with a barrier each: shared memory caps BN * k_tiles * BK below 227 KB
     static constexpr int MAX_K_TILES = 227 * 1024 / (BN * BK) + 1;
-    static constexpr int BARRIERS = 2 * X_SLOTS + 4 * RBUF + MAX_K_TILES + 4;
+    static constexpr int BARRIERS = 2 * X_SLOTS + 4 * RBUF + MAX_K_TILES + 5;
     static constexpr int SMEM = X_SLOTS * A_STAGE + 2 * RBUF * R_TILE + BARRIERS * 8;   // + the weight slice
     static_assert(BK % 32 == 0 && 128 % BK == 0, "packing pads K to 128");
     // RBUF >= 2: a consumer releases a buffer its TMA store read (pay_owed) only once it has the next tile's buffer
@@ -146,17 +156,20 @@ template <class Cfg>
 constexpr int wgw_smem_bytes(int k_tiles) {
     return Cfg::BN * k_tiles * Cfg::BK + Cfg::SMEM;
 }
+// the next conv's K padded to 128, at most (its weight slice takes NEXT_N x this many bytes of shared memory)
+constexpr int kNextMaxK = 256;
 
 // FORM: kResidual, the layer has a residual input (p.r); kPlain, none: the producers only hand the residual
 // buffers on and the epilogue only writes them (they stage the output for its TMA store); kProjResidual, the residual
-// is the projection of p.xp, computed here (see above).
-template <class Cfg, int FORM>
+// is the projection of p.xp, computed here (see above). NEXT_N: 0, or the chained next conv's N tile (see above).
+template <class Cfg, int FORM, int NEXT_N = 0>
 __global__ void __launch_bounds__(Cfg::THREADS, 1)
 conv_kernel_sm90(const __grid_constant__ Params p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     constexpr int BM = Cfg::BM, BN = Cfg::BN, BK = Cfg::BK, STAGES = Cfg::STAGES, RBUF = Cfg::RBUF;
     constexpr int KCH = Cfg::KCH, NI = BN / 8;
     constexpr bool RESIDUAL = FORM == kResidual, FUSED = FORM == kProjResidual;
+    static_assert(NEXT_N == 0 || NEXT_N == 64 || NEXT_N == 128, "the next conv's N tile: 64 or 128");
 
     // k stages per tile: the projection's k0 (FUSED), then x's. Weight k tile of stage kt: kt for the projection's,
     // x's from w_x0 on (the projection's K is padded to 128 in a weight row). All weight tiles: <= MAX_K_TILES, the
@@ -169,7 +182,8 @@ conv_kernel_sm90(const __grid_constant__ Params p) {
     extern __shared__ __align__(1024) int8_t wg_smem[];
     int8_t* sW = wg_smem;                          // w_tiles*KCH chunks x [BN][32] (swz_offset)
     constexpr int XS = Cfg::X_SLOTS;
-    int8_t* sA = sW + BN * w_tiles * BK;           // [slot]: [KCH][64][32] (swz_offset)
+    int8_t* sW2 = sW + BN * w_tiles * BK;          // NEXT_N: the next conv's weights, [kNextMaxK/32][NEXT_N][32]
+    int8_t* sA = sW2 + NEXT_N * kNextMaxK;   // [slot]: [KCH][64][32] (swz_offset)
     int8_t* sR = sA + XS * Cfg::A_STAGE;           // [consumer][buffer]: 4 warp blocks [BN/32][16][32], residual/output
     uint32_t const bars = smem_u32(sR + 2 * RBUF * Cfg::R_TILE);
     // barriers of x slot s, of consumer c's buffer b (index c * RBUF + b), of weight chunk kt
@@ -180,6 +194,7 @@ conv_kernel_sm90(const __grid_constant__ Params p) {
     auto w_full = [&](int kt) { return bars + 8 * (2 * XS + 4 * RBUF + kt); };
     auto mma_turn = [&](int c) { return bars + 8 * (2 * XS + 4 * RBUF + Cfg::MAX_K_TILES + c); };
     auto mma_done = [&](int c) { return bars + 8 * (2 * XS + 4 * RBUF + Cfg::MAX_K_TILES + 2 + c); };
+    uint32_t const w2_full = bars + 8 * (2 * XS + 4 * RBUF + Cfg::MAX_K_TILES + 4);
     // the x slot of stage kt of tile t (consumer t % 2, its tile u = t / 2) and that slot's fill count: per consumer
     // rings of STAGES slots, or (SHARED) one ring that the tiles of both consumers take in order
     auto x_pos = [&](int t, int kt, int& slot, int& fill) {
@@ -215,8 +230,13 @@ conv_kernel_sm90(const __grid_constant__ Params p) {
         for (int b = 0; b < 2 * RBUF; ++b) { mbar_init(r_full(b), 32 * XW); mbar_init(r_empty(b), 128); }
         for (int kt = 0; kt < w_tiles; ++kt) mbar_init(w_full(kt), 1);
         for (int c = 0; c < 2; ++c) { mbar_init(mma_turn(c), 128); mbar_init(mma_done(c), 4); }
+        if (NEXT_N > 0) mbar_init(w2_full, 1);
         fence_mbarrier_init();
         if (my_tiles > 0) load_weights(tiles.n_block(0));   // the first slice, ahead of every other load
+        if (NEXT_N > 0 && my_tiles > 0) {   // the next conv's slice, needed only after the first tile's epilogue
+            mbar_arrive_expect_tx(w2_full, NEXT_N * p.next_kpad);
+            bulk_load(smem_u32(sW2), p.next_w_img, NEXT_N * p.next_kpad, w2_full);
+        }
     }
     __syncthreads();   // the only block-wide barrier
 
@@ -340,6 +360,50 @@ conv_kernel_sm90(const __grid_constant__ Params p) {
             owed = -1;
         }
     };
+    // The chained next conv (NEXT_N > 0, see above) of a tile, in two steps: next_issue starts its wgmmas into acc2
+    // from the A fragments `a` (the tail's output words; first: this consumer's first tile, which waits for the next
+    // conv's weights), next_finish waits for them and writes this warp's 16 rows from wm0. The tile's output store
+    // is issued in between.
+    constexpr int HALVES = NEXT_N > 0 ? NEXT_N / 64 : 1;   // m64n64 wgmmas per k32 step
+    auto next_issue = [&](uint32_t const (&a)[NI / 2][2], int (&acc2)[HALVES][1][32], bool first) {
+        if (first) mbar_wait(w2_full, 0);
+        int const init2 = p.next_rule.small_acc ? kMagicBits : 0;
+#pragma unroll
+        for (int hh = 0; hh < HALVES; ++hh)
+#pragma unroll
+            for (int i = 0; i < 32; ++i) acc2[hh][0][i] = init2;
+        uint64_t const descW2 = smem_desc(smem_u32(sW2));
+        wgmma_fence();   // the A registers and accumulators were just written
+#pragma unroll
+        for (int ks = 0; ks < kNextMaxK / 32; ++ks) {
+            if (ks * 32 >= p.next_kpad) break;   // K past the layer's channels (padded to 128)
+            uint32_t const frag[4] = {a[2 * ks][0], a[2 * ks][1], a[2 * ks + 1][0], a[2 * ks + 1][1]};
+#pragma unroll
+            for (int hh = 0; hh < HALVES; ++hh)
+                wgmma_m64n64k32_s8_rs(acc2[hh][0], frag, descW2 + ((ks * NEXT_N * 32 + hh * 64 * 32) >> 4), 1);
+        }
+        wgmma_commit();
+    };
+    auto next_finish = [&](int (&acc2)[HALVES][1][32], int wm0) {
+        wgmma_wait<0>();
+        // rows wm0 + g and + 8 of next_out, the word of channels c .. c + 3 at (slab c / 32, byte c % 32)
+        int64_t const next_slab = static_cast<int64_t>(p.HW) * 32;
+        int8_t* rows[2];
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            int const m = wm0 + g + 8 * h;
+            int const img = p.hw_div.div(min(m, p.M - 1)), hw = m - img * p.HW;
+            rows[h] = m < p.M ? p.next_out + (static_cast<int64_t>(img) * p.next_nc * p.HW + hw) * 32 : nullptr;
+        }
+#pragma unroll
+        for (int hh = 0; hh < HALVES; ++hh)
+            epilogue_fragment<16, 1, 8, false, false>(
+                acc2[hh], p.next_rule, nullptr, g, tig, hh * 64, [&](int j, int, int h, uint32_t word) {
+                    int const ch = hh * 64 + 16 * j + 4 * tig;
+                    if (rows[h] && (ch >> 5) < p.next_nc)
+                        *reinterpret_cast<uint32_t*>(rows[h] + (ch >> 5) * next_slab + (ch & 31)) = word;
+                });
+    };
     // an extra block whose run crosses N blocks: the consumers report each tile's wgmmas done (mma_done), so that the
     // consumer that reloads the weight slice knows when the old one is no longer read
     int const nb_first = my_tiles > 0 ? tiles.n_block(0) : 0;
@@ -425,13 +489,26 @@ conv_kernel_sm90(const __grid_constant__ Params p) {
             int const b = c * RBUF + u % RBUF, m0 = tiles.template m_block<EXTRA>(t) * BM;
             int8_t* const w_tile = FUSED ? sR + b * Cfg::R_TILE + warp_in_wg * Cfg::R_BLOCK : take_buffer(b);
             WGW_TRACE(4);
-            epilogue_fragment<16, 1, NI, RESIDUAL || FUSED>(acc, p.rule, w_tile, g, tig, n0);
+            // NEXT_N: the output words of 16-channel group j, rows g and g + 8, kept as the next GEMM's A fragments
+            [[maybe_unused]] uint32_t next_a[NEXT_N > 0 ? NI / 2 : 1][2];
+            [[maybe_unused]] int acc2[HALVES][1][32];   // the next conv's accumulators
+            if constexpr (NEXT_N > 0) {
+                epilogue_fragment<16, 1, NI, RESIDUAL || FUSED>(
+                    acc, p.rule, w_tile, g, tig, n0, [&](int j, int, int h, uint32_t word) { next_a[j][h] = word; });
+                next_issue(next_a, acc2, u == 0);
+            } else {
+                epilogue_fragment<16, 1, NI, RESIDUAL || FUSED>(acc, p.rule, w_tile, g, tig, n0);
+            }
             WGW_TRACE(5);
             // the next tile's accumulators, set here: the moves then overlap the wait below instead of delaying the
-            // next tile's first wgmma (measured: ~1k cycles between a tile's start and its first wgmma otherwise)
+            // next tile's first wgmma (measured: ~1k cycles between a tile's start and its first wgmma otherwise).
+            // With a next conv, after it: its registers would otherwise hold these and the next GEMM's at once.
+            auto reset_acc = [&] {
 #pragma unroll
-            for (int i = 0; i < BN / 2; ++i)   // stays here
-                asm volatile("mov.b32 %0, %1;\n" : "=r"(acc[0][i]) : "r"(init0));
+                for (int i = 0; i < BN / 2; ++i)   // stays here
+                    asm volatile("mov.b32 %0, %1;\n" : "=r"(acc[0][i]) : "r"(init0));
+            };
+            if constexpr (NEXT_N == 0) reset_acc();
             // Each warp stores its own 16 rows, which only its epilogue wrote: a warp barrier suffices. Rows within
             // one image leave by one TMA store (p.out_map, box 16 rows x BN/32 slabs from the block's first row; rows
             // past HW or M and slabs past Nc not written), issued by lane 0, which releases the buffer after the next
@@ -465,6 +542,10 @@ conv_kernel_sm90(const __grid_constant__ Params p) {
                     }
                 }
                 mbar_arrive(r_empty(b));
+            }
+            if constexpr (NEXT_N > 0) {
+                next_finish(acc2, wm0);
+                reset_acc();
             }
             WGW_TRACE(6);
         }

@@ -56,6 +56,9 @@ struct ConfigInfo {
     int bk = 0;
     int (*smem_bytes)(int k_tiles) = nullptr;   // sm90: the launch's shared memory for a layer of k_tiles stages
     bool balance = false;        // sm90 with PINGPONG: the schedule may add extra blocks (schedule_sm90.h)
+    // sm90 with a chained next conv (kernel_sm90.cuh, NEXT_N): [NEXT_N 64, 128][Form]; null: not compiled for this
+    // configuration (see kNextConfig)
+    void (*next_kernels[2][kForms])(Params) = {};
 };
 
 template <class C>
@@ -66,19 +69,26 @@ constexpr int kWeightSliceRows = 256;  // the sm90 kernel's BN: Layer::w_img hol
 
 template <class C>
 int sm90_smem(int k_tiles) { return wgw_smem_bytes<C>(k_tiles); }
-template <class C>
+template <class C, bool NEXT = false>
 constexpr ConfigInfo info_sm90(char const* name) {
     static_assert(C::BN == kWeightSliceRows, "Layer::w_img is packed in slices of kWeightSliceRows rows");
-    return {name,
-            C::BM,
-            C::BN,
-            C::THREADS,
-            C::SMEM,
-            {conv_kernel_sm90<C, kPlain>, conv_kernel_sm90<C, kResidual>, conv_kernel_sm90<C, kProjResidual>},
-            true,
-            C::BK,
-            sm90_smem<C>,
-            C::PINGPONG};
+    ConfigInfo i{name,
+                 C::BM,
+                 C::BN,
+                 C::THREADS,
+                 C::SMEM,
+                 {conv_kernel_sm90<C, kPlain>, conv_kernel_sm90<C, kResidual>, conv_kernel_sm90<C, kProjResidual>},
+                 true,
+                 C::BK,
+                 sm90_smem<C>,
+                 C::PINGPONG};
+    if constexpr (NEXT) {   // a chained next conv follows a tail (with or without its projection)
+        i.next_kernels[0][kResidual] = conv_kernel_sm90<C, kResidual, 64>;
+        i.next_kernels[0][kProjResidual] = conv_kernel_sm90<C, kProjResidual, 64>;
+        i.next_kernels[1][kResidual] = conv_kernel_sm90<C, kResidual, 128>;
+        i.next_kernels[1][kProjResidual] = conv_kernel_sm90<C, kProjResidual, 128>;
+    }
+    return i;
 }
 constexpr int kMaxSmem = 227 * 1024;   // dynamic shared memory per block (sm_90)
 
@@ -88,10 +98,16 @@ ConfigInfo const kConfigs[] = {
     info_sm90<W0>("wgw_64x256x128_s2_r2"),
     info_sm90<W1>("wgw_64x256x128_s2_r3_p2"),
     info_sm90<W2>("wgw_64x256x128_s4_r2_p2_pp_sh"),
-    info_sm90<W3>("wgw_64x256x64_s4_r2"),
+    info_sm90<W3, true>("wgw_64x256x64_s4_r2"),
     info_sm90<W4>("wgw_64x256x64_s4_r2_p2"),
 };
 constexpr int kNumConfigs = sizeof(kConfigs) / sizeof(kConfigs[0]);
+// The configuration compiled with a chained next conv (four kernels: NEXT_N 64, 128 x tail, projection + tail): on
+// the H100 the fastest chained one for each ResNet-50 layer1 pair at batch 256 and 2048, also where the layer alone
+// prefers another (layer1.1 + layer1.2's conv1 at 2048: 1.569 ms, 1.587 with wgw_64x256x128_s2_r3_p2, 1.624 with
+// the turn-taking wgw_64x256x128_s4_r2_p2_pp_sh; layer1.2 + layer2.0's conv1: 1.791, 1.968, 1.861;
+// docs/residual_conv.md, Version 17).
+char const* const kNextConfig = "wgw_64x256x64_s4_r2";
 
 struct Layer {
     int cin, cout, kc, nc, kpad, npad;
@@ -109,6 +125,11 @@ struct Layer {
     int8_t* w_img_halo[2] = {};   // a 3x3 conv: w as slices of 64 and 128 rows (the halo kernel's BN)
     float* abs = nullptr;   // [6][npad]: a, b, s of the rounding rule, then the same times 2^-8
     bool sat = false;       // the epilogue may use its saturating form (see sat_exact)
+    // A tail's chained next conv (trtfuse_next_attach): a layer of its own (its constants, and its launch where the
+    // chained kernel cannot run), w_img_next its weights as one slice of next_n rows (the chained kernel's NEXT_N)
+    Layer* next = nullptr;
+    int8_t* w_img_next = nullptr;
+    int next_n = 0;
 };
 
 int round_up(int v, int m) { return (v + m - 1) / m * m; }
@@ -259,16 +280,15 @@ int allow_dynamic_smem(Kernel kernel, int bytes) {
     return 0;
 }
 
-// Blocks of a kernel of `config` (its Form `residual`) that fit on the whole current GPU at once (SMs x blocks
+// Blocks of `kernel`, of `config` (its Form `residual`), that fit on the whole current GPU at once (SMs x blocks
 // per SM) with `smem` bytes of dynamic shared memory, cached per (device, config, form) where the size is fixed. Also
 // raises the kernel's dynamic shared-memory limit (sm90: to the maximum, their size depends on the layer).
-int resident_blocks(int config, int residual, int smem, int* out) {
+int resident_blocks(int config, int residual, void (*kernel)(Params), int smem, int* out) {
     static std::mutex mu;
     static int cache[64][kNumConfigs][kForms] = {};
     int dev = 0;
     TRTFUSE_CUDA_RETURN(cudaGetDevice(&dev));
     ConfigInfo const& C = kConfigs[config];
-    auto const kernel = C.kernels[residual];
     bool const fixed = !C.sm90;
     if (dev < 64 && fixed) {
         std::lock_guard<std::mutex> lock(mu);
@@ -311,7 +331,9 @@ int upload(std::vector<T> const& v, T** dst) {
 int free_layer(Layer* L) {
     if (!L) return 0;
     int e = free_layer(L->proj);
+    if (int f = free_layer(L->next)) e = e ? e : f;
     for (void* ptr : {static_cast<void*>(L->w), static_cast<void*>(L->w_img), static_cast<void*>(L->abs),
+                      static_cast<void*>(L->w_img_next),
                       static_cast<void*>(L->w_img_fused), static_cast<void*>(L->w_img_halo[0]),
                       static_cast<void*>(L->w_img_halo[1])})
         if (int f = static_cast<int>(cudaFree(ptr))) e = e ? e : f;
@@ -411,16 +433,33 @@ bool fuses(Layer const& L, int config) {
            layer_fits(config, layer_k_bytes(L));
 }
 
+// The shared memory of layer L's launch on `config` in `form`, with its chained next conv when `chained`
+int launch_smem(Layer const& L, Form form, int config, bool chained) {
+    int const k_bytes = form == kProjResidual ? layer_k_bytes(L) : L.kc * 32;
+    return config_smem(config, k_bytes) + (chained ? L.next_n * kNextMaxK : 0);
+}
+
+// Whether the chained kernel runs layer L with its next conv on `config`: compiled for it, sm_90a, and it holds both
+// weight slices; L's output is one N block (cout <= 256, the next conv's K) and the next conv fits NEXT_N 64 or 128.
+bool chains(Layer const& L, int config) {
+    if (!L.next || config < 0 || L.next_n == 0) return false;
+    Form const form = L.proj ? kProjResidual : kResidual;
+    return kConfigs[config].next_kernels[L.next_n == 128][form] && config_supported(config) &&
+           launch_smem(L, form, config, true) <= kMaxSmem;
+}
+
 // One launch of layer L on `config` (>= 0) in `form`: x (and, kProjResidual, the projection's xp) in, an output of
-// n x ho x wo positions.
+// n x ho x wo positions; with next_out, L's chained next conv's output too (chains(L, config) holds).
 int launch(Layer const& L, Form form, Operand x, Operand xp, void const* r, void* out, int n, int ho, int wo,
-           int config, cudaStream_t stream) {
+           int config, cudaStream_t stream, void* next_out = nullptr) {
     if (!config_supported(config)) return TRTFUSE_RCONV_ERR_ARCH;
     int const k_bytes = form == kProjResidual ? layer_k_bytes(L) : L.kc * 32;
     if (!layer_fits(config, k_bytes)) return TRTFUSE_RCONV_ERR_FIT;
     ConfigInfo const& C = kConfigs[config];
-    if (!C.kernels[form]) return TRTFUSE_RCONV_ERR_ARCH;
-    int const smem = config_smem(config, k_bytes), hw = ho * wo;
+    bool const chained = next_out != nullptr;
+    auto const kernel = chained ? C.next_kernels[L.next_n == 128][form] : C.kernels[form];
+    if (!kernel || (chained && !chains(L, config))) return TRTFUSE_RCONV_ERR_ARCH;
+    int const smem = launch_smem(L, form, config, chained), hw = ho * wo;
     int64_t const M = static_cast<int64_t>(n) * hw;
 
     Params p{};
@@ -438,6 +477,13 @@ int launch(Layer const& L, Form form, Operand x, Operand xp, void const* r, void
         p.w_img = L.w_img_fused;
         p.Kpad = k_bytes;
     }
+    if (chained) {
+        p.next_rule = rule_of(*L.next);
+        p.next_out = static_cast<int8_t*>(next_out);
+        p.next_w_img = L.w_img_next;
+        p.next_nc = L.next->nc;
+        p.next_kpad = L.next->kpad;
+    }
     p.M = static_cast<int>(M);
     p.HW = hw;
     p.ow_div = trtfuse::FastDivmod(wo);
@@ -448,7 +494,7 @@ int launch(Layer const& L, Form form, Operand x, Operand xp, void const* r, void
     int64_t tiles = (M + C.bm - 1) / C.bm * p.n_blocks;
     if (tiles >= (int64_t(1) << 31)) return TRTFUSE_RCONV_ERR_SHAPE;
     int resident = 0;
-    if (int st = resident_blocks(config, form, smem, &resident)) return st;
+    if (int st = resident_blocks(config, form, kernel, smem, &resident)) return st;
     // sm80: a persistent grid, every resident block slot gets a block, each walks tiles with a grid stride.
     int64_t blocks = std::min<int64_t>(tiles, resident);
     if (C.sm90) {   // its own schedule (schedule_sm90.h), the packed weight slices, the output tensor map
@@ -459,7 +505,7 @@ int launch(Layer const& L, Form form, Operand x, Operand xp, void const* r, void
         p.wgw_rest = s.rest;
         if (int st = encode_out_map(p, n, C.bn)) return st;
     }
-    C.kernels[form]<<<static_cast<unsigned>(blocks), C.threads, smem, stream>>>(p);
+    kernel<<<static_cast<unsigned>(blocks), C.threads, smem, stream>>>(p);
     TRTFUSE_LAUNCH_CHECK();
     return 0;
 }
@@ -989,6 +1035,86 @@ extern "C" int trtfuse_proj_tail_forward(void const* handle, void const* x, void
     return forward_plain(*L, x, workspace, out, n, ho, wo, each, st);   // L's own fields are the tail's
 }
 
+namespace {
+// The configuration next_forward(-1) runs layer L with its next conv on, for a forward input of n x h x w: the
+// chained one (kNextConfig) where it can, else the layer's own choice (two launches; kSeparate for a projection +
+// tail the tuner runs as two plain layers).
+int next_config(Layer const& L, int n, int h, int w) {
+    int const chained = config_by_name(kNextConfig);
+    if (chains(L, chained)) return chained;
+    int const s = L.proj ? L.proj->stride : 1, ho = (h - 1) / s + 1, wo = (w - 1) / s + 1;
+    return L.proj ? select_config(L.cin, L.cout, n, ho * wo, true, s, L.proj->cin, layer_k_bytes(L))
+                  : select_config(L.cin, L.cout, n, ho * wo, true, 1);
+}
+}  // namespace
+
+extern "C" int trtfuse_next_check(int cin, int cout, int8_t const* weights, float const* w_scale, float const* bias,
+                                  float x_scale, float out_scale) {
+    return trtfuse_conv1x1_check(cin, cout, weights, w_scale, bias, x_scale, 0.f, out_scale, 1);
+}
+
+extern "C" int trtfuse_next_attach(void* handle, int cout, int8_t const* weights, float const* w_scale,
+                                   float const* bias, float x_scale, float out_scale, int relu) {
+    if (!handle) return TRTFUSE_RCONV_ERR_NULL;
+    Layer* L = static_cast<Layer*>(handle);
+    // a tail, with or without its projection: stride 1, a residual (read or computed), not yet chained
+    if (L->next || L->taps != 1 || !L->residual || L->stride != 1) return TRTFUSE_RCONV_ERR_NEXT;
+    if (int st = trtfuse_next_check(L->cout, cout, weights, w_scale, bias, x_scale, out_scale)) return st;
+    Layer* N = new Layer;
+    std::vector<int8_t> rows;
+    int st = build_layer(L->cout, cout, weights, w_scale, bias, x_scale, 0.f, out_scale, relu, 1, N, &rows);
+    // the chained kernel's slice: the first next_n packed rows; none where it cannot chain (L's output wider than one
+    // N block, or the next conv's than 128 channels): next_forward then takes two launches
+    int const next_n = N->nc * 32 <= 64 ? 64 : N->nc * 32 <= 128 ? 128 : 0;
+    if (st == 0 && next_n > 0 && L->nc * 32 <= kWeightSliceRows && N->kpad <= kNextMaxK) {
+        std::vector<int8_t> img(static_cast<size_t>(next_n) * N->kpad);
+        pack_weight_slices(rows.data(), next_n, N->kpad, next_n, img.data());
+        st = upload(img, &L->w_img_next);
+        L->next_n = st == 0 ? next_n : 0;
+    }
+    if (st) {
+        free_layer(N);
+        return st;
+    }
+    L->next = N;
+    return 0;
+}
+
+extern "C" int trtfuse_next_fuses(void const* handle, int config, int n, int h, int w) {
+    Layer const* L = static_cast<Layer const*>(handle);
+    if (!L || !L->next || config < -1 || config >= kNumConfigs) return TRTFUSE_RCONV_ERR_NULL;
+    if (config == -1) {
+        if (n <= 0 || h <= 0 || w <= 0) return TRTFUSE_RCONV_ERR_SHAPE;
+        config = next_config(*L, n, h, w);
+    }
+    return chains(*L, config) ? 1 : 0;
+}
+
+extern "C" int trtfuse_next_forward(void const* handle, void const* x, void const* second, void* out, void* next_out,
+                                    int n, int h, int w, void* workspace, int config, void* stream) {
+    if (!handle || !x || !second || !out || !next_out) return TRTFUSE_RCONV_ERR_NULL;
+    Layer const* L = static_cast<Layer const*>(handle);
+    if (!L->next) return TRTFUSE_RCONV_ERR_NEXT;
+    if (reinterpret_cast<uintptr_t>(next_out) & 15) return TRTFUSE_RCONV_ERR_ALIGN;
+    int const s = L->proj ? L->proj->stride : 1, ho = (h - 1) / s + 1, wo = (w - 1) / s + 1;
+    // the layer's own input order: a projection + tail reads the block input xp at stride s
+    if (int st = L->proj ? check_launch(second, x, out, n, h, w, s, config) : check_launch(x, second, out, n, h, w, 1, config))
+        return st;
+    auto const st = static_cast<cudaStream_t>(stream);
+    int const c = config >= 0 ? config : next_config(*L, n, h, w);
+    if (chains(*L, c)) {
+        Form const form = L->proj ? kProjResidual : kResidual;
+        Operand const xp = L->proj ? operand(second, L->proj->kc, s, h, w, wo) : Operand{};
+        return launch(*L, form, operand(x, L->kc, 1, ho, wo, wo), xp, L->proj ? nullptr : second, out, n, ho, wo, c, st,
+                      next_out);
+    }
+    // two launches: the layer as its own forward would run it, then the next conv from its output
+    int const e = L->proj ? trtfuse_proj_tail_forward(handle, x, second, out, n, h, w, workspace, config, stream)
+                          : trtfuse_residual_conv_forward(handle, x, second, out, n, h, w, config, stream);
+    if (e) return e;
+    return forward_plain(*L->next, out, nullptr, next_out, n, ho, wo, -1, st);
+}
+
 extern "C" int trtfuse_residual_conv_num_configs(void) { return kNumConfigs; }
 
 extern "C" char const* trtfuse_residual_conv_config_name(int config) {
@@ -1063,6 +1189,9 @@ extern "C" char const* trtfuse_residual_conv_error_string(int status) {
                    "configuration (or, with -1, every one) cannot hold its weight slice (9 Cin x 64 or 128 bytes) and "
                    "halo slots, or a box row of its image (W + 2 at stride 1, ceil(W / 2) + 1 at stride 2) is longer "
                    "than its tile; the stem: its input is wider than 236 (a box row over 256 bytes)";
+        case TRTFUSE_RCONV_ERR_NEXT:
+            return "no next conv attached to this layer, one already attached, or the layer is not a stride-1 tail "
+                   "(with or without its projection): attach one next conv to a tail";
         case TRTFUSE_RCONV_ERR_ROW:
             return "the stem reads its input rows by TMA, whose row pitch must be a multiple of 16 bytes: W % 16 == 0 "
                    "(pad the image's width)";

@@ -19,6 +19,7 @@
 #define TRTFUSE_RCONV_ERR_FUSED (-12)      /* a projection + tail layer given to the plain forward, or the reverse */
 #define TRTFUSE_RCONV_ERR_WORKSPACE (-13)  /* the two-launch path of a projection + tail layer needs a workspace */
 #define TRTFUSE_RCONV_ERR_ROW (-14)        /* the stem's input width is not a multiple of 16 */
+#define TRTFUSE_RCONV_ERR_NEXT (-15)       /* next conv missing, already attached, or not fitting the layer */
 
 #ifdef __cplusplus
 extern "C" {
@@ -108,6 +109,28 @@ int trtfuse_stem_check(int cin, int cout, int8_t const* weights, float const* w_
 int trtfuse_stem_forward(void const* handle, void const* x, void* out, int n, int h, int w, int config, void* stream);
 int trtfuse_stem_num_configs(void);
 char const* trtfuse_stem_config_name(int config);
+/* A tail's next 1x1 conv (the next bottleneck's conv1: stride 1, no residual input), chained onto a layer made by
+   trtfuse_residual_conv_create or trtfuse_proj_tail_create, so that one kernel also writes the next conv's output
+   from the tail's output tile, which then is not read back from memory for it. Fields as trtfuse_conv1x1_create's:
+   cin is the layer's cout, weights [cout][cin]; x_scale is the scale the next conv reads the layer's int8 output
+   with (the layer's out_scale in a Q/DQ graph). Validation only (no GPU): */
+int trtfuse_next_check(int cin, int cout, int8_t const* weights, float const* w_scale, float const* bias,
+                       float x_scale, float out_scale);
+/* Attaches it to `handle` (TRTFUSE_RCONV_ERR_NEXT: the layer is not a stride-1 tail or projection + tail, or already
+   has one); its cin is the layer's cout. */
+int trtfuse_next_attach(void* handle, int cout, int8_t const* weights, float const* w_scale, float const* bias,
+                        float x_scale, float out_scale, int relu);
+/* out (the layer's output, as its own forward writes it) and next_out [n, next cout, ho, wo] (the next conv of out),
+   int8 kCHW32. second: r for a tail, xp for a projection + tail layer; workspace as trtfuse_proj_tail_forward's (a
+   projection + tail layer only; trtfuse_proj_tail_workspace_size). One kernel where an sm90 configuration chains the
+   next conv (trtfuse_next_fuses: the layer's cout <= 256, the next's <= 128), else the layer's own forward and then
+   the next conv's launch. config: as the layer's forward (-1 picks). */
+int trtfuse_next_forward(void const* handle, void const* x, void const* second, void* out, void* next_out, int n, int h,
+                         int w, void* workspace, int config, void* stream);
+/* 1 if next_forward on `config` (>= 0) runs one kernel on the current device, 0 if it takes two launches; config -1:
+   whether the configuration next_forward(-1) picks for an n x h x w input (as next_forward's) does. Negative on bad
+   arguments. */
+int trtfuse_next_fuses(void const* handle, int config, int n, int h, int w);
 /* Frees any layer (every form). */
 int trtfuse_residual_conv_destroy(void* handle);
 

@@ -24,9 +24,16 @@
 // input x [N, cin, H, W] is INT8 kLINEAR (the network's input as the host sends it: no reformat), W a multiple of 16;
 // output [N, cout, ceil(ceil(H/2)/2), ceil(ceil(W/2)/2)] kCHW32 (stem_sm90.cuh).
 //
-// Serialization: "RCV4" (written): RCV3's, then an int32 kernel_size. "RCV3": RCV2's fields, an int32 "has
-// projection" flag, then (if set) the projection's cin, stride, x_scale, out_scale, weights, w_scale, bias. "RCV3",
-// "RCV2" and "RCV1" blobs (older engines) are still read.
+// With the next_* fields (all or none: next_weights [next_cout][cout], next_w_scale, next_bias, next_x_scale,
+// next_out_scale, next_cout, next_relu) a tail (kernel_size 1, stride 1, r_scale > 0, with or without the proj_*
+// fields) also computes the next bottleneck's conv1 (1x1, stride 1, no residual) of its own output tile: a second
+// output [N, next_cout, Ho, Wo], INT8 kCHW32, so that conv does not read the tail's output back from memory
+// (trtfuse_next_forward; the inputs and output 0 are as without them).
+//
+// Serialization: "RCV5" (written): RCV4's, then an int32 "has next" flag and (if set) the next conv's cout, relu,
+// x_scale, out_scale, weights, w_scale, bias. "RCV4": RCV3's, then an int32 kernel_size. "RCV3": RCV2's fields, an
+// int32 "has projection" flag, then (if set) the projection's cin, stride, x_scale, out_scale, weights, w_scale, bias.
+// "RCV4", "RCV3", "RCV2" and "RCV1" blobs (older engines) are still read.
 #include <NvInfer.h>
 #include <NvInferRuntime.h>
 
@@ -47,7 +54,8 @@ namespace {
 
 constexpr char const* kName = "TrtfuseResidualConv";
 constexpr char const* kVersion = "1";
-constexpr uint32_t kSerialTag = 0x52435634;   // "RCV4": RCV3 + kernel_size; refuses foreign blobs
+constexpr uint32_t kSerialTag = 0x52435635;   // "RCV5": RCV4 + the next conv; refuses foreign blobs
+constexpr uint32_t kSerialTagV4 = 0x52435634; // "RCV4": engines built before the chained next conv
 constexpr uint32_t kSerialTagV3 = 0x52435633; // "RCV3": engines built before the 3x3 form
 constexpr uint32_t kSerialTagV2 = 0x52435632; // "RCV2": engines built before the projection + tail form
 constexpr uint32_t kSerialTagV1 = 0x52435631; // "RCV1": engines built before stride (read as stride 1)
@@ -79,6 +87,15 @@ struct Proj {
     std::vector<float> w_scale, bias;
 };
 
+// The next bottleneck's conv1 that a tail computes too (a second output): 1x1, stride 1, no residual, reading the
+// layer's output (its cin is the layer's cout).
+struct Next {
+    int cout = 0, relu = 1;
+    float x_scale = 0, out_scale = 0;
+    std::vector<int8_t> weights;   // [cout][the layer's cout]
+    std::vector<float> w_scale, bias;
+};
+
 struct Fields {
     int cin = 0, cout = 0, relu = 1, stride = 1, kernel_size = 1;
     float x_scale = 0, r_scale = 0, out_scale = 0;
@@ -86,6 +103,8 @@ struct Fields {
     std::vector<float> w_scale, bias;
     bool has_proj = false;   // the fused form: the residual is proj's output (inputs [x, xp])
     Proj proj;
+    bool has_next = false;   // the chained next conv: outputs [out, next_out]
+    Next next;
 
     bool valid(std::string* why) const {
         if (kernel_size != 1 && kernel_size != 3 && kernel_size != 7) {
@@ -128,10 +147,39 @@ struct Fields {
             *why = trtfuse_residual_conv_error_string(st);
             return false;
         }
+        return !has_next || next_valid(why);
+    }
+    // The next_* fields: only a stride-1 1x1 tail (a residual input, or the proj_* fields) chains a next conv, whose
+    // input is the layer's output.
+    bool next_valid(std::string* why) const {
+        if (kernel_size != 1 || stride != 1 || !(residual() || has_proj)) {
+            *why = "next_weights (the next_* fields) given to a layer that is not a tail: they need kernel_size 1, "
+                   "stride 1 and a residual input (r_scale > 0) or the proj_* fields; drop the next_* fields";
+            return false;
+        }
+        if (next.relu != 0 && next.relu != 1) {
+            *why = "next_relu must be 0 or 1";
+            return false;
+        }
+        if (next.cout <= 0 || static_cast<int64_t>(next.weights.size()) != static_cast<int64_t>(next.cout) * cout) {
+            *why = "next_weights must hold cout * next_cout values (next_cout > 0): [next_cout][cout]";
+            return false;
+        }
+        if (static_cast<int>(next.w_scale.size()) != next.cout || static_cast<int>(next.bias.size()) != next.cout) {
+            *why = "next_w_scale and next_bias must hold next_cout values";
+            return false;
+        }
+        int const st = trtfuse_next_check(cout, next.cout, next.weights.data(), next.w_scale.data(), next.bias.data(),
+                                          next.x_scale, next.out_scale);
+        if (st != 0) {
+            *why = std::string("next_* fields: ") + trtfuse_residual_conv_error_string(st);
+            return false;
+        }
         return true;
     }
     bool residual() const { return r_scale != 0.f; }
     int inputs() const { return residual() || has_proj ? 2 : 1; }
+    int outputs() const { return has_next ? 2 : 1; }
 };
 
 // `out` is `in` strided: the same N, H and W divided by the stride (rounded up), where both are known.
@@ -150,7 +198,8 @@ public:
     ResidualConvPlugin(void const* data, size_t length) {
         Reader r(data, length);
         uint32_t const tag = r.get<uint32_t>();
-        if (tag != kSerialTag && tag != kSerialTagV3 && tag != kSerialTagV2 && tag != kSerialTagV1)
+        if (tag != kSerialTag && tag != kSerialTagV4 && tag != kSerialTagV3 && tag != kSerialTagV2 &&
+            tag != kSerialTagV1)
             throw std::runtime_error("not a TrtfuseResidualConv blob");
         f_.cin = r.get<int32_t>();
         f_.cout = r.get<int32_t>();
@@ -162,7 +211,7 @@ public:
         f_.weights = r.getVector<int8_t>();
         f_.w_scale = r.getVector<float>();
         f_.bias = r.getVector<float>();
-        if (tag == kSerialTag || tag == kSerialTagV3) {
+        if (tag == kSerialTag || tag == kSerialTagV4 || tag == kSerialTagV3) {
             int32_t const has_proj = r.get<int32_t>();
             if (has_proj != 0 && has_proj != 1)
                 throw std::runtime_error("bad TrtfuseResidualConv blob: projection flag");
@@ -177,7 +226,21 @@ public:
             f_.proj.w_scale = r.getVector<float>();
             f_.proj.bias = r.getVector<float>();
         }
-        if (tag == kSerialTag) f_.kernel_size = r.get<int32_t>();
+        if (tag == kSerialTag || tag == kSerialTagV4) f_.kernel_size = r.get<int32_t>();
+        if (tag == kSerialTag) {
+            int32_t const has_next = r.get<int32_t>();
+            if (has_next != 0 && has_next != 1) throw std::runtime_error("bad TrtfuseResidualConv blob: next flag");
+            f_.has_next = has_next == 1;
+        }
+        if (f_.has_next) {
+            f_.next.cout = r.get<int32_t>();
+            f_.next.relu = r.get<int32_t>();
+            f_.next.x_scale = r.get<float>();
+            f_.next.out_scale = r.get<float>();
+            f_.next.weights = r.getVector<int8_t>();
+            f_.next.w_scale = r.getVector<float>();
+            f_.next.bias = r.getVector<float>();
+        }
         std::string why = "trailing bytes";
         if (!r.done() || !f_.valid(&why)) throw std::runtime_error("bad TrtfuseResidualConv blob: " + why);
     }
@@ -187,7 +250,7 @@ public:
     // ---- IPluginV2 ----
     AsciiChar const* getPluginType() const noexcept override { return kName; }
     AsciiChar const* getPluginVersion() const noexcept override { return kVersion; }
-    int32_t getNbOutputs() const noexcept override { return 1; }
+    int32_t getNbOutputs() const noexcept override { return f_.outputs(); }
 
     int32_t initialize() noexcept override { return create(); }
     void terminate() noexcept override {
@@ -201,7 +264,11 @@ public:
         if (f_.has_proj)
             size += 2 * sizeof(int32_t) + 2 * sizeof(float) + serializedSize(f_.proj.weights) +
                     serializedSize(f_.proj.w_scale) + serializedSize(f_.proj.bias);
-        return size + sizeof(int32_t);   // kernel_size
+        size += 2 * sizeof(int32_t);   // kernel_size, has_next
+        if (f_.has_next)
+            size += 2 * sizeof(int32_t) + 2 * sizeof(float) + serializedSize(f_.next.weights) +
+                    serializedSize(f_.next.w_scale) + serializedSize(f_.next.bias);
+        return size;
     }
     void serialize(void* buffer) const noexcept override {
         Writer w(buffer);
@@ -227,6 +294,16 @@ public:
             w.put(f_.proj.bias);
         }
         w.put<int32_t>(f_.kernel_size);
+        w.put<int32_t>(f_.has_next ? 1 : 0);
+        if (f_.has_next) {
+            w.put<int32_t>(f_.next.cout);
+            w.put<int32_t>(f_.next.relu);
+            w.put<float>(f_.next.x_scale);
+            w.put<float>(f_.next.out_scale);
+            w.put(f_.next.weights);
+            w.put(f_.next.w_scale);
+            w.put(f_.next.bias);
+        }
     }
     void destroy() noexcept override { delete this; }
     void setPluginNamespace(AsciiChar const* ns) noexcept override { ns_ = ns ? ns : ""; }
@@ -251,8 +328,9 @@ public:
         // the output's grid is the strided grid of x, or of xp in the fused form (x is already on the output's grid)
         DimsExprs out = inputs[f_.has_proj ? 1 : 0];
         int const stride = f_.has_proj ? f_.proj.stride : f_.stride;
-        if (index != 0 || nbInputs != f_.inputs() || out.nbDims != 4) return out;
-        out.d[1] = builder.constant(f_.cout);
+        if (index < 0 || index >= f_.outputs() || nbInputs != f_.inputs() || out.nbDims != 4) return out;
+        // output 1 (next_* fields): the next conv's, on output 0's grid
+        out.d[1] = builder.constant(index == 1 ? f_.next.cout : f_.cout);
         // no padding: ceil(H / stride) x ceil(W / stride); the stem: its conv's, then its max pool's (both stride 2)
         for (int pass = 0; pass < (f_.kernel_size == 7 ? 2 : 1) && stride != 1; ++pass) {
             IDimensionExpr const* s = builder.constant(stride);
@@ -264,7 +342,8 @@ public:
 
     bool supportsFormatCombination(int32_t pos, PluginTensorDesc const* inOut, int32_t nbInputs,
                                    int32_t nbOutputs) noexcept override {
-        if (nbInputs != f_.inputs() || nbOutputs != 1 || pos < 0 || pos > nbInputs) return false;
+        if (nbInputs != f_.inputs() || nbOutputs != f_.outputs() || pos < 0 || pos >= nbInputs + nbOutputs)
+            return false;
         // INT8 kCHW32 everywhere: the kernels read and write 32-channel blocks directly; but the stem's input, the
         // network's, which it reads as it comes (kLINEAR)
         TensorFormat const want = f_.kernel_size == 7 && pos == 0 ? TensorFormat::kLINEAR : TensorFormat::kCHW32;
@@ -273,10 +352,13 @@ public:
 
     void configurePlugin(DynamicPluginTensorDesc const* in, int32_t nbInputs, DynamicPluginTensorDesc const* out,
                          int32_t nbOutputs) noexcept override {
-        if (nbInputs != f_.inputs() || nbOutputs != 1)
-            return refuse(f_.has_proj     ? "expects inputs [x, xp] and one output (a projection + tail layer)"
-                          : f_.residual() ? "expects inputs [x, r] and one output (r_scale > 0)"
-                                          : "expects input [x] and one output (r_scale = 0: no residual input)");
+        if (nbInputs != f_.inputs() || nbOutputs != f_.outputs()) {
+            std::string const outs =
+                f_.has_next ? " and two outputs [out, next_out] (next_* fields)" : " and one output";
+            return refuse(f_.has_proj     ? "expects inputs [x, xp]" + outs + " (a projection + tail layer)"
+                          : f_.residual() ? "expects inputs [x, r]" + outs + " (r_scale > 0)"
+                                          : "expects input [x]" + outs + " (r_scale = 0: no residual input)");
+        }
         Dims const& x = in[0].desc.dims;
         if (x.nbDims != 4) return refuse("x must be 4-D NCHW");
         if (x.d[1] != -1 && x.d[1] != f_.cin) refuse("x has " + std::to_string(x.d[1]) + " channels, cin = " +
@@ -322,7 +404,14 @@ public:
             return -1;
         }
         int st;
-        if (f_.has_proj) {
+        if (f_.has_next) {
+            // n, h, w as the layer's own forward gets them: xp's for a projection + tail layer, x's for a tail; the
+            // workspace as the projection + tail forward's (enough for the next conv too), none for a tail
+            Dims const& g = f_.has_proj ? inputDesc[1].dims : d;
+            void* ws = f_.has_proj && workspace_ > 0 ? workspace : nullptr;
+            st = trtfuse_next_forward(handle_, inputs[0], inputs[1], outputs[0], outputs[1], static_cast<int>(g.d[0]),
+                                      static_cast<int>(g.d[2]), static_cast<int>(g.d[3]), ws, -1, stream);
+        } else if (f_.has_proj) {
             Dims const& xp = inputDesc[1].dims;
             // TensorRT's workspace only where this plugin asked for one (the projection's output at the largest
             // dims, which holds it at any smaller batch; else the pointer may back nothing); without one the library
@@ -367,7 +456,23 @@ private:
         else
             st = trtfuse_conv1x1_create(f_.cin, f_.cout, f_.weights.data(), f_.w_scale.data(), f_.bias.data(),
                                         f_.x_scale, f_.r_scale, f_.out_scale, f_.relu, f_.stride, &handle_);
-        if (st != 0) refuse(std::string("initialize: ") + trtfuse_residual_conv_error_string(st));
+        if (st != 0) {
+            refuse(std::string("initialize: ") + trtfuse_residual_conv_error_string(st));
+            return st;
+        }
+        return attach_next();
+    }
+
+    // Chains the next conv (next_* fields) onto the layer just made; on failure frees it, so initialize fails whole.
+    int attach_next() const noexcept {
+        if (!f_.has_next) return 0;
+        int const st = trtfuse_next_attach(handle_, f_.next.cout, f_.next.weights.data(), f_.next.w_scale.data(),
+                                           f_.next.bias.data(), f_.next.x_scale, f_.next.out_scale, f_.next.relu);
+        if (st != 0) {
+            refuse(std::string("initialize (next_* fields): ") + trtfuse_residual_conv_error_string(st));
+            trtfuse_residual_conv_destroy(handle_);
+            handle_ = nullptr;
+        }
         return st;
     }
 
@@ -410,6 +515,14 @@ public:
             PluginField("proj_out_scale", nullptr, PluginFieldType::kFLOAT32, 1),
             PluginField("proj_cin", nullptr, PluginFieldType::kINT32, 1),
             PluginField("proj_stride", nullptr, PluginFieldType::kINT32, 1),
+            // a tail that computes the next conv1 too (a second output): all or none of these
+            PluginField("next_weights", nullptr, PluginFieldType::kINT8, 0),
+            PluginField("next_w_scale", nullptr, PluginFieldType::kFLOAT32, 0),
+            PluginField("next_bias", nullptr, PluginFieldType::kFLOAT32, 0),
+            PluginField("next_x_scale", nullptr, PluginFieldType::kFLOAT32, 1),
+            PluginField("next_out_scale", nullptr, PluginFieldType::kFLOAT32, 1),
+            PluginField("next_cout", nullptr, PluginFieldType::kINT32, 1),
+            PluginField("next_relu", nullptr, PluginFieldType::kINT32, 1),
         };
         fc_.nbFields = static_cast<int32_t>(attrs_.size());
         fc_.fields = attrs_.data();
@@ -422,19 +535,22 @@ public:
     IPluginV2* createPlugin(AsciiChar const* /*name*/, PluginFieldCollection const* fc) noexcept override {
         try {
             Fields f;
-            std::map<std::string, std::vector<int8_t>*> const weights = {{"weights", &f.weights},
-                                                                         {"proj_weights", &f.proj.weights}};
+            std::map<std::string, std::vector<int8_t>*> const weights = {
+                {"weights", &f.weights}, {"proj_weights", &f.proj.weights}, {"next_weights", &f.next.weights}};
             std::map<std::string, std::vector<float>*> const arrays = {
-                {"w_scale", &f.w_scale}, {"bias", &f.bias}, {"proj_w_scale", &f.proj.w_scale},
-                {"proj_bias", &f.proj.bias}};
+                {"w_scale", &f.w_scale},           {"bias", &f.bias},
+                {"proj_w_scale", &f.proj.w_scale}, {"proj_bias", &f.proj.bias},
+                {"next_w_scale", &f.next.w_scale}, {"next_bias", &f.next.bias}};
             std::map<std::string, float*> const scalars = {
                 {"x_scale", &f.x_scale},           {"r_scale", &f.r_scale},
                 {"out_scale", &f.out_scale},       {"proj_x_scale", &f.proj.x_scale},
-                {"proj_out_scale", &f.proj.out_scale}};
+                {"proj_out_scale", &f.proj.out_scale}, {"next_x_scale", &f.next.x_scale},
+                {"next_out_scale", &f.next.out_scale}};
             std::map<std::string, int*> const ints = {{"relu", &f.relu},         {"cin", &f.cin},
                                                       {"cout", &f.cout},         {"stride", &f.stride},
                                                       {"kernel_size", &f.kernel_size},
-                                                      {"proj_cin", &f.proj.cin}, {"proj_stride", &f.proj.stride}};
+                                                      {"proj_cin", &f.proj.cin}, {"proj_stride", &f.proj.stride},
+                                                      {"next_cout", &f.next.cout}, {"next_relu", &f.next.relu}};
             std::set<std::string> seen;
             for (int i = 0; fc && i < fc->nbFields; ++i) {
                 PluginField const& p = fc->fields[i];
@@ -456,14 +572,20 @@ public:
                 }
                 seen.insert(n);
             }
-            for (std::string const& n : seen) f.has_proj = f.has_proj || n.rfind("proj_", 0) == 0;
+            for (std::string const& n : seen) {
+                f.has_proj = f.has_proj || n.rfind("proj_", 0) == 0;
+                f.has_next = f.has_next || n.rfind("next_", 0) == 0;
+            }
             for (PluginField const& a : attrs_) {   // relu, stride, kernel_size and proj_stride are optional
                 std::string const n = a.name;
-                bool const proj = n.rfind("proj_", 0) == 0;
+                bool const proj = n.rfind("proj_", 0) == 0, next = n.rfind("next_", 0) == 0;
                 bool const optional = n == "relu" || n == "stride" || n == "kernel_size" || n == "proj_stride";
-                if (seen.count(n) || optional || (proj && !f.has_proj))
+                if (seen.count(n) || optional || (proj && !f.has_proj) || (next && !f.has_next))
                     continue;
-                return refuse("missing field " + n + (proj ? " (the proj_* fields come all together)" : "")), nullptr;
+                return refuse("missing field " + n + (proj   ? " (the proj_* fields come all together)"
+                                                      : next ? " (the next_* fields come all together)"
+                                                             : "")),
+                       nullptr;
             }
             if (f.relu != 0 && f.relu != 1) return refuse("relu must be 0 or 1"), nullptr;
             std::string why;
@@ -492,7 +614,8 @@ public:
     AsciiChar const* getPluginNamespace() const noexcept override { return ns_.c_str(); }
 
 private:
-    // weights, proj_weights: INT8, or INT32 / FLOAT holding integers in [-127, 127] (ONNX attributes arrive as those).
+    // weights, proj_weights, next_weights: INT8, or INT32 / FLOAT holding integers in [-127, 127] (ONNX attributes
+    // arrive as those).
     static bool read_weights(PluginField const& p, std::vector<int8_t>* out) {
         std::string const n = p.name;
         if (!p.data || p.length <= 0) return refuse(n + " is empty"), false;

@@ -1,0 +1,232 @@
+"""A ResNet-50 layer1 tail with the next bottleneck's conv1 chained onto it: our one sm_90a kernel against TensorRT
+8.5's two (the tail's conv + Add + ReLU, then the conv1 + ReLU reading the tail's output back from memory).
+
+For each pair and batch, on identical int8 kCHW32 inputs (device resident), in one process:
+  (a) ours through the C ABI: forward_next (one kernel where it chains), and the same two layers as two of our own
+      launches (the tail, then the conv1), which shows what the chaining itself saves;
+  (b) with TensorRT: a two-output engine of TensorRT's own kernels (network API, int8 I/O through dynamic ranges,
+      INT8 flag, tactic sources 0, as residual_conv_trt.py), and the TrtfuseResidualConv node with next_* fields (two
+      outputs) in an engine;
+checks both of our outputs bit-exact against the composed rounding rule on three images (the conv1 reads the tail's
+int8 output) and every engine against ours, times each (CUDA events, median of --reps), and sets them against the
+DRAM floor (every input, both outputs, at the copy bandwidth measured in the same run). Random weights:
+performance only.
+
+  python3.10 benchmarks/next_conv_trt.py --out benchmarks/results/next_conv_h100.json     (TensorRT staged)
+  python3 benchmarks/next_conv_trt.py --no-trt --out /tmp/next.json                       (ours only)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench_cuda, also when loaded by path (tests)
+from bench_cuda import DeviceBuffer, ck, compare, copy_gbps, cudart, time_ms
+from trtfuse.ops import residual_conv as op
+from trtfuse.ops import residual_conv_reference as ref
+
+HW = 56
+# pair: (tail cin, tail cout, next cout, projection cin or 0): the tail whose output the next block's conv1 reads
+PAIRS = {
+    "layer1.0+layer1.1.conv1": (64, 256, 64, 64),  # the stage's first block (projection + tail in one kernel)
+    "layer1.1+layer1.2.conv1": (64, 256, 64, 0),
+    "layer1.2+layer2.0.conv1": (64, 256, 128, 0),  # layer2.0's conv1: 256 -> 128, stride 1 (torchvision v1.5)
+}
+
+
+def random_pair(rng, cin, cout, next_cout, proj_cin):
+    T, N = ref.random_layer(rng, cin, cout, True), ref.random_layer(rng, cout, next_cout, True)
+    N["x_scale"] = T["out_scale"]  # the conv1 reads the tail's int8 output at the scale it was quantized by
+    P = None
+    if proj_cin:
+        P = ref.random_layer(rng, proj_cin, cout, False)
+        P["stride"] = 1
+        T["r_scale"] = P["out_scale"]  # the tail reads the projection's int8 output at its scale
+    return T, N, P
+
+
+def trt_engine(kind: str, T: dict, N: dict, P: dict | None, n: int):
+    """kind 'trt': TensorRT's own layers (the projection, if any; the tail's conv + Add + ReLU; the conv1 + ReLU),
+    both the tail's output and the conv1's marked as outputs; 'plugin': one TrtfuseResidualConv node with the next_*
+    (and proj_*) fields. Inputs "x" and "r" (or "xp"), outputs "out" and "next". Returns (engine, layer info)."""
+    import tensorrt as trt
+    from residual_conv_trt import LOGGER, _int8_io, create_plugin, finish_engine
+
+    builder = trt.Builder(LOGGER)
+    network = builder.create_network(1 << int(trt.NetworkDefinitionCreationFlag.EXPLICIT_BATCH))
+    cout, cin = T["w"].shape
+    x = network.add_input("x", trt.int8, (n, cin, HW, HW))
+    _int8_io(x, T["x_scale"])
+    if P is None:
+        second = network.add_input("r", trt.int8, (n, cout, HW, HW))
+        _int8_io(second, T["r_scale"])
+    else:
+        second = network.add_input("xp", trt.int8, (n, P["w"].shape[1], HW, HW))
+        _int8_io(second, P["x_scale"])
+    more = lambda nxt: ((nxt, "next", N["out_scale"]),)  # noqa: E731
+    if kind == "plugin":
+        plugin = create_plugin("tail_next", {**T, "relu": 1}, cin, cout, P, N)
+        if plugin is None:
+            raise RuntimeError("create_plugin refused the next_* fields (see stderr)")
+        node = network.add_plugin_v2([x, second], plugin)
+        return finish_engine(builder, network, node.get_output(0), T["out_scale"], "tail+next plugin",
+                             more(node.get_output(1)))
+
+    def conv(inp, L, relu, scale):
+        co, ci = L["w"].shape
+        w = (L["w"].astype(np.float32) * L["w_scale"][:, None]).astype(np.float32).reshape(co, ci, 1, 1)
+        t = network.add_convolution_nd(inp, co, (1, 1), trt.Weights(np.ascontiguousarray(w)),
+                                       trt.Weights(np.ascontiguousarray(L["bias"], dtype=np.float32))).get_output(0)
+        t.dynamic_range = (-127.0 * scale, 127.0 * scale)
+        if relu:
+            t = network.add_activation(t, trt.ActivationType.RELU).get_output(0)
+        return t
+
+    r = second if P is None else conv(second, P, False, P["out_scale"])
+    y = conv(x, T, False, T["out_scale"])
+    add = network.add_elementwise(y, r, trt.ElementWiseOperation.SUM).get_output(0)
+    add.dynamic_range = (-127.0 * T["out_scale"], 127.0 * T["out_scale"])
+    out = network.add_activation(add, trt.ActivationType.RELU).get_output(0)
+    out.dynamic_range = (-127.0 * T["out_scale"], 127.0 * T["out_scale"])
+    return finish_engine(builder, network, out, T["out_scale"], "tail+next trt", more(conv(out, N, True,
+                                                                                           N["out_scale"])))
+
+
+def run_case(name: str, n: int, reps: int, stream, rng, with_trt: bool) -> dict:
+    cin, cout, next_cout, proj_cin = PAIRS[name]
+    T, N, P = random_pair(rng, cin, cout, next_cout, proj_cin)
+    x = rng.integers(-128, 128, size=(n, cin, HW, HW), dtype=np.int8)
+    second = rng.integers(-128, 128, size=(n, proj_cin or cout, HW, HW), dtype=np.int8)
+    out_like = np.empty((n, cout // 32, HW, HW, 32), np.int8)
+    next_like = np.empty((n, next_cout // 32, HW, HW, 32), np.int8)
+    xb, sb = DeviceBuffer(x.nbytes).upload(ref.to_nc32hw32(x)), DeviceBuffer(second.nbytes).upload(
+        ref.to_nc32hw32(second))
+    ob, nb = DeviceBuffer(out_like.nbytes), DeviceBuffer(next_like.nbytes)
+    row = {"layer": name, "kind": "fused-tail-conv1", "batch": n, "weights": "random",
+           "bytes": int(x.nbytes + second.nbytes + out_like.nbytes + next_like.nbytes),
+           "ops": int(2 * n * HW * HW * (cin * cout + proj_cin * cout + cout * next_cout))}
+    tail = (T["w"], T["w_scale"], T["bias"], T["x_scale"], T["r_scale"], T["out_scale"], True)
+    layer = op.ProjTail(*tail, P["w"], P["w_scale"], P["bias"], P["x_scale"], P["out_scale"], 1) if P else \
+        op.ResidualConv(*tail)
+    layer.attach_next(N["w"], N["w_scale"], N["bias"], N["x_scale"], N["out_scale"], True)
+    conv1 = op.ResidualConv(N["w"], N["w_scale"], N["bias"], N["x_scale"], 0.0, N["out_scale"], True)
+    ws = DeviceBuffer(layer.workspace_size(n, HW, HW) if P else 0)
+    row["ours_chained"] = layer.next_fuses(-1, n, HW, HW)
+
+    def ours_chained(_):
+        layer.forward_next(xb.ptr, sb.ptr, ob.ptr, nb.ptr, n, HW, HW, ws.ptr, -1, int(stream))
+
+    def ours_separate(_):
+        if P:
+            layer.forward(xb.ptr, sb.ptr, ob.ptr, n, HW, HW, ws.ptr, -1, int(stream))
+        else:
+            layer.forward(xb.ptr, sb.ptr, ob.ptr, n, HW, HW, -1, int(stream))
+        conv1.forward(ob.ptr, 0, nb.ptr, n, HW, HW, -1, int(stream))
+
+    outs = {}
+    for kind, fn in (("ours", ours_chained), ("ours_separate", ours_separate)):
+        ob.fill(0x5A)
+        nb.fill(0x5A)
+        fn(0)
+        ck(cudart.cudaStreamSynchronize(stream))
+        outs[kind] = (ref.from_nc32hw32(ob.download(out_like), cout), ref.from_nc32hw32(nb.download(next_like),
+                                                                                        next_cout))
+        row[f"{kind}_ms"] = time_ms(fn, stream, reps)
+        print(f"  {name} batch {n} {kind}: {row[f'{kind}_ms']:.4f} ms", flush=True)
+    layer.close()
+    conv1.close()
+    if with_trt:
+        from residual_conv_trt import layer_summary
+
+        for kind in ("trt", "plugin"):
+            engine, info = trt_engine(kind, T, N, P, n)
+            ctx = engine.create_execution_context()
+            names = [engine.get_binding_name(i) for i in range(engine.num_bindings)]
+            ptrs = {"x": xb.ptr, "r": sb.ptr, "xp": sb.ptr, "out": ob.ptr, "next": nb.ptr}
+            bindings = [ptrs[nm] for nm in names]
+            ob.fill(0x5A)
+            nb.fill(0x5A)
+            if not ctx.execute_async_v2(bindings, int(stream)):
+                raise RuntimeError(f"{kind}: execute_async_v2 failed")
+            ck(cudart.cudaStreamSynchronize(stream))
+            outs[kind] = (ref.from_nc32hw32(ob.download(out_like), cout), ref.from_nc32hw32(nb.download(next_like),
+                                                                                            next_cout))
+            key = "trt_ms" if kind == "trt" else "plugin_engine_ms"
+            row[key] = time_ms(lambda _: ctx.execute_async_v2(bindings, int(stream)), stream, reps)
+            row[f"{kind}_layers"] = layer_summary(info)
+            print(f"  {name} batch {n} {kind} engine: {row[key]:.4f} ms; {row[f'{kind}_layers']}", flush=True)
+            del ctx, engine
+        row["speedup"] = row["trt_ms"] / row["ours_ms"]
+    for b in (xb, sb, ob, nb, ws):
+        b.free()
+
+    idx = np.unique([0, n // 2, n - 1])
+    r = second[idx] if P is None else ref.reference_fp32(second[idx], P["w"], P["w_scale"], P["bias"], None,
+                                                         P["x_scale"], 0.0, P["out_scale"], False)
+    want = ref.reference_fp32(x[idx], T["w"], T["w_scale"], T["bias"], r, T["x_scale"], T["r_scale"], T["out_scale"],
+                              True)
+    want_next = ref.reference_fp32(want, N["w"], N["w_scale"], N["bias"], None, N["x_scale"], 0.0, N["out_scale"],
+                                   True)
+    row["checks"] = []
+    for kind, (got, got_next) in outs.items():
+        if kind == "trt":  # TensorRT's own kernels: within 1 LSB of ours at the tail (its rounding), informational
+            row["trt_agreement"] = compare("TensorRT vs ours, tail output (all images)", got, outs["ours"][0],
+                                           exact=False)
+            continue
+        row["checks"] += [compare(f"{kind}: tail vs rounding rule (exact)", got[idx], want, exact=True),
+                          compare(f"{kind}: conv1 vs rounding rule of the tail's output (exact)", got_next[idx],
+                                  want_next, exact=True)]
+    return row
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--pairs", default=",".join(PAIRS), help=f"comma-separated, of {', '.join(PAIRS)}")
+    ap.add_argument("--batches", default="256,2048")
+    ap.add_argument("--reps", type=int, default=30)
+    ap.add_argument("--no-trt", action="store_true", help="ours only (no TensorRT on this machine)")
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args(argv)
+    pairs = args.pairs.split(",")
+    unknown = [p for p in pairs if p not in PAIRS]
+    if unknown:
+        ap.error(f"unknown pair(s) {', '.join(unknown)}: choose from {', '.join(PAIRS)}")
+    stream = ck(cudart.cudaStreamCreate())
+    rng = np.random.default_rng(0)
+    prop = ck(cudart.cudaGetDeviceProperties(0))
+    result = {"gpu": prop.name.decode() if isinstance(prop.name, bytes) else str(prop.name),
+              "script": "benchmarks/next_conv_trt.py", "weights": "random (performance only)",
+              "copy_gbps": copy_gbps(stream), "layers": []}
+    if not args.no_trt:
+        import tensorrt as trt
+        from residual_conv_trt import load_plugin_library
+
+        result["trt_version"] = trt.__version__
+        result["plugin_library"] = load_plugin_library()
+    print(f"copy bandwidth {result['copy_gbps']:.0f} GB/s", flush=True)
+    for name in pairs:
+        for n in (int(b) for b in args.batches.split(",")):
+            row = run_case(name, n, args.reps, stream, rng, not args.no_trt)
+            row["floor_ms"] = row["bytes"] / result["copy_gbps"] / 1e6
+            result["layers"].append(row)
+            Path(args.out).write_text(json.dumps(result, indent=1))  # partial results survive a crash
+    ok = all(c["ok"] for r in result["layers"] for c in r["checks"])
+    print(f"\n{'pair':24} {'batch':>5} {'ours ms':>8} {'2 launches':>10} {'TRT ms':>8} {'x TRT':>6} {'plugin':>7} "
+          f"{'floor':>6} {'checks':>6}")
+    for r in result["layers"]:
+        trt_ms = f"{r['trt_ms']:8.4f}" if "trt_ms" in r else f"{'-':>8}"
+        speed = f"{r['speedup']:6.2f}" if "speedup" in r else f"{'-':>6}"
+        plug = f"{r['plugin_engine_ms']:7.4f}" if "plugin_engine_ms" in r else f"{'-':>7}"
+        print(f"{r['layer']:24} {r['batch']:5d} {r['ours_ms']:8.4f} {r['ours_separate_ms']:10.4f} {trt_ms} {speed} "
+              f"{plug} {r['floor_ms']:6.3f} {'ok' if all(c['ok'] for c in r['checks']) else 'FAIL':>6}")
+    print(f"wrote {args.out}; all checks {'passed' if ok else 'FAILED'}")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
