@@ -72,6 +72,21 @@ def time_ms(fn, stream, reps: int, warmup: int = 10) -> float:
     return float(np.median(times))
 
 
+def result_header(script: str, stream, with_trt: bool, **fields) -> dict:
+    """What a layer benchmark's JSON starts with: the GPU, the script, the weights note, the copy bandwidth measured
+    now, then `fields`; with TensorRT also its version and the plugin library (loaded here)."""
+    prop = ck(cudart.cudaGetDeviceProperties(0))
+    result = {"gpu": prop.name.decode() if isinstance(prop.name, bytes) else str(prop.name), "script": script,
+              "weights": "random (performance only)", "copy_gbps": copy_gbps(stream), **fields}
+    if with_trt:
+        import tensorrt as trt
+        from residual_conv_trt import load_plugin_library
+
+        result["trt_version"] = trt.__version__
+        result["plugin_library"] = load_plugin_library()
+    return result
+
+
 def copy_gbps(stream, nbytes: int = 1 << 30) -> float:
     a, b = DeviceBuffer(nbytes), DeviceBuffer(nbytes)
     a.fill(7)

@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench_cuda, also when loaded by path (tests)
-from bench_cuda import DeviceBuffer, ck, compare, copy_gbps, cudart, time_ms
+from bench_cuda import DeviceBuffer, ck, compare, cudart, result_header, time_ms
 from trtfuse.ops import residual_conv as op
 from trtfuse.ops import residual_conv_reference as ref
 
@@ -131,16 +131,8 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     stream = ck(cudart.cudaStreamCreate())
     rng = np.random.default_rng(0)
-    prop = ck(cudart.cudaGetDeviceProperties(0))
-    result = {"gpu": prop.name.decode() if isinstance(prop.name, bytes) else str(prop.name),
-              "script": "benchmarks/conv3x3_trt.py", "weights": "random (performance only)",
-              "copy_gbps": copy_gbps(stream), "peak_tops": args.peak_tops, "layers": []}
-    if not args.no_trt:
-        import tensorrt as trt
-        from residual_conv_trt import load_plugin_library
-
-        result["trt_version"] = trt.__version__
-        result["plugin_library"] = load_plugin_library()
+    result = result_header("benchmarks/conv3x3_trt.py", stream, not args.no_trt, peak_tops=args.peak_tops,
+                           layers=[])
     print(f"copy bandwidth {result['copy_gbps']:.0f} GB/s", flush=True)
     for name in args.layers.split(","):
         for n in (int(b) for b in args.batches.split(",")):

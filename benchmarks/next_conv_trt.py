@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench_cuda, also when loaded by path (tests)
-from bench_cuda import DeviceBuffer, ck, compare, copy_gbps, cudart, time_ms
+from bench_cuda import DeviceBuffer, ck, compare, cudart, result_header, time_ms
 from trtfuse.ops import residual_conv as op
 from trtfuse.ops import residual_conv_reference as ref
 
@@ -198,16 +198,7 @@ def main(argv=None) -> int:
         ap.error(f"unknown pair(s) {', '.join(unknown)}: choose from {', '.join(PAIRS)}")
     stream = ck(cudart.cudaStreamCreate())
     rng = np.random.default_rng(0)
-    prop = ck(cudart.cudaGetDeviceProperties(0))
-    result = {"gpu": prop.name.decode() if isinstance(prop.name, bytes) else str(prop.name),
-              "script": "benchmarks/next_conv_trt.py", "weights": "random (performance only)",
-              "copy_gbps": copy_gbps(stream), "layers": []}
-    if not args.no_trt:
-        import tensorrt as trt
-        from residual_conv_trt import load_plugin_library
-
-        result["trt_version"] = trt.__version__
-        result["plugin_library"] = load_plugin_library()
+    result = result_header("benchmarks/next_conv_trt.py", stream, not args.no_trt, layers=[])
     print(f"copy bandwidth {result['copy_gbps']:.0f} GB/s", flush=True)
     for name in pairs:
         for n in (int(b) for b in args.batches.split(",")):

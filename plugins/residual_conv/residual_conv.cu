@@ -1040,7 +1040,7 @@ namespace {
 // chained one (kNextConfig) where it can, else the layer's own choice (two launches; kSeparate for a projection +
 // tail the tuner runs as two plain layers).
 int next_config(Layer const& L, int n, int h, int w) {
-    int const chained = config_by_name(kNextConfig);
+    static int const chained = config_by_name(kNextConfig);   // resolved once, not at every forward
     if (chains(L, chained)) return chained;
     int const s = L.proj ? L.proj->stride : 1, ho = (h - 1) / s + 1, wo = (w - 1) / s + 1;
     return L.proj ? select_config(L.cin, L.cout, n, ho * wo, true, s, L.proj->cin, layer_k_bytes(L))
