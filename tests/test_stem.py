@@ -138,7 +138,7 @@ def test_refusals(cuda):
     try:
         with pytest.raises(RuntimeError, match=rf"\({ERR_ROW}\).*W % 16"):  # the TMA row pitch
             layer.forward(buf.value, buf.value, 1, 8, 20)
-        with pytest.raises(RuntimeError, match=rf"\({ERR_FIT}\).*wider than 236"):  # a box row over 256 bytes
+        with pytest.raises(RuntimeError, match=rf"\({ERR_FIT}\).*wider than 224"):  # more pooled columns than 8 warps x 7
             layer.forward(buf.value, buf.value, 1, 2, 240)
         with pytest.raises(RuntimeError, match=rf"\({ERR_ALIGN}\)"):
             layer.forward(buf.value + 1, buf.value, 1, 8, 16)

@@ -687,20 +687,22 @@ StemInfo const kStemConfigs[] = {
 constexpr int kNumStemConfigs = sizeof(kStemConfigs) / sizeof(kStemConfigs[0]);
 constexpr int kStemTapsTotal = 49;   // Layer::taps of a stem layer
 
-// A launch's geometry for an h x w input of cin channels on configuration C; false: the image is too wide for a box
-// row (2 Wc + 19 > 256 bytes: W > 236) or the block's shared memory too large.
+// A launch's geometry for an h x w input of cin channels on configuration C; false: the image is too wide (more
+// pooled columns than the block's 8 warps pool: W > 224) or the block's shared memory too large.
 struct StemGeometry {
-    int hc, wc, hp, wp, copy, pool, smem;
+    int hc, wc, hp, wp, copy, box, smem;
 };
 bool stem_geometry(StemInfo const& C, int cin, int h, int w, StemGeometry* g) {
     g->hc = (h - 1) / 2 + 1;
     g->wc = (w - 1) / 2 + 1;
     g->hp = (g->hc - 1) / 2 + 1;
     g->wp = (g->wc - 1) / 2 + 1;
-    if (2 * g->wc + 19 > kStemBoxRow) return false;   // the odd copy's last byte read is box column 2 Wc + 18
-    g->copy = round_up(cin * C.plane, 256);   // the pooling tile after both copies: 256-byte aligned
-    g->pool = round_up(std::max(4 * kStemN * g->wc, cin * C.box_plane), 256);
-    g->smem = stem_smem_bytes(g->copy, g->pool);
+    // 8 warps x kStemPoolCols pooled columns; their pixels' last byte read, box column 2 Wc + 19 - 16, is then
+    // inside a box row (256 bytes from column -16)
+    if (g->wp > kStemThreads / 32 * kStemPoolCols) return false;
+    g->copy = round_up(cin * C.plane, 256);   // the box after both copies: 256-byte aligned
+    g->box = round_up(cin * C.box_plane, 256);
+    g->smem = stem_smem_bytes(g->copy, g->box);
     return g->smem <= kMaxSmem;
 }
 
@@ -737,10 +739,9 @@ int launch_stem(Layer const& L, void const* x, void* out, int n, int h, int w, i
     p.Wc = g.wc;
     p.Hp = g.hp;
     p.Wp = g.wp;
-    p.half_w = (g.wc + 1) / 2;
     p.bands = (g.hp + C.pool_rows - 1) / C.pool_rows;
     p.copy_bytes = g.copy;
-    p.pool_bytes = g.pool;
+    p.box_bytes = g.box;
     int64_t const blocks = static_cast<int64_t>(n) * p.bands;
     if (blocks >= (int64_t(1) << 31)) return TRTFUSE_RCONV_ERR_SHAPE;
     if (int st = encode_stem_map(p, x, n, h, w, L.cin, C.ir)) return st;
@@ -1188,7 +1189,7 @@ extern "C" char const* trtfuse_residual_conv_error_string(int status) {
                    "(Cin too large): choose an sm80_* configuration, or -1 to pick; a 3x3 conv: this halo_* "
                    "configuration (or, with -1, every one) cannot hold its weight slice (9 Cin x 64 or 128 bytes) and "
                    "halo slots, or a box row of its image (W + 2 at stride 1, ceil(W / 2) + 1 at stride 2) is longer "
-                   "than its tile; the stem: its input is wider than 236 (a box row over 256 bytes)";
+                   "than its tile; the stem: its input is wider than 224 (more than the 56 pooled columns its block pools)";
         case TRTFUSE_RCONV_ERR_NEXT:
             return "no next conv attached to this layer, one already attached, or the layer is not a stride-1 tail "
                    "(with or without its projection): attach one next conv to a tail";

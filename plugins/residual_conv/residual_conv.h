@@ -104,7 +104,7 @@ int trtfuse_stem_create(int cin, int cout, int8_t const* weights, float const* w
 int trtfuse_stem_check(int cin, int cout, int8_t const* weights, float const* w_scale, float const* bias,
                        float x_scale, float out_scale);
 /* out [n, cout, hp, wp] (kCHW32; hc = ceil(h / 2), hp = ceil(hc / 2), likewise w) of x [n, cin, h, w] (int8, LINEAR
-   NCHW: the network's input), 16-byte aligned device pointers; w % 16 == 0 (TRTFUSE_RCONV_ERR_ROW) and w <= 236
+   NCHW: the network's input), 16-byte aligned device pointers; w % 16 == 0 (TRTFUSE_RCONV_ERR_ROW) and w <= 224
    (TRTFUSE_RCONV_ERR_FIT). config: an index of trtfuse_stem_config_name (pooled rows per block), -1 picks. */
 int trtfuse_stem_forward(void const* handle, void const* x, void* out, int n, int h, int w, int config, void* stream);
 int trtfuse_stem_num_configs(void);

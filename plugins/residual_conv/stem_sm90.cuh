@@ -15,27 +15,32 @@
 //   channel c (kx0 = 0 or 4): 4-byte aligned only where the row's start makes it so, and consecutive pixels are 2
 //   bytes apart. A TMA box must start at a 16-byte aligned column (a start of -3 faults as an illegal instruction),
 //   so the box lands at column -16 and the block builds two copies of it shifted by 3 and by 1 byte (a funnel shift
-//   per word): even pixels read the first, odd ones the second, at byte 4 (x / 2) + 16 + kx0, aligned.
-//   Row order: each conv row's even pixels first, then its odd ones, so 8 consecutive GEMM rows (a load's 8 row
-//   lanes) read one copy at consecutive words, and the two channels of a load fall on disjoint banks: a copy's
-//   channel planes are 16 words (mod 32) apart.
+//   per word): even pixels read the first, odd ones the second, at byte 4 (x / 2) + 16 + kx0 (pixel -1 at 12),
+//   aligned. A load's 8 row lanes (rows g, or rows g + 8, of a warp: the row order below) read one copy at 8
+//   consecutive words, and the two channels of a load fall on disjoint banks: a copy's channel planes are 16 words
+//   (mod 32) apart.
 //
 // Pool first, round after: the rule is monotone in acc (a > 0: every scale is), so the rounded max is the max of the
 // rounded values, and the max can be taken over the raw int32 accumulators. The rule then runs once per pooled
 // output, a quarter of the conv's outputs. (The first version rounded every conv output into an int8 staging tile
 // and pooled the bytes: 2.45 ms at batch 2048 on the H100, instruction-bound; docs/residual_conv.md, Version 16.)
 //
+// Pool in registers: the GEMM rows of a conv row are laid out so that each warp holds whole pooling windows. Warp w
+// (of 8) owns pooled columns 7 w .. 7 w + 6, which read conv pixels 14 w - 1 .. 14 w + 13; thread g (of the warp's
+// 8 row lanes) computes pixels 14 w + 2 g (GEMM row g) and 14 w + 2 g + 1 (row g + 8), except g = 7, which computes
+// pixel 14 w - 1 as its second (its first is thrown away). Pooled column 7 w + g (g < 7) is then the max of thread
+// g's two pixels and the second pixel of thread g - 1 (of thread 7 for g = 0): one warp shuffle, same channels (same
+// tig). 8 warps x 7 = 56 pooled columns: W <= 224. Each thread keeps the vertical max of its two pixels x 16 channels
+// in registers while a pooled row's three conv rows pass (they are consecutive), then rounds its pooled column's 16
+// channels and stores them. After the prologue no thread waits for another: the two warpgroups (and the two blocks
+// an SM holds) run their wgmmas and pools independently. (Version 16 pooled through an int32 tile in shared memory,
+// two block barriers per pooled row: 1.33 ms at batch 2048.)
+//
 // Block: one band of P pooled rows of one image = conv rows 2 py0 - 1 .. 2 py0 + 2P - 1 (R = 2P + 1; the row shared
-// with the next band is computed twice). 256 threads, two warpgroups: warpgroup j owns GEMM rows 64 j .. 64 j + 63 of
-// every conv row (the row order's pixels; past Wc they are computed and thrown away), so a thread owns the same two
-// pixels x 16 channels in every conv row. One TMA load brings the band's input rows (zero padding included) into the
-// pooling tile, which the copies are built from; one bulk copy the weights ([7 ky][64 rows][32 k], the 32-byte
-// swizzle). Per conv row each warpgroup loads its 7 A fragments and issues 7 wgmma m64n64k32; each thread keeps
-// the vertical max of the pooled row in progress in registers (a pooled row's three conv rows are consecutive). When
-// a pooled row is complete its vertical maxima go to the pooling tile (int32 [Wc pixels][64 channels], in natural
-// pixel order), and after a barrier every thread takes output words (4 channels of a pooled pixel): the max of three
-// pixels' words, then the rule, one 32-bit store. Two blocks fit an SM, so one block's pooling overlaps the other's
-// wgmmas.
+// with the next band is computed twice). 256 threads, two warpgroups (warps 0-3, 4-7). One TMA load brings the band's
+// input rows (zero padding included) into a box area, which the copies are built from; one bulk copy the weights
+// ([7 ky][64 rows][32 k], the 32-byte swizzle). Per conv row each warpgroup loads its 7 A fragments and issues 7
+// wgmma m64n64k32. Two blocks fit an SM.
 //
 // Compiled only in the sm_90a pass (ptx_sm90.cuh; kHasWgmma guards the launch).
 #pragma once
@@ -55,7 +60,8 @@ constexpr int kStemN = 64;                                // output channels com
 constexpr int kStemMaxCin = 4;                            // channels of one k32 step (8 taps each)
 constexpr int kStemWBytes = kStemTaps * kStemN * 32;      // the weight slice
 constexpr int kStemThreads = 256;
-constexpr int kStemBoxRow = 256;                          // a box row in bytes (W <= 236: 2 Wc + 19 <= 256)
+constexpr int kStemBoxRow = 256;                          // a box row in bytes (W <= 224: 2 Wc + 19 <= 256)
+constexpr int kStemPoolCols = 7;                          // pooled columns per warp (8 warps: Wp <= 56)
 
 // The band geometry of P pooled rows per block (the configuration): conv rows R, input rows IR of the box, a copy's
 // channel plane (IR rows, then 64 bytes: 16 banks between planes). Two blocks an SM (P <= 8 fits their shared memory).
@@ -72,18 +78,17 @@ struct StemParams {
     int8_t const* w_img;   // [7 ky][64 rows][32 k] (tile_layout.h: pack_weight_slices), k = c * 8 + kx
     int8_t* out;           // [N][Nc][Hp][Wp][32]
     int Cin, Nc;           // input channels; output slabs (ceil(Cout / 32))
-    int Hc, Wc, Hp, Wp;    // conv output and pooled output sizes
-    int half_w;            // (Wc + 1) / 2: the even pixels of a conv row, which come first in the row order
+    int Hc, Wc, Hp, Wp;    // conv output and pooled output sizes (Wp <= 8 kStemPoolCols)
     int bands;             // ceil(Hp / P): blocks per image
     uint32_t copy_bytes;   // a copy (Cin planes, rounded up to 256 bytes)
-    uint32_t pool_bytes;   // the pooling tile: Wc x 256 bytes, and at least the TMA box, rounded up to 256
+    uint32_t box_bytes;    // the TMA box (Cin planes of IR rows), rounded up to 256
 };
 
 // Shared memory of a launch: [256-byte alignment slack: the weights' 32-byte swizzle repeats every 256][weights][2
-// copies][pooling tile (first the TMA box)][rule constants a, b][each thread's two A addresses][barrier]. P = 3 keeps
-// it under half of the SM up to P = 8 (105 KB at ResNet-50's 224 x 224).
-TRTFUSE_RCONV_HD int stem_smem_bytes(int copy_bytes, int pool_bytes) {
-    return 256 + kStemWBytes + 2 * copy_bytes + pool_bytes + 8 * kStemN + 8 * kStemThreads + 16;
+// copies][the TMA box][rule constants a, b][each thread's two A addresses][barrier]. Under half of the SM up to
+// P = 8 (105 KB at ResNet-50's 224 x 224).
+TRTFUSE_RCONV_HD int stem_smem_bytes(int copy_bytes, int box_bytes) {
+    return 256 + kStemWBytes + 2 * copy_bytes + box_bytes + 8 * kStemN + 8 * kStemThreads + 16;
 }
 
 #if defined(__CUDACC__)
@@ -95,40 +100,33 @@ __device__ __forceinline__ uint32_t lds32(uint32_t addr) {
 // Keeps v in a register, unchanged, up to here: an A fragment must not be overwritten while a wgmma may read it.
 __device__ __forceinline__ void keep_reg(uint32_t& v) { asm volatile("" : "+r"(v)::"memory"); }
 
-// The pooling tile's 16-byte word `chunk` (channels 4 chunk .. + 3) of pixel x: rows of 256 bytes, the chunk's
-// bit 1 flipped by its bit 3 and its bit 0 by bit 1 of x. A read's 8 lanes (2 pooled pixels x 4 chunks 4 apart) then
-// fall on distinct banks; a write's (2 pixels x 4 consecutive chunks) on two lanes a bank.
-__device__ __forceinline__ uint32_t pool_offset(int x, int chunk) {
-    return (static_cast<uint32_t>(x) << 8) + (static_cast<uint32_t>(chunk ^ (chunk >> 2 & 2) ^ (x >> 1 & 1)) << 4);
-}
-
-// One pooled row: the rule on the horizontal max of three pixels' vertical maxima (the pooling tile), one word per 4
-// channels of a pooled pixel: thread t takes chunk t % (8 Nc) and pooled pixels t / (8 Nc), + 256 / (8 Nc), ...
-// (Items of 16 channels, one 16-byte store each, were 7 % slower: a quarter as many independent items.)
+// Pooled column ox (this thread's, g < 7) of pooled row py: the max over its window's three pixels' vertical maxima
+// (vmax: this thread's pixels h = 0, 1 in wgmma's m64n64 accumulator layout, acc[4 j + 2 h + e] = channel column
+// 8 j + 2 tig + e; the packed weights make n8 chunks 2k, 2k + 1 channels 16 k + 4 tig .. + 3), then the rule, one
+// 32-bit store per 4 channels. left: the left neighbour pixel's maxima (thread g - 1's pixel 1), valid unless ox = 0
+// (the pool's padding); pixel 1 (2 ox + 1) is valid below Wc.
 template <bool SAT>
-__device__ __forceinline__ void stem_pool_row(StemParams const& p, int8_t const* sP, float const* sAB, int img,
-                                              int py) {
-    int const shift = p.Nc == 2 ? 4 : 3;   // log2 of the chunks (8 Nc)
-    int const chunk = threadIdx.x & ((1 << shift) - 1);
-    float4 const a = *reinterpret_cast<float4 const*>(sAB + 4 * chunk);
-    float4 const b = *reinterpret_cast<float4 const*>(sAB + kStemN + 4 * chunk);
-    int8_t* const out =
-        p.out + ((static_cast<int64_t>(img) * p.Nc + (chunk >> 3)) * p.Hp + py) * p.Wp * 32 + (chunk & 7) * 4;
+__device__ __forceinline__ void stem_store_pooled(StemParams const& p, float const* sAB, int const (&vmax)[kStemN / 2],
+                                                  int const (&left)[kStemN / 4], bool left_ok, bool right_ok,
+                                                  int8_t* out, int tig) {
     std::integral_constant<bool, false> exact_int;
-    for (int ox = threadIdx.x >> shift; ox < p.Wp; ox += kStemThreads >> shift) {
-        int4 m = *reinterpret_cast<int4 const*>(sP + pool_offset(2 * ox, chunk));
 #pragma unroll
-        for (int side = -1; side <= 1; side += 2) {
-            int const x = 2 * ox + side;
-            if (x < 0 || x >= p.Wc) continue;
-            int4 const v = *reinterpret_cast<int4 const*>(sP + pool_offset(x, chunk));
-            m = make_int4(max(m.x, v.x), max(m.y, v.y), max(m.z, v.z), max(m.w, v.w));
+    for (int k = 0; k < kStemN / 16; ++k) {   // 16-channel groups: n8 chunks 2k, 2k + 1
+        if (k / 2 >= p.Nc) break;
+        float4 const a = *reinterpret_cast<float4 const*>(sAB + 16 * k + 4 * tig);
+        float4 const b = *reinterpret_cast<float4 const*>(sAB + kStemN + 16 * k + 4 * tig);
+        float t[4];
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            int const i = 8 * k + 4 * (e >> 1) + (e & 1);   // pixel 0's accumulator; pixel 1's is i + 2
+            int m = vmax[i];
+            if (right_ok) m = max(m, vmax[i + 2]);
+            if (left_ok) m = max(m, left[4 * k + 2 * (e >> 1) + (e & 1)]);
+            t[e] = rule_t_plain<SAT>(acc_bits_to_float(m, exact_int), (&a.x)[e], (&b.x)[e]);
         }
-        *reinterpret_cast<uint32_t*>(out + static_cast<int64_t>(ox) * 32) =
-            q_quad_t<SAT>(rule_t_plain<SAT>(acc_bits_to_float(m.x, exact_int), a.x, b.x),
-                          rule_t_plain<SAT>(acc_bits_to_float(m.y, exact_int), a.y, b.y),
-                          rule_t_plain<SAT>(acc_bits_to_float(m.z, exact_int), a.z, b.z),
-                          rule_t_plain<SAT>(acc_bits_to_float(m.w, exact_int), a.w, b.w), p.rule.lo);
+        // channel 16 k + 4 tig: slab k / 2, byte 16 (k % 2) + 4 tig of the pixel's 32
+        *reinterpret_cast<uint32_t*>(out + (k >> 1) * static_cast<int64_t>(p.Hp) * p.Wp * 32 + (k & 1) * 16 + tig * 4) =
+            q_quad_t<SAT>(t[0], t[1], t[2], t[3], p.rule.lo);
     }
 }
 
@@ -141,8 +139,8 @@ __global__ void __launch_bounds__(kStemThreads, 2) stem_kernel_sm90(const __grid
     int8_t* const base = reinterpret_cast<int8_t*>(smem_raw) + (((raw + 255) & ~255u) - raw);
     int8_t* const sW = base;
     int8_t* const sX = sW + kStemWBytes;
-    int8_t* const sP = sX + 2 * p.copy_bytes;                          // the pooling tile (first the TMA box)
-    float* const sAB = reinterpret_cast<float*>(sP + p.pool_bytes);   // [a: 64][b: 64]
+    int8_t* const sBox = sX + 2 * p.copy_bytes;                         // the TMA box, the copies' source
+    float* const sAB = reinterpret_cast<float*>(sBox + p.box_bytes);    // [a: 64][b: 64]
     uint2* const sRow = reinterpret_cast<uint2*>(sAB + 2 * kStemN);     // [thread]: its two A addresses
     uint32_t const bar = smem_u32(sRow + kStemThreads);
 
@@ -153,9 +151,8 @@ __global__ void __launch_bounds__(kStemThreads, 2) stem_kernel_sm90(const __grid
         fence_mbarrier_init();
         mbar_arrive_expect_tx(bar, kStemWBytes + p.Cin * Band::BOX_PLANE);
         bulk_load(smem_u32(sW), p.w_img, kStemWBytes, bar);
-        // the box into the pooling tile (free until the first pooled row): columns from -16 (a TMA box starts at a
-        // 16-byte aligned column), input rows from 2 cy0 - 3
-        tma_load_4d(&p.in_map, smem_u32(sP), bar, -16, 2 * cy0 - 3, 0, img);
+        // the box: columns from -16 (a TMA box starts at a 16-byte aligned column), input rows from 2 cy0 - 3
+        tma_load_4d(&p.in_map, smem_u32(sBox), bar, -16, 2 * cy0 - 3, 0, img);
     }
     for (int i = tid; i < 2 * kStemN; i += kStemThreads)
         sAB[i] = (i < kStemN ? (p.rule.sat ? p.rule.a8 : p.rule.a) : (p.rule.sat ? p.rule.b8 : p.rule.b))[i % kStemN];
@@ -165,7 +162,7 @@ __global__ void __launch_bounds__(kStemThreads, 2) stem_kernel_sm90(const __grid
     // takes the box's word and the one before (across a row start that puts the previous row's last bytes at columns
     // 0..2, which no load reads: the first pixel's first byte is at 16).
     for (int c = 0; c < p.Cin; ++c) {   // 4 words a step (planes are 16-byte aligned)
-        uint32_t const* box = reinterpret_cast<uint32_t const*>(sP + c * Band::BOX_PLANE);
+        uint32_t const* box = reinterpret_cast<uint32_t const*>(sBox + c * Band::BOX_PLANE);
         uint4* const even = reinterpret_cast<uint4*>(sX + c * PLANE);
         uint4* const odd = reinterpret_cast<uint4*>(sX + p.copy_bytes + c * PLANE);
         for (int i = tid; i < Band::BOX_PLANE / 16; i += kStemThreads) {
@@ -177,31 +174,27 @@ __global__ void __launch_bounds__(kStemThreads, 2) stem_kernel_sm90(const __grid
                                 __funnelshift_r(w.y, w.z, 24), __funnelshift_r(w.z, w.w, 24));
         }
     }
-    __syncthreads();   // the copies are whole; the pooling tile is free again
+    __syncthreads();   // the copies are whole: the block's last barrier
 
     int const warp = tid >> 5, lane = tid & 31, wg = warp >> 2, g = lane >> 2, tig = lane & 3;
     // this thread's k bytes: channel tig / 2 (registers 0, 1) and tig / 2 + 2 (registers 2, 3), taps 4 (tig & 1) ..;
     // a channel past Cin is zero padding of k, not read (its plane would lie past the copy)
     bool const lo = (tig >> 1) < p.Cin, hi = (tig >> 1) + 2 < p.Cin;
     uint64_t const descW = smem_desc(smem_u32(sW));
-    // this thread's two pixels (GEMM rows 64 wg + 16 (warp % 4) + g and + 8): q of the row order, x, and the address
-    // of their first conv row's first tap in their copy: byte 4 (x / 2) + 16, x = 2q (even) or 2 (q - half_w) + 1
-    // (kept in shared memory: in registers, at 80 a thread, the compiler recomputed them at every conv row, 14 % of
-    // the instructions)
-    auto pixel = [&](int h) {   // -1 past the row
-        int const q = 64 * wg + (warp & 3) * 16 + g + 8 * h;
-        return q >= p.Wc ? -1 : q >= p.half_w ? 2 * (q - p.half_w) + 1 : 2 * q;
-    };
+    // this thread's two pixels (GEMM rows g and g + 8 of its warp; see "Pool in registers" above) and the address of
+    // their first conv row's first tap in their copy, byte 4 (x / 2) + 16 (kept in shared memory: in registers, at 80
+    // a thread, the compiler recomputed them at every conv row, 14 % of the instructions). Pixel 0 of g = 7 is thrown
+    // away; pixel 1 of g = 7 is its warp's left edge, 14 w - 1 (-1 for warp 0: read, at byte 12, and not pooled).
+    int const ox = kStemPoolCols * warp + g;                 // this thread's pooled column (g < 7)
+    int const px0 = 2 * ox, px1 = g == 7 ? 2 * kStemPoolCols * warp - 1 : 2 * ox + 1;
     {
-        uint32_t addr[2];
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            int const q = min(64 * wg + (warp & 3) * 16 + g + 8 * h, p.Wc - 1), odd = q >= p.half_w;
-            addr[h] = smem_u32(sX) + odd * p.copy_bytes + (tig >> 1) * PLANE + 4 * (tig & 1) +
-                      4 * (odd ? q - p.half_w : q) + 16;
-        }
-        sRow[tid] = make_uint2(addr[0], addr[1]);   // read back by this thread only
+        uint32_t const even = smem_u32(sX) + (tig >> 1) * PLANE + 4 * (tig & 1) + 16;
+        uint32_t const odd = even + p.copy_bytes;
+        sRow[tid] = make_uint2(even + 4 * (px0 >> 1), odd + 4 * (px1 >> 1));   // read back by this thread only
     }
+    bool const pools = g < 7 && ox < p.Wp;                   // this thread stores pooled column ox
+    bool const left_ok = ox > 0, right_ok = px1 < p.Wc;     // the window's pixels 2 ox - 1 and 2 ox + 1 exist
+    int const left_lane = (lane + 28) & 31;                  // thread g - 1 (g = 0: thread 7), same tig
 
     // A pooled row's three conv rows are local rows 2pr .. 2pr + 2: row 2k closes pooled row k - 1 and opens k.
     // Rows outside the image are not computed (the top band's first, the bottom band's last ones).
@@ -211,24 +204,17 @@ __global__ void __launch_bounds__(kStemThreads, 2) stem_kernel_sm90(const __grid
     for (int i = 0; i < kStemN / 2; ++i) vmax[i] = INT32_MIN;
     int open = 0;   // the pooled row vmax belongs to
 
-    // the open pooled row's vertical maxima -> pooling tile -> stem_pool_row
+    // the open pooled row pr: the left pixel's vertical maxima from thread g - 1, then this thread's pooled column
     auto flush = [&](int pr) {
+        int left[kStemN / 4];   // pixel 1's maxima of thread g - 1: vmax[4 j + 2 + e] -> left[2 j + e]
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            int const x = pixel(h);
-            if (x < 0) continue;
+        for (int j = 0; j < kStemN / 8; ++j)
 #pragma unroll
-            for (int k = 0; k < kStemN / 16; ++k) {   // n8 chunks 2k, 2k + 1: channels 16k + 4 tig .. + 3
-                int const n = 2 * k;
-                *reinterpret_cast<int4*>(sP + pool_offset(x, 4 * k + tig)) =
-                    make_int4(vmax[4 * n + 2 * h], vmax[4 * n + 2 * h + 1], vmax[4 * n + 4 + 2 * h],
-                              vmax[4 * n + 4 + 2 * h + 1]);
-            }
-        }
-        __syncthreads();   // the pooled row's vertical maxima are all in the tile
-        if (p.rule.sat) stem_pool_row<true>(p, sP, sAB, img, py0 + pr);
-        else stem_pool_row<false>(p, sP, sAB, img, py0 + pr);
-        __syncthreads();   // the tile is free for the next pooled row
+            for (int e = 0; e < 2; ++e) left[2 * j + e] = __shfl_sync(0xffffffffu, vmax[4 * j + 2 + e], left_lane);
+        if (!pools) return;
+        int8_t* const out = p.out + (static_cast<int64_t>(img) * p.Nc * p.Hp + py0 + pr) * p.Wp * 32 + ox * 32;
+        if (p.rule.sat) stem_store_pooled<true>(p, sAB, vmax, left, left_ok, right_ok, out, tig);
+        else stem_store_pooled<false>(p, sAB, vmax, left, left_ok, right_ok, out, tig);
     };
 
     for (int r = r_begin; r < r_end; ++r) {
