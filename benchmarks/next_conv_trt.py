@@ -1,15 +1,19 @@
-"""A ResNet-50 layer1 tail with the next bottleneck's conv1 chained onto it: our one sm_90a kernel against TensorRT
-8.5's two (the tail's conv + Add + ReLU, then the conv1 + ReLU reading the tail's output back from memory).
+"""A ResNet-50 layer1 tail, or the stem, with the next bottleneck's conv1 chained onto it: our one sm_90a kernel
+against TensorRT 8.5's two (the tail's conv + Add + ReLU, or its stem's conv + ReLU + max pool, then the conv1 + ReLU
+reading that output back from memory).
 
-For each pair and batch, on identical int8 kCHW32 inputs (device resident), in one process:
+Pairs: the three layer1 tails with the next block's conv1 (kind "fused-tail-conv1", int8 kCHW32 inputs), and the stem
+with layer1.0's conv1 ("stem+layer1.0.conv1", kind "fused-stem-conv1": the int8 LINEAR input [n, 3, 224, 224] as the
+network's, the stem 3 -> 64, the conv1 64 -> 64 1x1 + ReLU on the 56 x 56 pooled output; TensorRT's stem as
+benchmarks/stem_trt.py builds it). For each pair and batch, on identical int8 inputs (device resident), in one process:
   (a) ours through the C ABI: forward_next (one kernel where it chains), and the same two layers as two of our own
-      launches (the tail, then the conv1), which shows what the chaining itself saves;
+      launches (the tail or the stem, then the conv1), which shows what the chaining itself saves;
   (b) with TensorRT: a two-output engine of TensorRT's own kernels (network API, int8 I/O through dynamic ranges,
       INT8 flag, tactic sources 0, as residual_conv_trt.py), and the TrtfuseResidualConv node with next_* fields (two
       outputs) in an engine;
 checks both of our outputs bit-exact against the composed rounding rule on three images (the conv1 reads the tail's
-int8 output) and every engine against ours, times each (CUDA events, median of --reps), and sets them against the
-DRAM floor (every input, both outputs, at the copy bandwidth measured in the same run). Random weights:
+or the stem's int8 output) and every engine against ours, times each (CUDA events, median of --reps), and sets them
+against the DRAM floor (every input, both outputs, at the copy bandwidth measured in the same run). Random weights:
 performance only.
 
   python3.10 benchmarks/next_conv_trt.py --out benchmarks/results/next_conv_h100.json     (TensorRT staged)
@@ -37,6 +41,10 @@ PAIRS = {
     "layer1.1+layer1.2.conv1": (64, 256, 64, 0),
     "layer1.2+layer2.0.conv1": (64, 256, 128, 0),  # layer2.0's conv1: 256 -> 128, stride 1 (torchvision v1.5)
 }
+# the stem (stem_trt.py's: 3 x 224 x 224 -> 64 x 56 x 56) and layer1.0's conv1 (64 -> STEM_NEXT_COUT, 1x1 + ReLU)
+STEM_PAIR = "stem+layer1.0.conv1"
+STEM_NEXT_COUT = 64
+NAMES = [*PAIRS, STEM_PAIR]
 
 
 def random_pair(rng, cin, cout, next_cout, proj_cin):
@@ -77,38 +85,140 @@ def trt_engine(kind: str, T: dict, N: dict, P: dict | None, n: int):
         return finish_engine(builder, network, node.get_output(0), T["out_scale"], "tail+next plugin",
                              more(node.get_output(1)))
 
-    def conv(inp, L, relu, scale):
-        co, ci = L["w"].shape
-        w = (L["w"].astype(np.float32) * L["w_scale"][:, None]).astype(np.float32).reshape(co, ci, 1, 1)
-        t = network.add_convolution_nd(inp, co, (1, 1), trt.Weights(np.ascontiguousarray(w)),
-                                       trt.Weights(np.ascontiguousarray(L["bias"], dtype=np.float32))).get_output(0)
-        t.dynamic_range = (-127.0 * scale, 127.0 * scale)
-        if relu:
-            t = network.add_activation(t, trt.ActivationType.RELU).get_output(0)
-        return t
-
-    r = second if P is None else conv(second, P, False, P["out_scale"])
-    y = conv(x, T, False, T["out_scale"])
+    r = second if P is None else trt_conv1x1(network, second, P, False, P["out_scale"])
+    y = trt_conv1x1(network, x, T, False, T["out_scale"])
     add = network.add_elementwise(y, r, trt.ElementWiseOperation.SUM).get_output(0)
     add.dynamic_range = (-127.0 * T["out_scale"], 127.0 * T["out_scale"])
     out = network.add_activation(add, trt.ActivationType.RELU).get_output(0)
     out.dynamic_range = (-127.0 * T["out_scale"], 127.0 * T["out_scale"])
-    return finish_engine(builder, network, out, T["out_scale"], "tail+next trt", more(conv(out, N, True,
-                                                                                           N["out_scale"])))
+    return finish_engine(builder, network, out, T["out_scale"], "tail+next trt",
+                         more(trt_conv1x1(network, out, N, True, N["out_scale"])))
+
+
+def trt_conv1x1(network, inp, L: dict, relu: bool, scale: float):
+    """TensorRT's 1x1 conv of L (+ ReLU) on inp, its int8 range at `scale`; returns its output tensor."""
+    import tensorrt as trt
+
+    co, ci = L["w"].shape
+    w = (L["w"].astype(np.float32) * L["w_scale"][:, None]).astype(np.float32).reshape(co, ci, 1, 1)
+    t = network.add_convolution_nd(inp, co, (1, 1), trt.Weights(np.ascontiguousarray(w)),
+                                   trt.Weights(np.ascontiguousarray(L["bias"], dtype=np.float32))).get_output(0)
+    t.dynamic_range = (-127.0 * scale, 127.0 * scale)
+    if relu:
+        t = network.add_activation(t, trt.ActivationType.RELU).get_output(0)
+    return t
+
+
+def stem_trt_engine(kind: str, S: dict, N: dict, n: int):
+    """The stem pair. kind 'trt': TensorRT's own stem (stem_trt.py's Conv 7x7/2 + ReLU + MaxPool 3x3/2), then its
+    1x1 conv + ReLU of the pooled output; 'plugin': one TrtfuseResidualConv node with kernel_size 7 and the next_*
+    fields. Input "x" (int8 LINEAR, as the network's), outputs "out" and "next" (kCHW32). Returns (engine, info)."""
+    import tensorrt as trt
+    from residual_conv_trt import LOGGER, create_plugin, finish_engine
+    from stem_trt import CIN, COUT, add_trt_stem, stem_fields, stem_input
+
+    builder = trt.Builder(LOGGER)
+    network = builder.create_network(1 << int(trt.NetworkDefinitionCreationFlag.EXPLICIT_BATCH))
+    x = stem_input(network, S, n)
+    more = lambda nxt: ((nxt, "next", N["out_scale"]),)  # noqa: E731
+    if kind == "plugin":
+        plugin = create_plugin("stem_next", stem_fields(S), CIN, COUT, None, N)
+        if plugin is None:
+            raise RuntimeError("create_plugin refused the stem's next_* fields (see stderr)")
+        node = network.add_plugin_v2([x], plugin)
+        return finish_engine(builder, network, node.get_output(0), S["out_scale"], "stem+next plugin",
+                             more(node.get_output(1)))
+    out = add_trt_stem(network, x, S)
+    return finish_engine(builder, network, out, S["out_scale"], "stem+next trt",
+                         more(trt_conv1x1(network, out, N, True, N["out_scale"])))
+
+
+class PairOutputs:
+    """A pair's two device outputs, int8 kCHW32 [n, cout, h, w] and [n, next_cout, h, w]: poisoned before each run,
+    read back as NCHW."""
+
+    def __init__(self, n: int, cout: int, next_cout: int, h: int, w: int):
+        self.cout, self.next_cout = cout, next_cout
+        self.out_like = np.empty((n, -(-cout // 32), h, w, 32), np.int8)
+        self.next_like = np.empty((n, -(-next_cout // 32), h, w, 32), np.int8)
+        self.ob, self.nb = DeviceBuffer(self.out_like.nbytes), DeviceBuffer(self.next_like.nbytes)
+        self.nbytes = self.out_like.nbytes + self.next_like.nbytes
+
+    def poison(self) -> None:
+        self.ob.fill(0x5A)
+        self.nb.fill(0x5A)
+
+    def read(self) -> tuple[np.ndarray, np.ndarray]:
+        return (ref.from_nc32hw32(self.ob.download(self.out_like), self.cout),
+                ref.from_nc32hw32(self.nb.download(self.next_like), self.next_cout))
+
+    def free(self) -> None:
+        self.ob.free()
+        self.nb.free()
+
+
+def time_ours(row: dict, label: str, fns, dev: PairOutputs, stream, reps: int, outs: dict) -> None:
+    """For each (kind, fn) of ours: one run into the poisoned outputs (read into outs[kind]), then CUDA-event timing
+    (median of reps) into row[kind + "_ms"]."""
+    for kind, fn in fns:
+        dev.poison()
+        fn(0)
+        ck(cudart.cudaStreamSynchronize(stream))
+        outs[kind] = dev.read()
+        row[f"{kind}_ms"] = time_ms(fn, stream, reps)
+        print(f"  {label} {kind}: {row[f'{kind}_ms']:.4f} ms", flush=True)
+
+
+def time_engines(row: dict, label: str, build, ptrs: dict, dev: PairOutputs, stream, reps: int, outs: dict) -> None:
+    """TensorRT's two layers ('trt') and the plugin node ('plugin'), each build(kind) -> (engine, info) bound by
+    name (ptrs: the inputs'; "out" and "next" are dev's): one run into the poisoned outputs (outs[kind]), then timing
+    into row["trt_ms"] / row["plugin_engine_ms"], the engine's layers into row[kind + "_layers"]; row["speedup"]."""
+    from residual_conv_trt import layer_summary
+
+    ptrs = {**ptrs, "out": dev.ob.ptr, "next": dev.nb.ptr}
+    for kind in ("trt", "plugin"):
+        engine, info = build(kind)
+        ctx = engine.create_execution_context()
+        bindings = [ptrs[engine.get_binding_name(i)] for i in range(engine.num_bindings)]
+        dev.poison()
+        if not ctx.execute_async_v2(bindings, int(stream)):
+            raise RuntimeError(f"{kind}: execute_async_v2 failed")
+        ck(cudart.cudaStreamSynchronize(stream))
+        outs[kind] = dev.read()
+        key = "trt_ms" if kind == "trt" else "plugin_engine_ms"
+        row[key] = time_ms(lambda _, c=ctx: c.execute_async_v2(bindings, int(stream)), stream, reps)
+        row[f"{kind}_layers"] = layer_summary(info)
+        print(f"  {label} {kind} engine: {row[key]:.4f} ms; {row[f'{kind}_layers']}", flush=True)
+        del ctx, engine
+    row["speedup"] = row["trt_ms"] / row["ours_ms"]
+
+
+def checks(outs: dict, idx, want: np.ndarray, want_next: np.ndarray, what: str) -> tuple[list, dict | None]:
+    """(the exact checks of every run but TensorRT's: both outputs on images idx against the rounding rule, the
+    conv1's of `what`'s int8 output; TensorRT's agreement with ours at `what`'s output, informational, or None)."""
+    found, agreement = [], None
+    for kind, (got, got_next) in outs.items():
+        if kind == "trt":  # TensorRT's own kernels: within 1 LSB of ours at the first layer (its rounding)
+            agreement = compare(f"TensorRT vs ours, {what} output (all images)", got, outs["ours"][0], exact=False)
+            continue
+        found += [compare(f"{kind}: {what} vs rounding rule (exact)", got[idx], want, exact=True),
+                  compare(f"{kind}: conv1 vs rounding rule of the {what}'s output (exact)", got_next[idx], want_next,
+                          exact=True)]
+    return found, agreement
 
 
 def run_case(name: str, n: int, reps: int, stream, rng, with_trt: bool) -> dict:
+    if name == STEM_PAIR:
+        return run_stem_case(n, reps, stream, rng, with_trt)
     cin, cout, next_cout, proj_cin = PAIRS[name]
     T, N, P = random_pair(rng, cin, cout, next_cout, proj_cin)
     x = rng.integers(-128, 128, size=(n, cin, HW, HW), dtype=np.int8)
     second = rng.integers(-128, 128, size=(n, proj_cin or cout, HW, HW), dtype=np.int8)
-    out_like = np.empty((n, cout // 32, HW, HW, 32), np.int8)
-    next_like = np.empty((n, next_cout // 32, HW, HW, 32), np.int8)
     xb, sb = DeviceBuffer(x.nbytes).upload(ref.to_nc32hw32(x)), DeviceBuffer(second.nbytes).upload(
         ref.to_nc32hw32(second))
-    ob, nb = DeviceBuffer(out_like.nbytes), DeviceBuffer(next_like.nbytes)
+    dev = PairOutputs(n, cout, next_cout, HW, HW)
     row = {"layer": name, "kind": "fused-tail-conv1", "batch": n, "weights": "random",
-           "bytes": int(x.nbytes + second.nbytes + out_like.nbytes + next_like.nbytes),
+           "bytes": int(x.nbytes + second.nbytes + dev.nbytes),
            "ops": int(2 * n * HW * HW * (cin * cout + proj_cin * cout + cout * next_cout))}
     tail = (T["w"], T["w_scale"], T["bias"], T["x_scale"], T["r_scale"], T["out_scale"], True)
     layer = op.ProjTail(*tail, P["w"], P["w_scale"], P["bias"], P["x_scale"], P["out_scale"], 1) if P else \
@@ -117,6 +227,7 @@ def run_case(name: str, n: int, reps: int, stream, rng, with_trt: bool) -> dict:
     conv1 = op.ResidualConv(N["w"], N["w_scale"], N["bias"], N["x_scale"], 0.0, N["out_scale"], True)
     ws = DeviceBuffer(layer.workspace_size(n, HW, HW) if P else 0)
     row["ours_chained"] = layer.next_fuses(-1, n, HW, HW)
+    ob, nb = dev.ob, dev.nb
 
     def ours_chained(_):
         layer.forward_next(xb.ptr, sb.ptr, ob.ptr, nb.ptr, n, HW, HW, ws.ptr, -1, int(stream))
@@ -129,41 +240,16 @@ def run_case(name: str, n: int, reps: int, stream, rng, with_trt: bool) -> dict:
         conv1.forward(ob.ptr, 0, nb.ptr, n, HW, HW, -1, int(stream))
 
     outs = {}
-    for kind, fn in (("ours", ours_chained), ("ours_separate", ours_separate)):
-        ob.fill(0x5A)
-        nb.fill(0x5A)
-        fn(0)
-        ck(cudart.cudaStreamSynchronize(stream))
-        outs[kind] = (ref.from_nc32hw32(ob.download(out_like), cout), ref.from_nc32hw32(nb.download(next_like),
-                                                                                        next_cout))
-        row[f"{kind}_ms"] = time_ms(fn, stream, reps)
-        print(f"  {name} batch {n} {kind}: {row[f'{kind}_ms']:.4f} ms", flush=True)
+    time_ours(row, f"{name} batch {n}", (("ours", ours_chained), ("ours_separate", ours_separate)), dev, stream,
+              reps, outs)
     layer.close()
     conv1.close()
     if with_trt:
-        from residual_conv_trt import layer_summary
-
-        for kind in ("trt", "plugin"):
-            engine, info = trt_engine(kind, T, N, P, n)
-            ctx = engine.create_execution_context()
-            names = [engine.get_binding_name(i) for i in range(engine.num_bindings)]
-            ptrs = {"x": xb.ptr, "r": sb.ptr, "xp": sb.ptr, "out": ob.ptr, "next": nb.ptr}
-            bindings = [ptrs[nm] for nm in names]
-            ob.fill(0x5A)
-            nb.fill(0x5A)
-            if not ctx.execute_async_v2(bindings, int(stream)):
-                raise RuntimeError(f"{kind}: execute_async_v2 failed")
-            ck(cudart.cudaStreamSynchronize(stream))
-            outs[kind] = (ref.from_nc32hw32(ob.download(out_like), cout), ref.from_nc32hw32(nb.download(next_like),
-                                                                                            next_cout))
-            key = "trt_ms" if kind == "trt" else "plugin_engine_ms"
-            row[key] = time_ms(lambda _: ctx.execute_async_v2(bindings, int(stream)), stream, reps)
-            row[f"{kind}_layers"] = layer_summary(info)
-            print(f"  {name} batch {n} {kind} engine: {row[key]:.4f} ms; {row[f'{kind}_layers']}", flush=True)
-            del ctx, engine
-        row["speedup"] = row["trt_ms"] / row["ours_ms"]
-    for b in (xb, sb, ob, nb, ws):
+        time_engines(row, f"{name} batch {n}", lambda kind: trt_engine(kind, T, N, P, n),
+                     {"x": xb.ptr, "r": sb.ptr, "xp": sb.ptr}, dev, stream, reps, outs)
+    for b in (xb, sb, ws):
         b.free()
+    dev.free()
 
     idx = np.unique([0, n // 2, n - 1])
     r = second[idx] if P is None else ref.reference_fp32(second[idx], P["w"], P["w_scale"], P["bias"], None,
@@ -172,30 +258,76 @@ def run_case(name: str, n: int, reps: int, stream, rng, with_trt: bool) -> dict:
                               True)
     want_next = ref.reference_fp32(want, N["w"], N["w_scale"], N["bias"], None, N["x_scale"], 0.0, N["out_scale"],
                                    True)
-    row["checks"] = []
-    for kind, (got, got_next) in outs.items():
-        if kind == "trt":  # TensorRT's own kernels: within 1 LSB of ours at the tail (its rounding), informational
-            row["trt_agreement"] = compare("TensorRT vs ours, tail output (all images)", got, outs["ours"][0],
-                                           exact=False)
-            continue
-        row["checks"] += [compare(f"{kind}: tail vs rounding rule (exact)", got[idx], want, exact=True),
-                          compare(f"{kind}: conv1 vs rounding rule of the tail's output (exact)", got_next[idx],
-                                  want_next, exact=True)]
+    row["checks"], agreement = checks(outs, idx, want, want_next, "tail")
+    if agreement is not None:
+        row["trt_agreement"] = agreement
+    return row
+
+
+def run_stem_case(n: int, reps: int, stream, rng, with_trt: bool) -> dict:
+    """The stem (int8 LINEAR input, as the network's) with layer1.0's conv1 chained: forward_next, the stem's forward
+    then the conv1's as two of our launches, and (with TensorRT) its stem and conv1 and the plugin node."""
+    from stem_trt import CIN, COUT, random_stem
+    from stem_trt import HW as IN_HW
+
+    S = random_stem(rng)
+    N = ref.random_layer(rng, COUT, STEM_NEXT_COUT, True)
+    N["x_scale"] = S["out_scale"]  # the conv1 reads the stem's int8 output at the scale it was quantized by
+    hp, wp = op.stem_output_hw(IN_HW, IN_HW)
+    x = rng.integers(-128, 128, size=(n, CIN, IN_HW, IN_HW), dtype=np.int8)
+    xb = DeviceBuffer(x.nbytes).upload(x)   # linear NCHW
+    dev = PairOutputs(n, COUT, STEM_NEXT_COUT, hp, wp)
+    row = {"layer": STEM_PAIR, "kind": "fused-stem-conv1", "batch": n, "weights": "random",
+           "bytes": int(x.nbytes + dev.nbytes),
+           "ops": int(2 * n * (IN_HW // 2) ** 2 * 49 * CIN * COUT + 2 * n * hp * wp * COUT * STEM_NEXT_COUT)}
+    layer = op.Stem(S["w"], S["w_scale"], S["bias"], S["x_scale"], S["out_scale"], True)
+    layer.attach_next(N["w"], N["w_scale"], N["bias"], N["x_scale"], N["out_scale"], True)
+    conv1 = op.ResidualConv(N["w"], N["w_scale"], N["bias"], N["x_scale"], 0.0, N["out_scale"], True)
+    row["ours_chained"] = layer.next_fuses(-1, n, IN_HW, IN_HW)
+    ob, nb = dev.ob, dev.nb
+
+    def ours_chained(_):
+        layer.forward_next(xb.ptr, ob.ptr, nb.ptr, n, IN_HW, IN_HW, -1, int(stream))
+
+    def ours_separate(_):
+        layer.forward(xb.ptr, ob.ptr, n, IN_HW, IN_HW, -1, int(stream))
+        conv1.forward(ob.ptr, 0, nb.ptr, n, hp, wp, -1, int(stream))
+
+    outs = {}
+    time_ours(row, f"{STEM_PAIR} batch {n}", (("ours", ours_chained), ("ours_separate", ours_separate)), dev, stream,
+              reps, outs)
+    layer.close()
+    conv1.close()
+    if with_trt:
+        time_engines(row, f"{STEM_PAIR} batch {n}", lambda kind: stem_trt_engine(kind, S, N, n), {"x": xb.ptr}, dev,
+                     stream, reps, outs)
+    xb.free()
+    dev.free()
+
+    idx = np.unique([0, n // 2, n - 1])
+    acc = ref.accumulate_stem(x[idx], S["w"])
+    want = ref.maxpool3x3s2(ref.reference_fp32(x[idx], None, S["w_scale"], S["bias"], None, S["x_scale"], 0.0,
+                                               S["out_scale"], True, acc=acc))
+    want_next = ref.reference_fp32(want, N["w"], N["w_scale"], N["bias"], None, N["x_scale"], 0.0, N["out_scale"],
+                                   True)
+    row["checks"], agreement = checks(outs, idx, want, want_next, "stem")
+    if agreement is not None:
+        row["trt_agreement"] = agreement
     return row
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--pairs", default=",".join(PAIRS), help=f"comma-separated, of {', '.join(PAIRS)}")
+    ap.add_argument("--pairs", default=",".join(NAMES), help=f"comma-separated, of {', '.join(NAMES)}")
     ap.add_argument("--batches", default="256,2048")
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--no-trt", action="store_true", help="ours only (no TensorRT on this machine)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
     pairs = args.pairs.split(",")
-    unknown = [p for p in pairs if p not in PAIRS]
+    unknown = [p for p in pairs if p not in NAMES]
     if unknown:
-        ap.error(f"unknown pair(s) {', '.join(unknown)}: choose from {', '.join(PAIRS)}")
+        ap.error(f"unknown pair(s) {', '.join(unknown)}: choose from {', '.join(NAMES)}")
     stream = ck(cudart.cudaStreamCreate())
     rng = np.random.default_rng(0)
     result = result_header("benchmarks/next_conv_trt.py", stream, not args.no_trt, layers=[])

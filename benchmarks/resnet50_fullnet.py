@@ -5,8 +5,8 @@ the two device runs that measure it; nothing is measured here:
     TensorRT's own kernel for the same layer, in one run; copy bandwidth), and later runs of some layers
     (conv_layers_fused_h100.json: the fused first blocks; conv3x3_h100.json: the 3x3 convs, from
     benchmarks/conv3x3_trt.py; stem_h100.json: the stem, from benchmarks/stem_trt.py; next_conv_h100.json: the layer1
-    tails with the next conv1 chained, from benchmarks/next_conv_trt.py), whose rows add to or replace the first
-    file's;
+    tails and the stem with the next conv1 chained, from benchmarks/next_conv_trt.py), whose rows add to or replace
+    the first file's;
   - the network: benchmarks/resnet50_e2e.py run --plugins off,tails,all -> resnet50_fullnet_e2e_h100.json (engines
     off / tails / all at batch 256 and 2048, TensorRT's per-layer profile, agreement, LoadGen Offline and Server);
   - optionally a second network run (--e2e2, e.g. on a machine without Server latency tails): its --e2e2-keys
@@ -47,11 +47,10 @@ def merge_layers(runs: list[dict]) -> dict:
 def replaced(r: dict) -> bool:
     """What --plugins all replaces (models/residual_conv_rewrite.py): every tail, (fused-proj-tail) the first blocks
     whose projection and tail fit one kernel, projections up to MAX_PROJECTION_CIN input channels, stride-1 3x3
-    convs up to MAX_CONV3X3_COUT output channels (of ResNet-50's three in layer1, layer1.0's: the other two read a
-    chained conv1's output and stay with TensorRT), the stem, and (fused-tail-conv1) the layer1 tails with the next
-    conv1 chained."""
+    convs up to MAX_CONV3X3_COUT output channels (ResNet-50's three in layer1), the stem, and the layer1 tails
+    (fused-tail-conv1) and the stem (fused-stem-conv1) with the next conv1 chained."""
     kind = r.get("kind", "tail")
-    if kind in ("stem", "fused-tail-conv1"):
+    if kind in ("stem", "fused-tail-conv1", "fused-stem-conv1"):
         return True
     if kind == "conv3x3":   # stride 1 only: the stride-2 ones stay with TensorRT
         return r["cout"] <= MAX_CONV3X3_COUT and r.get("stride", 1) == 1

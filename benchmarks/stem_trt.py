@@ -40,25 +40,29 @@ def random_stem(rng):
     return L
 
 
-def trt_engine(kind: str, L: dict, n: int):
-    """kind 'trt': TensorRT's stem, Conv 7x7/2 + ReLU + MaxPool 3x3/2; 'plugin': the TrtfuseResidualConv node with
-    kernel_size 7 (what the ONNX rewrite emits). int8 LINEAR in, int8 CHW32 out. Returns (engine, layer info)."""
+def stem_input(network, L: dict, n: int):
+    """The network's int8 input "x" [n, CIN, HW, HW], LINEAR (as the host sends it), at L's x_scale."""
     import tensorrt as trt
-    from residual_conv_trt import LOGGER, create_plugin, finish_engine
 
-    builder = trt.Builder(LOGGER)
-    network = builder.create_network(1 << int(trt.NetworkDefinitionCreationFlag.EXPLICIT_BATCH))
     x = network.add_input("x", trt.int8, (n, CIN, HW, HW))
     x.allowed_formats = 1 << int(trt.TensorFormat.LINEAR)
     x.dynamic_range = (-127.0 * L["x_scale"], 127.0 * L["x_scale"])
-    if kind == "plugin":
-        plugin = create_plugin("stem", {**L, "r_scale": 0.0, "relu": 1, "kernel_size": 7, "stride": 2}, CIN, COUT)
-        if plugin is None:
-            raise RuntimeError("create_plugin refused the stem's fields (see stderr)")
-        return finish_engine(builder, network, network.add_plugin_v2([x], plugin).get_output(0), L["out_scale"],
-                             "stem plugin")
+    return x
+
+
+def stem_fields(L: dict) -> dict:
+    """L as the TrtfuseResidualConv node's fields of a stem (kernel_size 7, what the ONNX rewrite emits)."""
+    return {**L, "r_scale": 0.0, "relu": 1, "kernel_size": 7, "stride": 2}
+
+
+def add_trt_stem(network, x, L: dict):
+    """TensorRT's own stem on x: Conv 7x7/2 (padding 3) + ReLU + MaxPool 3x3/2 (padding 1), int8 ranges at L's
+    out_scale; returns the pooled tensor (not yet an output)."""
+    import tensorrt as trt
+
+    cout = L["w"].shape[0]
     w = (L["w"].astype(np.float32) * L["w_scale"][:, None, None, None]).astype(np.float32)
-    conv = network.add_convolution_nd(x, COUT, (7, 7), trt.Weights(np.ascontiguousarray(w)),
+    conv = network.add_convolution_nd(x, cout, (7, 7), trt.Weights(np.ascontiguousarray(w)),
                                       trt.Weights(np.ascontiguousarray(L["bias"], dtype=np.float32)))
     conv.padding_nd = (3, 3)
     conv.stride_nd = (2, 2)
@@ -69,7 +73,25 @@ def trt_engine(kind: str, L: dict, n: int):
     pool = network.add_pooling_nd(relu.get_output(0), trt.PoolingType.MAX, (3, 3))
     pool.stride_nd = (2, 2)
     pool.padding_nd = (1, 1)
-    return finish_engine(builder, network, pool.get_output(0), L["out_scale"], "stem trt")
+    return pool.get_output(0)
+
+
+def trt_engine(kind: str, L: dict, n: int):
+    """kind 'trt': TensorRT's stem, Conv 7x7/2 + ReLU + MaxPool 3x3/2; 'plugin': the TrtfuseResidualConv node with
+    kernel_size 7 (what the ONNX rewrite emits). int8 LINEAR in, int8 CHW32 out. Returns (engine, layer info)."""
+    import tensorrt as trt
+    from residual_conv_trt import LOGGER, create_plugin, finish_engine
+
+    builder = trt.Builder(LOGGER)
+    network = builder.create_network(1 << int(trt.NetworkDefinitionCreationFlag.EXPLICIT_BATCH))
+    x = stem_input(network, L, n)
+    if kind == "plugin":
+        plugin = create_plugin("stem", stem_fields(L), CIN, COUT)
+        if plugin is None:
+            raise RuntimeError("create_plugin refused the stem's fields (see stderr)")
+        return finish_engine(builder, network, network.add_plugin_v2([x], plugin).get_output(0), L["out_scale"],
+                             "stem plugin")
+    return finish_engine(builder, network, add_trt_stem(network, x, L), L["out_scale"], "stem trt")
 
 
 def run_case(n: int, reps: int, stream, rng, with_trt: bool) -> dict:

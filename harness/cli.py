@@ -70,8 +70,8 @@ def _add_run_arguments(p: argparse.ArgumentParser) -> None:
                    help="TensorRT: the engine's input (int8: quantized on the host once, a quarter of the bytes)")
     p.add_argument("--plugins", dest="tensorrt.plugins", choices=["off", "tails", "all", "on"],
                    help="TensorRT: off; tails: the bottleneck tails on trtfuse's fused kernels (on: the same); "
-                        "all: the tails (each also computing the next conv1 where it can), the projections, "
-                        "the narrow 3x3 convs and the stem")
+                        "all: the tails and the stem (each also computing the next conv1 where it can), the "
+                        "projections and the narrow 3x3 convs")
     p.add_argument("--devices", dest="tensorrt.devices",
                    help="TensorRT: the GPUs to run on, one engine each (all, or e.g. 0,1; default GPU 0)")
     p.add_argument("--triton-url", dest="triton.url", metavar="HOST:PORT", nargs="+",

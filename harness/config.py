@@ -22,9 +22,9 @@ from trtfuse.errors import UserError
 
 SCENARIOS = ("offline", "server")
 MODES = ("performance", "accuracy")
-# tensorrt.plugins: which layers run on trtfuse's fused plugins. "tails": the bottleneck tails; "all": the tails (each
-# also computing the next conv1 where the kernel holds it), every projection, 3x3 conv and stem the plugin runs faster
-# than TensorRT (models/residual_conv_rewrite.py).
+# tensorrt.plugins: which layers run on trtfuse's fused plugins. "tails": the bottleneck tails; "all": the tails and the
+# stem (each also computing the next conv1 where the kernel holds it), every projection and 3x3 conv the plugin runs
+# faster than TensorRT (models/residual_conv_rewrite.py).
 PLUGIN_MODES = ("off", "tails", "all")
 
 

@@ -160,11 +160,12 @@ def onnx_for_build(model_dir: Path, cfg: BuildConfig) -> bytes:
         def n_of(n: int, what: str) -> str:
             return f"{n} {what}{'' if n == 1 else 's'}"
 
-        # "next": tails (and fused pairs) that also compute the next bottleneck's conv1, no node of their own
+        # "next": tails (and fused pairs) and the stem that also compute the next bottleneck's conv1, no node of their
+        # own
         print(f"trtfuse: --plugins {cfg.plugins}: TrtfuseResidualConv for {n_of(counts['tail'], 'residual tail')}, "
               f"{n_of(counts['proj'], 'projection')}, {n_of(counts['fused'], 'projection + tail pair')} (one node "
               f"each), {n_of(counts['conv3x3'], '3x3 conv')} and {n_of(counts['stem'], 'stem')}; "
-              f"{n_of(counts['next'], 'next conv1')} computed by the tail before it", file=sys.stderr)
+              f"{n_of(counts['next'], 'next conv1')} computed by the tail or stem before it", file=sys.stderr)
         if n == 0:
             raise UserError(f"--plugins {cfg.plugins} found no layer to fuse in this model",
                             "use --plugins off for it")

@@ -55,6 +55,12 @@ layer1.1 -> layer1.2, layer1.2 -> layer2.0. A 3x3 node may read the second outpu
 conv2); TensorRT 8.5 builds that only with the plugin's output types pinned (harness/engine.py:
 pin_int8_plugin_outputs).
 
+The stem, when replaced (``stem``) and asked (``chain_next``), chains the conv1 that reads its pooled output the same
+way (``MAX_NEXT_STEM_COUT``): ResNet-50's layer1.0 conv1 (64 -> 64), which the stem kernel computes from its band's
+pooled output in shared memory (stem_sm90.cuh, NEXT). The stem's node then has the second output and the next_* fields like a tail's
+(layer1.0's downsample, the other reader of the pooled output, keeps reading output 0; under ``projections`` as the
+fused projection + tail node's xp).
+
 Fields follow docs/ARCHITECTURE.md exactly; the activation scales are copied from the neighbouring
 Q/DQ nodes because TensorRT passes no scales to plugins in explicitly quantized networks.
 ``evaluate_with_reference`` runs a rewritten graph on CPU (ONNX Runtime between plugin nodes, the
@@ -100,6 +106,10 @@ MAX_CONV3X3_COUT = 64
 # ReLU (the conv1 form the kernel chains), reading exactly the tail's channels, are chained.
 MAX_NEXT_TAIL_COUT = 256
 MAX_NEXT_COUT = 128
+# The stem chains the conv1 that reads its pooled output (1x1 stride 1 + ReLU, cin the stem's cout) only up to the stem
+# kernel's N tile, 64 output channels (residual_conv.h, trtfuse_next_fuses: the first stem configuration, stem_p8):
+# ResNet-50's layer1.0 conv1 (64 -> 64). A wider one stays with TensorRT (the library would run it as a second launch).
+MAX_NEXT_STEM_COUT = 64
 
 
 def _roundup(v: int, m: int) -> int:
@@ -427,30 +437,31 @@ def _match_stem(g: _Graph, conv) -> Stem | None:
 
 @dataclass
 class NextConv:
-    """The next bottleneck's conv1 (1x1, stride 1, + ReLU) that a tail computes too: it reads the tail's out_q."""
+    """The next bottleneck's conv1 (1x1, stride 1, + ReLU) that a tail or the stem computes too: it reads the layer's
+    out_q."""
     conv: onnx.NodeProto
     relu: onnx.NodeProto
     q_out: onnx.NodeProto
     fields: dict
 
     def replaced(self) -> tuple:
-        """The nodes that go: the tail's node writes q_out's output as its second output."""
+        """The nodes that go: the layer's node writes q_out's output as its second output."""
         return self.conv, self.relu, self.q_out
 
 
-def _chainable(g: _Graph, tails: list[Tail]) -> dict[int, NextConv]:
-    """{id(tail): the next conv1 it computes too} for each tail that can chain one."""
-    found = {id(t): _match_next(g, t) for t in tails}
+def _chainable(g: _Graph, tails: list[Tail], stems: list[Stem] = ()) -> dict[int, NextConv]:
+    """{id(tail or stem): the next conv1 it computes too} for each tail (of at most MAX_NEXT_TAIL_COUT channels; a
+    conv1 of at most MAX_NEXT_COUT) and each stem (a conv1 of at most MAX_NEXT_STEM_COUT) that can chain one."""
+    found = {id(t): _match_next(g, t.q_out.output[0], t.fields["cout"], MAX_NEXT_COUT) for t in tails
+             if t.fields["cout"] <= MAX_NEXT_TAIL_COUT}
+    found.update({id(s): _match_next(g, s.q_out.output[0], s.fields["cout"], MAX_NEXT_STEM_COUT) for s in stems})
     return {k: n for k, n in found.items() if n is not None}
 
 
-def _match_next(g: _Graph, t: Tail) -> NextConv | None:
-    """The first conv1 that reads tail ``t``'s int8 output through a DequantizeLinear and that the chained kernel
-    computes (a tail of at most MAX_NEXT_TAIL_COUT channels; 1x1 stride 1 + ReLU, cin the tail's cout, at most
-    MAX_NEXT_COUT output channels), or None."""
-    if t.fields["cout"] > MAX_NEXT_TAIL_COUT:
-        return None
-    out_q = t.q_out.output[0]
+def _match_next(g: _Graph, out_q: str, cin: int, max_cout: int) -> NextConv | None:
+    """The first conv1 that reads a layer's int8 output ``out_q`` (of ``cin`` channels) through a DequantizeLinear and
+    that the chained kernel computes: 1x1 stride 1 + ReLU, cin the layer's cout, at most ``max_cout`` output channels;
+    or None."""
     for dq in g.users[out_q]:
         for conv in g.users[dq.output[0]] if dq.op_type == "DequantizeLinear" else ():
             if conv.op_type != "Conv" or conv.input[0] != dq.output[0] or not _is_pointwise(conv):
@@ -461,7 +472,7 @@ def _match_next(g: _Graph, t: Tail) -> NextConv | None:
             if not conv_fields or conv_fields[0] != out_q:
                 continue
             fields = conv_fields[1]
-            if fields["cin"] == t.fields["cout"] and fields["cout"] <= MAX_NEXT_COUT:
+            if fields["cin"] == cin and fields["cout"] <= max_cout:
                 return NextConv(conv, relu_q[0], relu_q[1], {**fields, "relu": 1})
     return None
 
@@ -471,10 +482,12 @@ def plugin_node(name: str, x_q: str, r_q: str | None, out_q: str, fields: dict,
                 next_conv: NextConv | None = None) -> onnx.NodeProto:
     """The TrtfuseResidualConv node (docs/ARCHITECTURE.md field names and types); r_q None: a layer without a
     residual input (r_scale 0). ``proj``: the fused form, a tail (``fields``, r_q None) whose residual is this
-    projection: inputs [x_q, proj.x_q], its fields as the proj_* fields. ``next_conv``: a tail (either form) that
-    computes the next conv1 too: outputs [out_q, next_conv's q_out output], its fields as the next_* fields."""
+    projection: inputs [x_q, proj.x_q], its fields as the proj_* fields. ``next_conv``: a tail (either form) or the
+    stem that computes the next conv1 too: outputs [out_q, next_conv's q_out output], its fields as the next_*
+    fields."""
     assert proj is None or r_q is None, "a fused node's residual is its projection"
-    assert next_conv is None or r_q or proj is not None, "only a tail chains the next conv"
+    assert next_conv is None or r_q or proj is not None or fields.get("kernel_size") == 7, \
+        "only a tail or the stem chains the next conv"
     attrs = _layer_attrs(name, "", fields, weight_dtype)
     attrs.update(r_scale=float(fields["r_scale"]), relu=int(fields["relu"]), cout=int(fields["cout"]),
                  stride=int(fields.get("stride", 1)))
@@ -519,7 +532,7 @@ def plugin_kind(node: onnx.NodeProto) -> str:
 
 def plugin_counts(model: onnx.ModelProto) -> dict[str, int]:
     """Plugin nodes of a rewritten graph by kind: {"tail": n, "proj": m, "fused": k, "conv3x3": c, "stem": s} (a fused
-    node counts only as "fused"), and "next": how many of the tail and fused nodes also compute the next conv1
+    node counts only as "fused"), and "next": how many of the tail, fused and stem nodes also compute the next conv1
     (next_* fields; counted in their kind as well, so not part of the node total)."""
     counts = {"tail": 0, "proj": 0, "fused": 0, "conv3x3": 0, "stem": 0, "next": 0}
     for n in model.graph.node:
@@ -537,8 +550,9 @@ def rewrite(model: onnx.ModelProto, weight_dtype: str = "int32", projections: bo
     (see find_stems) when ``stem``; returns (model, plugin nodes). ``plugin_counts`` splits them by kind.
 
     ``chain_next``: each tail (plain or fused) whose output the next bottleneck's conv1 reads computes that conv1 too
-    where the chained kernel holds it (``MAX_NEXT_TAIL_COUT``, ``MAX_NEXT_COUT``): a second output and the next_*
-    fields on the tail's node, no node of its own (the node count does not change).
+    where the chained kernel holds it (``MAX_NEXT_TAIL_COUT``, ``MAX_NEXT_COUT``), and so does the stem (with
+    ``stem``) for the conv1 reading its pooled output (``MAX_NEXT_STEM_COUT``; ResNet-50's layer1.0 conv1): a second
+    output and the next_* fields on the layer's node, no node of its own (the node count does not change).
 
     ``fuse`` (with ``projections`` only): a replaced projection whose output only a tail reads, as its residual,
     becomes one node with that tail where the fused kernel holds both weight matrices (``MAX_FUSED_K_BYTES``);
@@ -557,7 +571,7 @@ def rewrite(model: onnx.ModelProto, weight_dtype: str = "int32", projections: bo
     g = _Graph(graph)
     fused = _fusable(g, tails, projs) if fuse else {}   # id(tail) -> its projection: one node
     fused_projs = {id(p) for p in fused.values()}
-    nexts = _chainable(g, tails) if chain_next else {}   # id(tail) -> the conv1 it computes too
+    nexts = _chainable(g, tails, stems) if chain_next else {}   # id(tail or stem) -> the conv1 it computes too
     replace, drop = {}, set()
     # A projection's plugin node takes the place of its output QuantizeLinear (same output name, so the tail that
     # reads the projection as its residual still finds it); its conv goes. A fused one leaves no node of its own: its
@@ -570,13 +584,23 @@ def rewrite(model: onnx.ModelProto, weight_dtype: str = "int32", projections: bo
         replace[id(p.q_out)] = plugin_node(f"{PLUGIN_OP}_proj{k}", p.x_q, None, p.q_out.output[0], p.fields,
                                            weight_dtype)
         graph.value_info.append(helper.make_tensor_value_info(p.q_out.output[0], TensorProto.INT8, None))
+
+    def chain(nxt: NextConv | None) -> None:
+        """The conv1 a layer's node computes too: it, its ReLU and its Q go (the DQ feeding it too, if unread:
+        _live); its int8 output is the node's second output."""
+        if nxt is not None:
+            drop.update(id(n) for n in nxt.replaced())
+            graph.value_info.append(helper.make_tensor_value_info(nxt.q_out.output[0], TensorProto.INT8, None))
+
     # A 3x3 conv's or the stem's node takes the place of its output QuantizeLinear, like a projection's; the nodes
-    # before it go (conv and ReLU, and the stem's max pool).
+    # before it go (conv and ReLU, and the stem's max pool). The stem's may compute the next conv1 too (chain_next).
     chains = [(f"conv3x3_{k}", c) for k, c in enumerate(convs3)] + [(f"stem{k}", st) for k, st in enumerate(stems)]
     for name, c in chains:
         drop.update(id(n) for n in c.replaced())
+        nxt = nexts.get(id(c))
         replace[id(c.q_out)] = plugin_node(f"{PLUGIN_OP}_{name}", c.x_q, None, c.q_out.output[0], c.fields,
-                                           weight_dtype)
+                                           weight_dtype, next_conv=nxt)
+        chain(nxt)
         graph.value_info.append(helper.make_tensor_value_info(c.q_out.output[0], TensorProto.INT8, None))
     for k, t in enumerate(tails):
         out_q = t.q_out.output[0]
@@ -587,9 +611,7 @@ def rewrite(model: onnx.ModelProto, weight_dtype: str = "int32", projections: bo
         else:
             node = plugin_node(f"{PLUGIN_OP}_{k}", t.x_q, t.r_q, out_q, t.fields, weight_dtype, next_conv=nxt)
         replace[id(t.add)] = node
-        if nxt is not None:   # the conv1, its ReLU and its Q go (the DQ feeding it too, if unread: _live)
-            drop.update(id(n) for n in nxt.replaced())
-            graph.value_info.append(helper.make_tensor_value_info(nxt.q_out.output[0], TensorProto.INT8, None))
+        chain(nxt)
         drop.update({id(t.conv), id(t.q_out)} | ({id(t.relu)} if t.relu is not None else set()))
         # Other readers of the float block output now read the dequantized plugin output.
         float_out = (t.relu or t.add).output[0]
@@ -801,7 +823,8 @@ def main(argv=None) -> int:  # python -m trtfuse.models.residual_conv_rewrite IN
     p.add_argument("--conv3x3", action="store_true", help="the stride-1 3x3 convs too (see MAX_CONV3X3_COUT)")
     p.add_argument("--stem", action="store_true", help="the stem (7x7/2 conv + ReLU + 3x3/2 max pool) too")
     p.add_argument("--chain-next", action="store_true",
-                   help="tails also compute the next bottleneck's conv1 (see MAX_NEXT_TAIL_COUT)")
+                   help="tails (and the stem, with --stem) also compute the next bottleneck's conv1 (see "
+                        "MAX_NEXT_TAIL_COUT, MAX_NEXT_STEM_COUT)")
     args = p.parse_args(argv)
     model, _ = rewrite(onnx.load(args.qdq_onnx), args.weight_dtype, args.projections, args.fuse, args.conv3x3,
                        args.stem, args.chain_next)

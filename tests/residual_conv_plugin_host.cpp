@@ -1,10 +1,12 @@
 // Host-only checks of plugins/residual_conv/residual_conv_plugin.cpp: no GPU, no libnvinfer (only TensorRT's headers
 // and the kernels library's validation functions). The creator's fields and refusals, the serialization (RCV5
-// written: the 1x1 form with and without the projection, with and without the chained next conv, and the 3x3 form;
-// RCV4, RCV3, RCV2 and RCV1 blobs of older engines read), configurePlugin's refusals.
+// written: the 1x1 form with and without the projection, with and without the chained next conv, the 3x3 form, and
+// the stem with and without the chained next conv; RCV4, RCV3, RCV2 and RCV1 blobs of older engines read),
+// configurePlugin's refusals.
 // Built and run by tests/test_residual_conv_plugin.py; prints "ok NAME" / "FAIL NAME" and exits with the failures.
 #include <NvInferRuntime.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -68,8 +70,8 @@ private:
     std::vector<PluginField> fields_;
 };
 
-// weights [cout][cin] (taps 9: [cout][cin][3][3]; INT32, as the ONNX rewrite emits them), w_scale, bias; prefix ""
-// or "proj_"
+// weights [cout][cin] (taps 9: [cout][cin][3][3], 49: [cout][cin][7][7]; INT32, as the ONNX rewrite emits them),
+// w_scale, bias; prefix "" or "proj_"
 void add_layer(Fields* f, std::string const& prefix, int cin, int cout, int seed, float x_scale, float out_scale,
                int taps = 1) {
     std::vector<int32_t> w(static_cast<size_t>(taps) * cin * cout);
@@ -104,6 +106,18 @@ Fields conv3x3_fields(int cin, int cout) {
     f.add("cout", std::vector<int32_t>{cout}, PluginFieldType::kINT32);
     f.add("relu", std::vector<int32_t>{1}, PluginFieldType::kINT32);
     f.add("kernel_size", std::vector<int32_t>{3}, PluginFieldType::kINT32);
+    return f;
+}
+
+// the stem: 7x7/2 conv + BN + ReLU + 3x3/2 max pool, kernel_size 7, stride 2, no residual input
+Fields stem_fields(int cin, int cout) {
+    Fields f;
+    add_layer(&f, "", cin, cout, 4, 0.02f, 0.03f, 49);
+    f.add("r_scale", std::vector<float>{0.f}, PluginFieldType::kFLOAT32);
+    f.add("cout", std::vector<int32_t>{cout}, PluginFieldType::kINT32);
+    f.add("relu", std::vector<int32_t>{1}, PluginFieldType::kINT32);
+    f.add("stride", std::vector<int32_t>{2}, PluginFieldType::kINT32);
+    f.add("kernel_size", std::vector<int32_t>{7}, PluginFieldType::kINT32);
     return f;
 }
 
@@ -388,6 +402,72 @@ int main() {
         expect(g.create() == nullptr, "next_relu 2 refused");
     }
 
+    // ---- the stem with the next conv chained (ResNet-50's layer1.0 conv1): input [x] kLINEAR, outputs [out,
+    // next_out] kCHW32 (next_out on the pooled grid), RCV5 with kernel_size 7 and the next flag 1
+    int const stem_cin = 3, stem_cout = 64;
+    Fields stem = stem_fields(stem_cin, stem_cout);
+    IPluginV2DynamicExt* s0 = stem.create();
+    expect(s0 != nullptr && s0->getNbOutputs() == 1, "stem created, one output");
+    if (!s0) return 1;
+    std::vector<char> sb = blob(s0);
+    Fields stem_next = stem_fields(stem_cin, stem_cout);
+    add_next(&stem_next, stem_cout, stem_cout);
+    IPluginV2DynamicExt* sn = stem_next.create();
+    expect(sn != nullptr && sn->getNbOutputs() == 2, "stem with a next conv created, two outputs");
+    if (!sn) return 1;
+    std::vector<char> snb = blob(sn);
+    int32_t stem_ks = 0, stem_next_flag = 0;
+    std::memcpy(&stem_ks, sb.data() + sb.size() - 2 * ks, ks);
+    std::memcpy(&stem_next_flag, snb.data() + sb.size() - ks, ks);   // the stem's bytes, then the next conv's
+    expect(tag(snb) == 0x52435635 && stem_ks == 7 && stem_next_flag == 1 &&
+               std::equal(sb.begin(), sb.end() - static_cast<long>(ks), snb.begin()) &&
+               snb.size() > sb.size() + static_cast<size_t>(stem_cout) * stem_cout,
+           "stem with a next conv serializes as RCV5 with kernel_size 7 and the next flag");
+    IPluginV2DynamicExt* sn2 = deserialize(snb);
+    expect(sn2 && blob(sn2) == snb && sn2->getNbOutputs() == 2, "stem with a next conv round trip");
+    PluginTensorDesc sio[3]{};
+    for (auto& d : sio) {
+        d.type = DataType::kINT8;
+        d.format = TensorFormat::kCHW32;
+    }
+    sio[0].format = TensorFormat::kLINEAR;
+    bool formats = sn2 && sn2->supportsFormatCombination(0, sio, 1, 2) &&
+                   sn2->supportsFormatCombination(1, sio, 1, 2) && sn2->supportsFormatCombination(2, sio, 1, 2) &&
+                   !sn2->supportsFormatCombination(2, sio, 1, 1);
+    sio[2].format = TensorFormat::kLINEAR;
+    formats = formats && sn2 && !sn2->supportsFormatCombination(2, sio, 1, 2);
+    sio[0].format = TensorFormat::kCHW32;
+    formats = formats && sn2 && !sn2->supportsFormatCombination(0, sio, 1, 2);
+    expect(formats, "stem with a next conv: [x] kLINEAR -> [out, next_out] kCHW32");
+    expect(sn2 && sn2->getWorkspaceSize(sio, 1, sio + 1, 2) == 0, "stem with a next conv needs no workspace");
+    std::vector<char> stem_cut(snb.begin(), snb.end() - 1);
+    expect(!deserialize(stem_cut), "a cut stem + next blob refused");
+    {
+        Fields g = stem_fields(stem_cin, stem_cout);
+        add_next(&g, stem_cout, 96);   // wider than the stem kernel's N tile: accepted (next_forward: two launches)
+        IPluginV2DynamicExt* w96 = g.create();
+        expect(w96 && w96->getNbOutputs() == 2, "stem with a next conv of 96 channels created");
+        if (w96) w96->destroy();
+    }
+    {
+        Fields g = stem_fields(stem_cin, 40);
+        add_next(&g, 40, 32);   // a stem of 40 channels (padded slab), its next conv's cin 40
+        IPluginV2DynamicExt* s40 = g.create();
+        expect(s40 != nullptr, "stem of 40 channels with a next conv of 32 created");
+        if (s40) s40->destroy();
+    }
+    {
+        Fields g = stem_fields(stem_cin, stem_cout);
+        add_next(&g, 32, stem_cout);   // next_weights [64][32]: its cin is not the stem's cout
+        expect(g.create() == nullptr, "stem: next_weights of another cin refused");
+    }
+    {
+        Fields g = stem_fields(stem_cin, stem_cout);
+        add_next(&g, stem_cout, stem_cout);
+        g.drop("next_relu");
+        expect(g.create() == nullptr, "stem: missing next_relu refused");
+    }
+
     // ---- configurePlugin: what it refuses (stderr: the Python test reads the reasons)
     configure(f, {desc(-1, cin, -1, -1), desc(-1, pcin + 4, -1, -1)});   // xp channels
     configure(f, {desc(-1, cin, 4, 4), desc(-1, pcin, 9, 9)});           // 4 != ceil(9 / 2)
@@ -396,8 +476,10 @@ int main() {
     configure(f, {desc(-1, cin, 5, 5), desc(-1, pcin, 9, 10)});          // accepted: nothing printed
     configure(n, {desc(-1, cin, 5, 5), desc(-1, cout, 5, 5)});           // the next conv's output missing
     configure(n, {desc(-1, cin, 5, 5), desc(-1, cout, 5, 5)}, 2);        // accepted: nothing printed
+    configure(sn, {desc(-1, stem_cin, 224, 224)});                         // the stem's next conv output missing
+    configure(sn, {desc(-1, stem_cin, 224, 224)}, 2);                      // accepted: nothing printed
     std::printf("failures %d\n", failures);
-    for (IPluginV2DynamicExt* p : {t, t2, from4, from3, from2, from1, f, f2, f4, f3, c3, c32, n, n2})
+    for (IPluginV2DynamicExt* p : {t, t2, from4, from3, from2, from1, f, f2, f4, f3, c3, c32, n, n2, s0, sn, sn2})
         if (p) p->destroy();
     return failures;
 }

@@ -1,17 +1,18 @@
-"""A tail with the next bottleneck's conv1 chained onto it (trtfuse_next_*): both outputs against the fp32 rounding
-rule of the layers composed (the next conv reads the tail's int8 output), on every configuration: the chained sm90
-kernel where one is compiled and holds the layer, two launches elsewhere."""
+"""A tail, or the stem, with the next bottleneck's conv1 chained onto it (trtfuse_next_*): both outputs against the fp32
+rounding rule of the layers composed (the next conv reads the layer's int8 output), on every configuration: the
+chained sm90 kernel where one is compiled and holds the layer, two launches elsewhere."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 from test_residual_conv import POISON, Cuda, _kernels_lib, trt_benchmark
+from test_stem import random_stem, stem_reference
 from trtfuse.ops import residual_conv_reference as ref
 
 # The configuration compiled with a chained next conv (residual_conv.cu: kNextConfig)
 NEXT_CONFIG = "wgw_64x256x64_s4_r2"
-ERR_SCALE, ERR_NEXT = -3, -15
+ERR_SCALE, ERR_CONFIG, ERR_ALIGN, ERR_NEXT = -3, -5, -6, -15
 
 # (n, h, w, cin, cout, next_cout, proj): the tail's input n x cin x h x w (with proj = (proj_cin, stride): the block
 # input's, n x proj_cin x h x w, the tail's then at ceil(h / stride) x ceil(w / stride)); the tail's output has cout
@@ -157,3 +158,119 @@ def test_plugin_node_with_next_fields_is_exact(cuda, pair):
     checks = {c["name"]: c["ok"] for c in row["checks"]}
     assert all(checks.values()), checks
     assert "plugin: conv1 vs rounding rule of the tail's output (exact)" in checks
+
+
+# ---------------------------------------------------------------------------------------------- the stem
+# The stem configuration compiled with the chained conv1 (residual_conv.cu: kStemConfigs), and the widest conv1 it
+# chains (the stem kernel's N tile); others take two launches (the stem, then a 1x1 launch)
+STEM_NEXT_CONFIG = "stem_p8"
+STEM_NEXT_MAX_COUT = 64
+
+# (n, cin, cout, h, w, next_cout): the stem's int8 LINEAR input n x cin x h x w, its cout; the next conv's next_cout
+STEM_CASES = [
+    (2, 3, 64, 224, 224, 64),  # ResNet-50: the stem and layer1.0's conv1 (56 x 56 pooled)
+    (1, 3, 64, 21, 48, 40),  # odd H (the bottom block's conv rows below the image); next conv 40: a padded slab
+    (2, 1, 40, 16, 16, 32),  # a stem of 40 channels (its second slab padded): the next conv's K 40
+    (2, 3, 64, 32, 32, 96),  # a next conv wider than the stem kernel's N tile: two launches on every configuration
+]
+
+
+def stem_chainable(case) -> bool:
+    return case[-1] <= STEM_NEXT_MAX_COUT
+
+
+def run_stem_chain(cuda, case, config, rng):
+    """The stem and its next conv through Stem.forward_next on poisoned outputs; returns whether one kernel ran."""
+    n, cin, cout, h, w, next_cout = case
+    S = random_stem(rng, cin, cout, True)
+    N = ref.random_layer(rng, cout, next_cout, True)
+    N["x_scale"] = S["out_scale"]  # a Q/DQ graph reads the stem's int8 output with the scale it was quantized by
+    x = rng.integers(-128, 128, size=(n, cin, h, w), dtype=np.int8)
+    hp, wp = cuda.op.stem_output_hw(h, w)
+    out_shape, next_shape = (n, -(-cout // 32), hp, wp, 32), (n, -(-next_cout // 32), hp, wp, 32)
+    layer = cuda.op.Stem(S["w"], S["w_scale"], S["bias"], S["x_scale"], S["out_scale"], True)
+    bufs = []
+    try:
+        layer.attach_next(N["w"], N["w_scale"], N["bias"], N["x_scale"], N["out_scale"], True)
+        assert layer.next_cout == next_cout
+        fused = layer.next_fuses(config, n, h, w)
+        dx = cuda.upload(x)  # linear NCHW, as the network's input
+        do, dn = cuda.upload(np.full(out_shape, POISON, np.int8)), cuda.upload(np.full(next_shape, POISON, np.int8))
+        bufs = [dx, do, dn]
+        layer.forward_next(dx.value, do.value, dn.value, n, h, w, config)
+        cuda.sync()
+        got32 = cuda.download(do, np.zeros(out_shape, np.int8))
+        next32 = cuda.download(dn, np.zeros(next_shape, np.int8))
+        assert (cuda.download(dx, x) == x).all(), "the input was modified"
+    finally:
+        layer.close()
+        cuda.free(*bufs)
+    want, want64 = stem_reference(x, S, True)
+    want_next = ref.reference_fp32(want, N["w"], N["w_scale"], N["bias"], None, N["x_scale"], 0.0, N["out_scale"], True)
+    assert want_next.max() > 0, "the next conv's reference is all 0: the case tests nothing"
+    for name, dev32, want_, c in (("stem", got32, want, cout), ("next conv", next32, want_next, next_cout)):
+        assert (ref.from_nc32hw32(dev32, dev32.shape[1] * 32)[:, c:] == 0).all(), f"{name}: padded channels not 0"
+        got = ref.from_nc32hw32(dev32, c)
+        mism = int((got != want_).sum())
+        assert mism == 0, f"{name}: {mism} of {got.size} outputs differ from the composed rounding rule"
+    assert ref.count_lsb_diffs(ref.from_nc32hw32(got32, cout), want64)[1] == 0  # the stem within 1 LSB of float64
+    return fused
+
+
+def _stem_ids(case):
+    n, cin, cout, h, w, next_cout = case
+    return f"{n}x{cin}x{h}x{w}-{cout}-{next_cout}"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("config", [-1, 0, 1], ids=lambda c: f"cfg{c}" if c >= 0 else "auto")
+@pytest.mark.parametrize("case", STEM_CASES, ids=_stem_ids)
+def test_stem_with_next_conv_is_exact_on_every_config(cuda, case, config):
+    """Both outputs exact on every stem configuration: stem_p8 chains the conv1 (next cout <= 64) in the stem's kernel,
+    stem_p6 (and stem_p8 with a wider conv1) runs the stem, then the conv1, as two launches; next_fuses says which."""
+    names = cuda.op.stem_config_names()
+    if config >= len(names):
+        pytest.skip("no such configuration")
+    if not cuda.op.config_supported(cuda.op.config_names().index(NEXT_CONFIG)):
+        pytest.skip("the stem kernel needs sm_90a (an H100/H200 and the library built for 90a)")
+    fused = run_stem_chain(cuda, case, config, np.random.default_rng())
+    name = names[config] if config >= 0 else names[0]  # -1: the first, stem_p8
+    assert fused == (name == STEM_NEXT_CONFIG and stem_chainable(case))
+
+
+@pytest.mark.gpu
+def test_stem_next_refusals(cuda):
+    rng = np.random.default_rng()
+    S = random_stem(rng, 3, 64, True)
+    N = ref.random_layer(rng, 64, 64)
+    fields = (N["w"], N["w_scale"], N["bias"], S["out_scale"], N["out_scale"])
+    stem = cuda.op.Stem(S["w"], S["w_scale"], S["bias"], S["x_scale"], S["out_scale"], True)
+    try:
+        with pytest.raises(RuntimeError, match=rf"\({ERR_NEXT}\)"):
+            stem.forward_next(1 << 8, 1 << 8, 1 << 8, 1, 8, 16)  # nothing attached yet
+        stem.attach_next(*fields)
+        with pytest.raises(RuntimeError, match=rf"\({ERR_NEXT}\)"):
+            stem.attach_next(*fields)  # already has one
+        with pytest.raises(RuntimeError, match=rf"\({ERR_ALIGN}\)"):
+            stem.forward_next(1 << 8, 1 << 8, (1 << 8) + 4, 1, 8, 16)  # next_out not 16-byte aligned
+        with pytest.raises(RuntimeError, match=rf"\({ERR_CONFIG}\)"):
+            stem.forward_next(1 << 8, 1 << 8, 1 << 8, 1, 8, 16, config=len(cuda.op.stem_config_names()))
+        with pytest.raises(RuntimeError, match=r"next_fuses failed \(-"):  # a stem's config indexes its own
+            stem.next_fuses(len(cuda.op.stem_config_names()))
+    finally:
+        stem.close()
+
+
+@pytest.mark.tensorrt
+def test_stem_plugin_node_with_next_fields_is_exact(cuda):
+    """The TrtfuseResidualConv node with kernel_size 7 and next_* fields (int8 LINEAR input, two outputs) in a TensorRT
+    engine, next to TensorRT's own stem and conv1 on the same data (benchmarks/next_conv_trt.py at batch 2): both of
+    the plugin's outputs exact against the composed rounding rule, and ours through the C ABI too (one kernel)."""
+    pytest.importorskip("tensorrt")
+    bench, stream = trt_benchmark("next_conv_trt")
+    row = bench.run_case(bench.STEM_PAIR, 2, 3, stream, np.random.default_rng(), True)
+    checks = {c["name"]: c["ok"] for c in row["checks"]}
+    assert all(checks.values()), checks
+    assert row["kind"] == "fused-stem-conv1" and row["ours_chained"]
+    assert "plugin: conv1 vs rounding rule of the stem's output (exact)" in checks
+    assert "ours_separate: stem vs rounding rule (exact)" in checks

@@ -221,9 +221,9 @@ def test_creator_refuses_bad_fused_fields(side):
 @pytest.mark.parametrize("version", ["8.5.3", "11.1"])
 def test_plugin_fields_and_serialization_on_the_host(version, tmp_path):
     """tests/residual_conv_plugin_host.cpp, compiled against each TensorRT header set with the plugin's own source:
-    the creator's proj_* and next_* fields (all or none, proj_stride optional) and refusals, the RCV5 round trip of
-    every form, RCV4, RCV3, RCV2 and RCV1 blobs read, truncated or foreign blobs refused, and configurePlugin's
-    refusals by name."""
+    the creator's proj_* and next_* fields (all or none, proj_stride optional; next_* on a tail or the stem) and
+    refusals, the RCV5 round trip of every form, RCV4, RCV3, RCV2 and RCV1 blobs read, truncated or foreign blobs
+    refused, and configurePlugin's refusals by name."""
     from trtfuse.errors import UserError
     from trtfuse.plugin_build import library_path, plugins_source_dir
 
@@ -249,9 +249,9 @@ def test_plugin_fields_and_serialization_on_the_host(version, tmp_path):
     assert "missing field proj_bias (the proj_* fields come all together)" in res.stderr
     assert "needs r_scale > 0" in res.stderr
     assert "missing field next_relu (the next_* fields come all together)" in res.stderr
-    assert "next_weights (the next_* fields) given to a layer that is not a tail" in res.stderr
+    assert "next_weights (the next_* fields) given to a layer that is neither a tail nor the stem" in res.stderr
     configure = res.stderr.split("--- configure\n")[1:]
-    assert len(configure) == 7
+    assert len(configure) == 9
     assert "xp has 100 channels, proj_cin = 96" in configure[0]
     assert "x must be [N, cin, ceil(H/proj_stride), ceil(W/proj_stride)]" in configure[1]
     assert "x has 65 channels, cin = 64" in configure[2]
@@ -259,3 +259,5 @@ def test_plugin_fields_and_serialization_on_the_host(version, tmp_path):
     assert configure[4] == ""  # x 5x5 for xp 9x10 at stride 2: accepted
     assert "expects inputs [x, r] and two outputs [out, next_out] (next_* fields)" in configure[5]
     assert configure[6] == ""  # a tail with a next conv, two outputs: accepted
+    assert "expects input [x] and two outputs [out, next_out] (next_* fields) (the stem)" in configure[7]
+    assert configure[8] == ""  # the stem with a next conv, two outputs: accepted

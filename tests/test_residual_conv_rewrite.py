@@ -13,6 +13,7 @@ from trtfuse.models.quantize import calibrate, quantize, top1_onnxruntime, weigh
 from trtfuse.models.residual_conv_rewrite import (
     MAX_FUSED_K_BYTES,
     MAX_NEXT_COUT,
+    MAX_NEXT_STEM_COUT,
     MAX_NEXT_TAIL_COUT,
     PLUGIN_OP,
     compare_logits,
@@ -395,13 +396,14 @@ def test_conv3x3_becomes_a_plugin_node(toy, monkeypatch):
     _assert_same_network(toy, out, x)
 
 
-def _stem_net(pool_pads=1, pool_after_relu=True):
-    """ResNet's stem (7x7/2 conv + BN + ReLU + 3x3/2 max pool) on a 32 x 32 input, then a bottleneck and a classifier."""
+def _stem_net(pool_pads=1, pool_after_relu=True, width=8):
+    """ResNet's stem (7x7/2 conv + BN + ReLU + 3x3/2 max pool) on a 32 x 32 input, then a bottleneck (its conv1 16 ->
+    ``width``, reading the pooled output as its downsample does) and a classifier."""
     g = GraphBuilder(seed=4, channels=3, size=32)
     x = g.op("Relu", g.bn(g.conv("input", 3, 16, k=7, stride=2), 16))
     if pool_after_relu:
         x = g.op("MaxPool", x, kernel_shape=[3, 3], strides=[2, 2], pads=[pool_pads] * 4)
-    x = g.bottleneck(x, 16, 8, 32, downsample=True)
+    x = g.bottleneck(x, 16, width, 32, downsample=True)
     out = g.op("Gemm", g.op("Flatten", g.op("GlobalAveragePool", x)), g.init(g.rng.normal(0, 0.2, (10, 32))),
                g.init(np.zeros(10)), transB=1)
     return g.model(out)
@@ -435,12 +437,75 @@ def test_stem_becomes_a_plugin_node():
     _assert_same_network(qdq, out, x)
 
 
+def test_stem_chains_the_next_conv1():
+    """With stem and chain_next the stem's node also computes the bottleneck's conv1 (16 -> 8, 1x1 + ReLU) that reads
+    its pooled output (as layer1.0's conv1 reads ResNet-50's): a second output, Q(conv1)'s int8 tensor, and the conv1's
+    fields as next_*; the conv1, its ReLU and its QuantizeLinear go, the downsample keeps reading output 0. The second
+    output is the 1x1 reference of the first (within 1 LSB of ONNX Runtime's on the graph's own int8 tensors, which
+    sums in fp32) and the network computes the same."""
+    from trtfuse.models.residual_conv_rewrite import next_reference, plugin_reference
+
+    assert MAX_NEXT_STEM_COUT == 64
+    qdq = _quantized(_stem_net(), size=32)
+    assert plugin_counts(rewrite(qdq, stem=True)[0])["next"] == 0   # only when asked
+    assert plugin_counts(rewrite(qdq, chain_next=True)[0])["next"] == 0   # only a replaced stem chains
+    out, n = rewrite(qdq, stem=True, chain_next=True)
+    onnx.checker.check_model(out)
+    assert n == 2 and plugin_counts(out) == {"tail": 1, "proj": 0, "fused": 0, "conv3x3": 0, "stem": 1, "next": 1}
+    (nd,) = [m for m in out.graph.node if m.op_type == PLUGIN_OP and plugin_kind(m) == "stem"]
+    assert len(nd.input) == 1 and len(nd.output) == 2
+    a = {at.name: at for at in nd.attribute}
+    assert {k for k in a if k.startswith("next_")} == {"next_weights", "next_w_scale", "next_bias", "next_x_scale",
+                                                      "next_out_scale", "next_cout", "next_relu"}
+    assert (a["kernel_size"].i, a["cout"].i, a["next_cout"].i, a["next_relu"].i) == (7, 16, 8, 1)
+    assert numpy_helper.to_array(a["next_weights"].t).shape == (8, 16)   # [next_cout][the stem's cout]
+    assert a["next_x_scale"].f == a["out_scale"].f   # the conv1 reads the pooled int8 output at its own scale
+    # the conv1 is gone: what stays are the downsample (reading output 0) and the 3x3 conv2 (reading output 1)
+    convs = [m for m in out.graph.node if m.op_type == "Conv"]
+    assert sorted(_attr_ints(m, "kernel_shape") for m in convs) == [[1, 1], [3, 3]]
+    producer = {o: m for m in out.graph.node for o in m.output}
+    reads = {tuple(_attr_ints(m, "kernel_shape")): producer[m.input[0]] for m in convs}   # each through its DQ
+    assert all(dq.op_type == "DequantizeLinear" for dq in reads.values())
+    assert reads[(1, 1)].input[0] == nd.output[0] and reads[(3, 3)].input[0] == nd.output[1]
+    # the rewritten stem node exactly as the references compute it, both outputs against the original graph
+    x = np.random.default_rng(6).normal(size=(4, 3, 32, 32)).astype(np.float32)
+    want = _int8_values(qdq, [nd.input[0], *nd.output], x)
+    got0 = plugin_reference(want[nd.input[0]], None, nd)
+    got1 = next_reference(want[nd.output[0]], nd)
+    assert got1.shape == (4, 8, 8, 8) and got1.max() > 0
+    for got, name in ((got0, nd.output[0]), (got1, nd.output[1])):
+        diff = np.abs(got.astype(np.int16) - want[name].astype(np.int16))
+        assert diff.max() <= 1 and (diff == 0).mean() > 0.99, name
+    # evaluate_with_reference computes output 1 from its own output 0 (the stem's reference, then the 1x1's)
+    _assert_same_network(qdq, out, x)
+
+
+def _attr_ints(node, name):
+    return next(list(a.ints) for a in node.attribute if a.name == name)
+
+
+@pytest.mark.parametrize("width,chained", [(64, True), (72, False)], ids=["conv1-64", "conv1-72"])
+def test_stem_chains_a_conv1_of_at_most_64_channels(width, chained):
+    """The stem kernel's N tile (MAX_NEXT_STEM_COUT, 64): a conv1 of 64 output channels reading the pooled output is
+    chained, one of 72 is not (the stem is replaced as before and the conv1 stays, with the same result)."""
+    qdq = _quantized(_stem_net(width=width), size=32)
+    out, n = rewrite(qdq, stem=True, chain_next=True)
+    assert n == 2 and plugin_counts(out)["next"] == int(chained)
+    (nd,) = [m for m in out.graph.node if m.op_type == PLUGIN_OP and plugin_kind(m) == "stem"]
+    assert len(nd.output) == (2 if chained else 1)
+    if not chained:
+        assert out == rewrite(qdq, stem=True)[0]
+    assert len([m for m in out.graph.node if m.op_type == "Conv"]) == (2 if chained else 3)
+    x = np.random.default_rng(7).normal(size=(4, 3, 32, 32)).astype(np.float32)
+    _assert_same_network(qdq, out, x)
+
+
 @pytest.mark.slow
 def test_resnet50_fuses_layer1_and_layer2_openings(tmp_path):
     """The real network (random weights; ~15 s): with --plugins all its 16 tails and 3 replaced projections become 14
     tails, layer3.0's projection alone, and layer1.0 + layer2.0 as fused nodes; the fused graph computes exactly what
     the unfused one computes. The three layer1 tails (256 channels) chain the next conv1: layer1.1's, layer1.2's (64)
-    and layer2.0's (128, stride 1 in torchvision's v1.5)."""
+    and layer2.0's (128, stride 1 in torchvision's v1.5); the stem chains layer1.0's (64 -> 64)."""
     pytest.importorskip("torch")
     from trtfuse.models import prepare
     from trtfuse.models.bn_fold import fold_pad_into_conv
@@ -462,17 +527,20 @@ def test_resnet50_fuses_layer1_and_layer2_openings(tmp_path):
     # --plugins all also takes the 3x3 convs of Cout 64 (MAX_CONV3X3_COUT), layer1's three conv2, and the stem
     every, n_every = rewrite(qdq, projections=True, conv3x3=True, stem=True, chain_next=True)
     assert n_every == 21 and plugin_counts(every) == {"tail": 14, "proj": 1, "fused": 2, "conv3x3": 3, "stem": 1,
-                                                      "next": 3}
+                                                      "next": 4}
     chained = [(plugin_kind(nd), {a.name: a.i for a in nd.attribute}) for nd in every.graph.node
                if nd.op_type == PLUGIN_OP and len(nd.output) == 2]
-    assert [(kind, a["cout"], a["next_cout"]) for kind, a in chained] == [("fused", 256, 64), ("tail", 256, 64),
-                                                                        ("tail", 256, 128)]
-    # layer1.1's and layer1.2's conv2 (3x3 nodes) read the first two chained outputs directly; layer2.0's stride-2
-    # conv2 (TensorRT's) reads the third through a DequantizeLinear
+    assert [(kind, a["cout"], a["next_cout"]) for kind, a in chained] == [("stem", 64, 64), ("fused", 256, 64),
+                                                                        ("tail", 256, 64), ("tail", 256, 128)]
+    # layer1.0's, layer1.1's and layer1.2's conv2 (3x3 nodes) read the first three chained outputs directly; layer2.0's
+    # stride-2 conv2 (TensorRT's) reads the fourth through a DequantizeLinear
     second = [nd.output[1] for nd in every.graph.node if nd.op_type == PLUGIN_OP and len(nd.output) == 2]
     readers = [[plugin_kind(r) if r.op_type == PLUGIN_OP else r.op_type for r in every.graph.node if o in r.input]
                for o in second]
-    assert readers == [["conv3x3"], ["conv3x3"], ["DequantizeLinear"]]
+    assert readers == [["conv3x3"], ["conv3x3"], ["conv3x3"], ["DequantizeLinear"]]
+    # the stem's output 0 goes to layer1.0's fused node only (as its xp: the downsample's input), no conv1 left on it
+    (stem,) = [nd for nd in every.graph.node if nd.op_type == PLUGIN_OP and plugin_kind(nd) == "stem"]
+    assert [plugin_kind(r) for r in every.graph.node if stem.output[0] in r.input] == ["fused"]
     cmp = compare_logits(evaluate_with_reference(out, {pm.input_name: x})[0],
                          evaluate_with_reference(every, {pm.input_name: x})[0])
     assert cmp["max_abs_logit_diff"] < 0.05 * cmp["max_abs_logit"]

@@ -8,8 +8,9 @@
 # conv's kernel checks, tuner and benchmark: benchmarks/residual_conv_device.sh), conv (TensorRT's
 # own int8 conv+add+relu vs the plugin, benchmark), conv3x3 (the 3x3 kernel's GPU tests, then TensorRT's own 3x3
 # convs vs ours and vs the plugin node: benchmarks/conv3x3_trt.py), stem (the stem kernel's GPU and plugin tests,
-# then TensorRT's own stem vs ours and the plugin node: benchmarks/stem_trt.py), next (a tail with the next conv1
-# chained: its GPU tests, then TensorRT's two layers vs ours and the plugin node: benchmarks/next_conv_trt.py), minilm (rewritten MiniLM engine vs PyTorch),
+# then TensorRT's own stem vs ours and the plugin node: benchmarks/stem_trt.py), next (a tail or the stem with the
+# next conv1 chained: its GPU tests, then TensorRT's two layers vs ours and the plugin node:
+# benchmarks/next_conv_trt.py), minilm (rewritten MiniLM engine vs PyTorch),
 # probe (benchmarks/serving_probe.py: row copies and the backend loop without LoadGen),
 # e2e-stash (keep a carried e2e bundle part), e2e:STAGES (resnet50_e2e.py run --stages STAGES; extra
 # arguments from $E2E_ARGS, e.g. E2E_ARGS="--server-tries 3"), conf:STAGES (mlperf_conformance.py run

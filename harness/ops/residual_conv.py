@@ -222,16 +222,17 @@ class _Layer:
 
 
 def check_next(cin, cout, w, w_scale, bias, x_scale, out_scale) -> int:
-    """0 if a next conv with these fields (weights [cout][cin]) can be chained onto a tail of cin output channels,
-    else the C ABI's error code (no GPU needed)."""
+    """0 if a next conv with these fields (weights [cout][cin]) can be chained onto a tail or a stem of cin output
+    channels, else the C ABI's error code (no GPU needed)."""
     w, ws, b = _arrays(w, w_scale, bias)
     return library().trtfuse_next_check(cin, cout, _ptr(w, ctypes.c_int8), _ptr(ws, ctypes.c_float),
                                         _ptr(b, ctypes.c_float), x_scale, out_scale)
 
 
-class _Tail(_Layer):
-    """A tail (ResidualConv with a residual, ProjTail), onto which the next bottleneck's conv1 may be chained: one
-    kernel then writes both outputs where an sm90 configuration can (next_fuses), else two launches."""
+class _Chains(_Layer):
+    """A layer onto which the next 1x1 conv (the next bottleneck's conv1) may be chained, so that the layer's kernel
+    also writes that conv's output from its own output tile: a tail (_Tail) or the stem (Stem). Where the chained
+    kernel cannot run the configuration (next_fuses), forward_next takes two launches."""
 
     def attach_next(self, w, w_scale, bias, x_scale: float, out_scale: float, relu: bool = True) -> None:
         """The next 1x1 conv (stride 1, no residual): weights [next_cout][cout]; x_scale: the scale it reads this
@@ -242,10 +243,16 @@ class _Tail(_Layer):
         self.next_cout = w.shape[0]
 
     def next_fuses(self, config: int = -1, n: int = 0, h: int = 0, w: int = 0) -> bool:
-        """Whether forward_next on `config` (-1: its pick for an n x h x w input) runs one kernel on this device."""
+        """Whether forward_next on `config` (the layer's own configuration index; -1: its pick for an n x h x w input,
+        as forward_next takes them) runs one kernel on this device."""
         st = library().trtfuse_next_fuses(self._h, config, n, h, w)
         _raise(min(st, 0), "next_fuses")
         return bool(st)
+
+
+class _Tail(_Chains):
+    """A tail (ResidualConv with a residual, ProjTail), onto which the next bottleneck's conv1 may be chained: one
+    kernel then writes both outputs where an sm90 configuration can (next_fuses), else two launches."""
 
     def forward_next(self, x_ptr: int, second_ptr: int, out_ptr: int, next_out_ptr: int, n: int, h: int, w: int,
                      workspace_ptr: int = 0, config: int = -1, stream: int = 0) -> None:
@@ -417,10 +424,12 @@ def stem_output_hw(h: int, w: int) -> tuple[int, int]:
     return -(-hc // 2), -(-wc // 2)
 
 
-class Stem(_Layer):
+class Stem(_Chains):
     """The ResNet stem on the sm_90a kernel: 7x7 conv (stride 2, padding 3) + BN (+ReLU) + 3x3 max pool (stride 2,
     padding 1); weights [cout][cin][7][7], cin <= 4, cout <= 64. forward reads the network's int8 input as linear NCHW
-    (W a multiple of 16) and writes kCHW32."""
+    (W a multiple of 16) and writes kCHW32. The next 1x1 conv (ResNet-50: layer1.0's conv1) may be chained onto it
+    (attach_next): the first configuration (stem_p8) computes it from the pooled output in the same kernel where its
+    cout is at most 64; otherwise forward_next takes two launches."""
 
     def __init__(self, w, w_scale, bias, x_scale: float, out_scale: float, relu: bool = True):
         w, ws, b = _arrays(w, w_scale, bias)
@@ -439,3 +448,10 @@ class Stem(_Layer):
         """x [n, cin, h, w] int8 linear -> out [n, cout, *stem_output_hw(h, w)] int8 kCHW32 (device pointers);
         config: an index of stem_config_names(), -1 = pick."""
         _raise(library().trtfuse_stem_forward(self._h, x_ptr, out_ptr, n, h, w, config, stream), "forward")
+
+    def forward_next(self, x_ptr: int, out_ptr: int, next_out_ptr: int, n: int, h: int, w: int, config: int = -1,
+                     stream: int = 0) -> None:
+        """out as forward() writes it, and next_out [n, next_cout, *stem_output_hw(h, w)] int8 kCHW32, the next conv of
+        out (device pointers); x, n, h, w and config as forward()'s (-1: the first configuration, stem_p8)."""
+        _raise(library().trtfuse_next_forward(self._h, x_ptr, None, out_ptr, next_out_ptr, n, h, w, None, config,
+                                              stream), "next_forward")

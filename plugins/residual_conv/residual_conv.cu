@@ -673,15 +673,18 @@ struct StemInfo {
     char const* name;
     int pool_rows, ir, plane, box_plane;   // StemBand's
     void (*kernel)(StemParams);
+    void (*next_kernel)(StemParams);       // with the chained conv1 (NEXT), or nullptr: two launches
 };
-template <class B>
+template <class B, bool NEXT = false>
 constexpr StemInfo stem_info(char const* name) {
-    return {name, B::P, B::IR, B::PLANE, B::BOX_PLANE, stem_kernel_sm90<B>};
+    void (*next_kernel)(StemParams) = nullptr;
+    if constexpr (NEXT) next_kernel = stem_kernel_sm90<B, true>;   // instantiated for NEXT configurations only
+    return {name, B::P, B::IR, B::PLANE, B::BOX_PLANE, stem_kernel_sm90<B, false>, next_kernel};
 }
-// H100, batch 2048 (random weights, benchmarks/results/stem_h100.json): 8 pooled rows a block 1.33 ms, 6 rows 1.41
-// (more conv rows computed twice); docs/residual_conv.md, Version 16, has the forms dropped.
+// H100, batch 2048 (random weights, ours only, one run; docs/residual_conv.md, Version 18): 8 pooled rows a block
+// 1.025 ms, 6 rows 1.092 (more conv rows computed twice); Version 16 has the forms dropped.
 StemInfo const kStemConfigs[] = {
-    stem_info<StemBand<8>>("stem_p8"),
+    stem_info<StemBand<8>, true>("stem_p8"),   // the only one compiled with the chained conv1
     stem_info<StemBand<6>>("stem_p6"),
 };
 constexpr int kNumStemConfigs = sizeof(kStemConfigs) / sizeof(kStemConfigs[0]);
@@ -692,7 +695,7 @@ constexpr int kStemTapsTotal = 49;   // Layer::taps of a stem layer
 struct StemGeometry {
     int hc, wc, hp, wp, copy, box, smem;
 };
-bool stem_geometry(StemInfo const& C, int cin, int h, int w, StemGeometry* g) {
+bool stem_geometry(StemInfo const& C, int cin, int h, int w, bool next, StemGeometry* g) {
     g->hc = (h - 1) / 2 + 1;
     g->wc = (w - 1) / 2 + 1;
     g->hp = (g->hc - 1) / 2 + 1;
@@ -701,8 +704,10 @@ bool stem_geometry(StemInfo const& C, int cin, int h, int w, StemGeometry* g) {
     // inside a box row (256 bytes from column -16)
     if (g->wp > kStemThreads / 32 * kStemPoolCols) return false;
     g->copy = round_up(cin * C.plane, 256);   // the box after both copies: 256-byte aligned
-    g->box = round_up(cin * C.box_plane, 256);
-    g->smem = stem_smem_bytes(g->copy, g->box);
+    // the box, and after the copies (NEXT) the band tile: [2 chunks][P x Wp rows][32], and the 63 rows past it
+    // that a last partial m64 tile reads (their outputs are not written)
+    g->box = round_up(std::max(cin * C.box_plane, next ? kStemN * C.pool_rows * g->wp + 63 * 32 : 0), 256);
+    g->smem = stem_smem_bytes(g->copy, g->box, next);
     return g->smem <= kMaxSmem;
 }
 
@@ -722,13 +727,21 @@ int encode_stem_map(StemParams& p, void const* x, int n, int h, int w, int cin, 
     return st == CUDA_SUCCESS ? 0 : cudaErrorInvalidValue;
 }
 
-// One launch of stem layer L: x [n][cin][h][w] (linear) -> out [n][nc][hp][wp][32]; config -1 picks.
-int launch_stem(Layer const& L, void const* x, void* out, int n, int h, int w, int config, cudaStream_t stream) {
+// Whether stem layer L runs its chained next conv in the same kernel on `config` (-1: the first).
+bool stem_chains(Layer const& L, int config) {
+    return L.next && L.next_n == kStemN && kStemConfigs[config < 0 ? 0 : config].next_kernel && wgmma_available();
+}
+
+// One launch of stem layer L: x [n][cin][h][w] (linear) -> out [n][nc][hp][wp][32]; config -1 picks. With next_out
+// (stem_chains holds), L's chained next conv's output [n][next nc][hp][wp][32] too.
+int launch_stem(Layer const& L, void const* x, void* out, int n, int h, int w, int config, cudaStream_t stream,
+                void* next_out = nullptr) {
     if (!wgmma_available()) return TRTFUSE_RCONV_ERR_ARCH;
     if (w % 16) return TRTFUSE_RCONV_ERR_ROW;   // the TMA map's row pitch
     StemInfo const& C = kStemConfigs[config < 0 ? 0 : config];   // -1: the first
+    bool const next = next_out != nullptr;
     StemGeometry g;
-    if (!stem_geometry(C, L.cin, h, w, &g)) return TRTFUSE_RCONV_ERR_FIT;
+    if (!stem_geometry(C, L.cin, h, w, next, &g)) return TRTFUSE_RCONV_ERR_FIT;
     StemParams p{};
     p.rule = rule_of(L);
     p.w_img = L.w_img;
@@ -742,11 +755,18 @@ int launch_stem(Layer const& L, void const* x, void* out, int n, int h, int w, i
     p.bands = (g.hp + C.pool_rows - 1) / C.pool_rows;
     p.copy_bytes = g.copy;
     p.box_bytes = g.box;
+    if (next) {
+        p.next_rule = rule_of(*L.next);
+        p.next_out = static_cast<int8_t*>(next_out);
+        p.next_w_img = L.w_img_next;
+        p.next_nc = L.next->nc;
+    }
     int64_t const blocks = static_cast<int64_t>(n) * p.bands;
     if (blocks >= (int64_t(1) << 31)) return TRTFUSE_RCONV_ERR_SHAPE;
     if (int st = encode_stem_map(p, x, n, h, w, L.cin, C.ir)) return st;
-    if (int st = allow_dynamic_smem(C.kernel, kMaxSmem)) return st;
-    C.kernel<<<static_cast<unsigned>(blocks), kStemThreads, g.smem, stream>>>(p);
+    auto const kernel = next ? C.next_kernel : C.kernel;
+    if (int st = allow_dynamic_smem(kernel, kMaxSmem)) return st;
+    kernel<<<static_cast<unsigned>(blocks), kStemThreads, g.smem, stream>>>(p);
     TRTFUSE_LAUNCH_CHECK();
     return 0;
 }
@@ -1058,15 +1078,17 @@ extern "C" int trtfuse_next_attach(void* handle, int cout, int8_t const* weights
                                    float const* bias, float x_scale, float out_scale, int relu) {
     if (!handle) return TRTFUSE_RCONV_ERR_NULL;
     Layer* L = static_cast<Layer*>(handle);
-    // a tail, with or without its projection: stride 1, a residual (read or computed), not yet chained
-    if (L->next || L->taps != 1 || !L->residual || L->stride != 1) return TRTFUSE_RCONV_ERR_NEXT;
+    // a tail, with or without its projection (stride 1, a residual read or computed), or a stem; not yet chained
+    bool const stem = L->taps == kStemTapsTotal;
+    if (L->next || (!stem && (L->taps != 1 || !L->residual || L->stride != 1))) return TRTFUSE_RCONV_ERR_NEXT;
     if (int st = trtfuse_next_check(L->cout, cout, weights, w_scale, bias, x_scale, out_scale)) return st;
     Layer* N = new Layer;
     std::vector<int8_t> rows;
     int st = build_layer(L->cout, cout, weights, w_scale, bias, x_scale, 0.f, out_scale, relu, 1, N, &rows);
     // the chained kernel's slice: the first next_n packed rows; none where it cannot chain (L's output wider than one
-    // N block, or the next conv's than 128 channels): next_forward then takes two launches
-    int const next_n = N->nc * 32 <= 64 ? 64 : N->nc * 32 <= 128 ? 128 : 0;
+    // N block, or the next conv's than 128 channels; a stem's next conv wider than its kernel's N, 64): next_forward
+    // then takes two launches
+    int const next_n = N->nc * 32 <= 64 ? 64 : N->nc * 32 <= 128 && !stem ? 128 : 0;
     if (st == 0 && next_n > 0 && L->nc * 32 <= kWeightSliceRows && N->kpad <= kNextMaxK) {
         std::vector<int8_t> img(static_cast<size_t>(next_n) * N->kpad);
         pack_weight_slices(rows.data(), next_n, N->kpad, next_n, img.data());
@@ -1083,6 +1105,8 @@ extern "C" int trtfuse_next_attach(void* handle, int cout, int8_t const* weights
 
 extern "C" int trtfuse_next_fuses(void const* handle, int config, int n, int h, int w) {
     Layer const* L = static_cast<Layer const*>(handle);
+    if (L && L->next && L->taps == kStemTapsTotal)   // a stem: config indexes the stem configurations
+        return config < -1 || config >= kNumStemConfigs ? TRTFUSE_RCONV_ERR_CONFIG : stem_chains(*L, config) ? 1 : 0;
     if (!L || !L->next || config < -1 || config >= kNumConfigs) return TRTFUSE_RCONV_ERR_NULL;
     if (config == -1) {
         if (n <= 0 || h <= 0 || w <= 0) return TRTFUSE_RCONV_ERR_SHAPE;
@@ -1093,10 +1117,20 @@ extern "C" int trtfuse_next_fuses(void const* handle, int config, int n, int h, 
 
 extern "C" int trtfuse_next_forward(void const* handle, void const* x, void const* second, void* out, void* next_out,
                                     int n, int h, int w, void* workspace, int config, void* stream) {
-    if (!handle || !x || !second || !out || !next_out) return TRTFUSE_RCONV_ERR_NULL;
+    if (!handle || !x || !out || !next_out) return TRTFUSE_RCONV_ERR_NULL;
     Layer const* L = static_cast<Layer const*>(handle);
     if (!L->next) return TRTFUSE_RCONV_ERR_NEXT;
     if (reinterpret_cast<uintptr_t>(next_out) & 15) return TRTFUSE_RCONV_ERR_ALIGN;
+    if (L->taps == kStemTapsTotal) {   // a stem: no second input, a stem configuration
+        if (config < -1 || config >= kNumStemConfigs) return TRTFUSE_RCONV_ERR_CONFIG;
+        if (int st = check_launch(x, nullptr, out, n, h, w, 2, -1)) return st;
+        auto const st = static_cast<cudaStream_t>(stream);
+        if (stem_chains(*L, config)) return launch_stem(*L, x, out, n, h, w, config, st, next_out);
+        if (int e = launch_stem(*L, x, out, n, h, w, config, st)) return e;
+        int const hc = (h - 1) / 2 + 1, wc = (w - 1) / 2 + 1;
+        return forward_plain(*L->next, out, nullptr, next_out, n, (hc - 1) / 2 + 1, (wc - 1) / 2 + 1, -1, st);
+    }
+    if (!second) return TRTFUSE_RCONV_ERR_NULL;
     int const s = L->proj ? L->proj->stride : 1, ho = (h - 1) / s + 1, wo = (w - 1) / s + 1;
     // the layer's own input order: a projection + tail reads the block input xp at stride s
     if (int st = L->proj ? check_launch(second, x, out, n, h, w, s, config) : check_launch(x, second, out, n, h, w, 1, config))
@@ -1192,7 +1226,7 @@ extern "C" char const* trtfuse_residual_conv_error_string(int status) {
                    "than its tile; the stem: its input is wider than 224 (more than the 56 pooled columns its block pools)";
         case TRTFUSE_RCONV_ERR_NEXT:
             return "no next conv attached to this layer, one already attached, or the layer is not a stride-1 tail "
-                   "(with or without its projection): attach one next conv to a tail";
+                   "(with or without its projection) or a stem: attach one next conv to a tail or a stem";
         case TRTFUSE_RCONV_ERR_ROW:
             return "the stem reads its input rows by TMA, whose row pitch must be a multiple of 16 bytes: W % 16 == 0 "
                    "(pad the image's width)";

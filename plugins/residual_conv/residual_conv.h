@@ -116,15 +116,17 @@ char const* trtfuse_stem_config_name(int config);
    with (the layer's out_scale in a Q/DQ graph). Validation only (no GPU): */
 int trtfuse_next_check(int cin, int cout, int8_t const* weights, float const* w_scale, float const* bias,
                        float x_scale, float out_scale);
-/* Attaches it to `handle` (TRTFUSE_RCONV_ERR_NEXT: the layer is not a stride-1 tail or projection + tail, or already
-   has one); its cin is the layer's cout. */
+/* Attaches it to `handle` (TRTFUSE_RCONV_ERR_NEXT: the layer is not a stride-1 tail, projection + tail or stem, or
+   already has one); its cin is the layer's cout. A stem (trtfuse_stem_create) chains it on stem_p8 where its cout
+   is <= 64 (the stem and ResNet-50's layer1.0 conv1 in one kernel). */
 int trtfuse_next_attach(void* handle, int cout, int8_t const* weights, float const* w_scale, float const* bias,
                         float x_scale, float out_scale, int relu);
 /* out (the layer's output, as its own forward writes it) and next_out [n, next cout, ho, wo] (the next conv of out),
    int8 kCHW32. second: r for a tail, xp for a projection + tail layer; workspace as trtfuse_proj_tail_forward's (a
    projection + tail layer only; trtfuse_proj_tail_workspace_size). One kernel where an sm90 configuration chains the
    next conv (trtfuse_next_fuses: the layer's cout <= 256, the next's <= 128), else the layer's own forward and then
-   the next conv's launch. config: as the layer's forward (-1 picks). */
+   the next conv's launch. config: as the layer's forward (-1 picks). A stem: x, h and w as trtfuse_stem_forward's,
+   second and workspace unused (may be NULL), config a stem configuration (trtfuse_stem_config_name). */
 int trtfuse_next_forward(void const* handle, void const* x, void const* second, void* out, void* next_out, int n, int h,
                          int w, void* workspace, int config, void* stream);
 /* 1 if next_forward on `config` (>= 0) runs one kernel on the current device, 0 if it takes two launches; config -1:

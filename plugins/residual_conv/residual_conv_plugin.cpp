@@ -26,9 +26,11 @@
 //
 // With the next_* fields (all or none: next_weights [next_cout][cout], next_w_scale, next_bias, next_x_scale,
 // next_out_scale, next_cout, next_relu) a tail (kernel_size 1, stride 1, r_scale > 0, with or without the proj_*
-// fields) also computes the next bottleneck's conv1 (1x1, stride 1, no residual) of its own output tile: a second
-// output [N, next_cout, Ho, Wo], INT8 kCHW32, so that conv does not read the tail's output back from memory
-// (trtfuse_next_forward; the inputs and output 0 are as without them).
+// fields) or the stem (kernel_size 7) also computes the next bottleneck's conv1 (1x1, stride 1, no residual; its cin
+// the layer's cout) of its own output tile: a second output [N, next_cout, Ho, Wo] on output 0's grid (the stem's:
+// its pooled grid), INT8 kCHW32, so that conv does not read the layer's output back from memory (trtfuse_next_forward;
+// the inputs and output 0 are as without them, the stem's input still kLINEAR). ResNet-50: layer1's tails, and the
+// stem with layer1.0's conv1.
 //
 // Serialization: "RCV5" (written): RCV4's, then an int32 "has next" flag and (if set) the next conv's cout, relu,
 // x_scale, out_scale, weights, w_scale, bias. "RCV4": RCV3's, then an int32 kernel_size. "RCV3": RCV2's fields, an
@@ -87,8 +89,8 @@ struct Proj {
     std::vector<float> w_scale, bias;
 };
 
-// The next bottleneck's conv1 that a tail computes too (a second output): 1x1, stride 1, no residual, reading the
-// layer's output (its cin is the layer's cout).
+// The next bottleneck's conv1 that a tail or the stem computes too (a second output): 1x1, stride 1, no residual,
+// reading the layer's output (its cin is the layer's cout).
 struct Next {
     int cout = 0, relu = 1;
     float x_scale = 0, out_scale = 0;
@@ -149,12 +151,14 @@ struct Fields {
         }
         return !has_next || next_valid(why);
     }
-    // The next_* fields: only a stride-1 1x1 tail (a residual input, or the proj_* fields) chains a next conv, whose
-    // input is the layer's output.
+    // The next_* fields: only a stride-1 1x1 tail (a residual input, or the proj_* fields) or the stem (kernel_size 7,
+    // already checked by valid()) chains a next conv, whose input is the layer's output.
     bool next_valid(std::string* why) const {
-        if (kernel_size != 1 || stride != 1 || !(residual() || has_proj)) {
-            *why = "next_weights (the next_* fields) given to a layer that is not a tail: they need kernel_size 1, "
-                   "stride 1 and a residual input (r_scale > 0) or the proj_* fields; drop the next_* fields";
+        bool const tail = kernel_size == 1 && stride == 1 && (residual() || has_proj);
+        if (!tail && kernel_size != 7) {
+            *why = "next_weights (the next_* fields) given to a layer that is neither a tail nor the stem: they need "
+                   "kernel_size 1, stride 1 and a residual input (r_scale > 0) or the proj_* fields, or kernel_size 7 "
+                   "(the stem); drop the next_* fields";
             return false;
         }
         if (next.relu != 0 && next.relu != 1) {
@@ -355,9 +359,10 @@ public:
         if (nbInputs != f_.inputs() || nbOutputs != f_.outputs()) {
             std::string const outs =
                 f_.has_next ? " and two outputs [out, next_out] (next_* fields)" : " and one output";
-            return refuse(f_.has_proj     ? "expects inputs [x, xp]" + outs + " (a projection + tail layer)"
-                          : f_.residual() ? "expects inputs [x, r]" + outs + " (r_scale > 0)"
-                                          : "expects input [x]" + outs + " (r_scale = 0: no residual input)");
+            return refuse(f_.has_proj           ? "expects inputs [x, xp]" + outs + " (a projection + tail layer)"
+                          : f_.residual()       ? "expects inputs [x, r]" + outs + " (r_scale > 0)"
+                          : f_.kernel_size == 7 ? "expects input [x]" + outs + " (the stem)"
+                                                : "expects input [x]" + outs + " (r_scale = 0: no residual input)");
         }
         Dims const& x = in[0].desc.dims;
         if (x.nbDims != 4) return refuse("x must be 4-D NCHW");
@@ -404,7 +409,12 @@ public:
             return -1;
         }
         int st;
-        if (f_.has_next) {
+        if (f_.has_next && f_.kernel_size == 7) {
+            // the stem: n, h, w of its input x (as trtfuse_stem_forward's), no second input, no workspace; config -1:
+            // the first stem configuration, which chains the next conv where it can
+            st = trtfuse_next_forward(handle_, inputs[0], nullptr, outputs[0], outputs[1], static_cast<int>(d.d[0]),
+                                      static_cast<int>(d.d[2]), static_cast<int>(d.d[3]), nullptr, -1, stream);
+        } else if (f_.has_next) {
             // n, h, w as the layer's own forward gets them: xp's for a projection + tail layer, x's for a tail; the
             // workspace as the projection + tail forward's (enough for the next conv too), none for a tail
             Dims const& g = f_.has_proj ? inputDesc[1].dims : d;
@@ -515,7 +525,7 @@ public:
             PluginField("proj_out_scale", nullptr, PluginFieldType::kFLOAT32, 1),
             PluginField("proj_cin", nullptr, PluginFieldType::kINT32, 1),
             PluginField("proj_stride", nullptr, PluginFieldType::kINT32, 1),
-            // a tail that computes the next conv1 too (a second output): all or none of these
+            // a tail or the stem that computes the next conv1 too (a second output): all or none of these
             PluginField("next_weights", nullptr, PluginFieldType::kINT8, 0),
             PluginField("next_w_scale", nullptr, PluginFieldType::kFLOAT32, 0),
             PluginField("next_bias", nullptr, PluginFieldType::kFLOAT32, 0),

@@ -42,6 +42,16 @@
 // ([7 ky][64 rows][32 k], the 32-byte swizzle). Per conv row each warpgroup loads its 7 A fragments and issues 7
 // wgmma m64n64k32. Two blocks fit an SM.
 //
+// NEXT, a chained next conv (issue 14: the stem and layer1.0's conv1 in one kernel): the 1x1 conv (K = the stem's
+// <= 64 channels, N 64) of the band's pooled output, so the conv1 does not read the stem's output back from memory
+// (411 MB per batch of 2048). Each pooled word also goes to a band tile in shared memory (the box area, free after
+// the copies: [2 k32 chunks][P x Wp rows][32], the wgmma layout), and after the band's last pooled row each
+// warpgroup runs m64 tiles of it: wgmma m64n64k32 from shared memory (weights: [2 chunks][64 rows][32], the first
+// chunks of Layer::w_img_next, loaded with the stem's), then the library's epilogue, its words straight to memory
+// (a band's rows are consecutive in each output slab). First measured with the GEMM per pooled row, A from the
+// pooled words in registers: 7 of a warp's 16 rows useful and a wgmma wait per pooled row; the conv1 then added
+// 0.45 ms at batch 2048, more than TensorRT's own conv1 (0.38 ms).
+//
 // Compiled only in the sm_90a pass (ptx_sm90.cuh; kHasWgmma guards the launch).
 #pragma once
 #include <cstdint>
@@ -62,6 +72,7 @@ constexpr int kStemWBytes = kStemTaps * kStemN * 32;      // the weight slice
 constexpr int kStemThreads = 256;
 constexpr int kStemBoxRow = 256;                          // a box row in bytes (W <= 224: 2 Wc + 19 <= 256)
 constexpr int kStemPoolCols = 7;                          // pooled columns per warp (8 warps: Wp <= 56)
+constexpr int kStemNextWBytes = kStemN / 32 * kStemN * 32;  // NEXT: the conv1's weights, K = kStemN (2 k32 steps)
 
 // The band geometry of P pooled rows per block (the configuration): conv rows R, input rows IR of the box, a copy's
 // channel plane (IR rows, then 64 bytes: 16 banks between planes). Two blocks an SM (P <= 8 fits their shared memory).
@@ -81,14 +92,21 @@ struct StemParams {
     int Hc, Wc, Hp, Wp;    // conv output and pooled output sizes (Wp <= 8 kStemPoolCols)
     int bands;             // ceil(Hp / P): blocks per image
     uint32_t copy_bytes;   // a copy (Cin planes, rounded up to 256 bytes)
-    uint32_t box_bytes;    // the TMA box (Cin planes of IR rows), rounded up to 256
+    uint32_t box_bytes;    // the TMA box (Cin planes of IR rows) and (NEXT) the band tile, rounded up to 256
+    // NEXT: the chained conv1 (its rule, output [N][next_nc][Hp][Wp][32], weights [2][64 rows][32] (swz_offset))
+    Rule next_rule;
+    int8_t* next_out;
+    int8_t const* next_w_img;
+    int next_nc;
 };
 
-// Shared memory of a launch: [256-byte alignment slack: the weights' 32-byte swizzle repeats every 256][weights][2
-// copies][the TMA box][rule constants a, b][each thread's two A addresses][barrier]. Under half of the SM up to
-// P = 8 (105 KB at ResNet-50's 224 x 224).
-TRTFUSE_RCONV_HD int stem_smem_bytes(int copy_bytes, int box_bytes) {
-    return 256 + kStemWBytes + 2 * copy_bytes + box_bytes + 8 * kStemN + 8 * kStemThreads + 16;
+// Shared memory of a launch: [256-byte alignment slack: the weights' 32-byte swizzle repeats every 256][weights]
+// [NEXT: the conv1's weights][2 copies][the TMA box; NEXT: then the band tile][rule constants a, b][each thread's
+// two A addresses][barrier].
+// Under half of the SM up to P = 8 (109 KB at ResNet-50's 224 x 224 with NEXT).
+TRTFUSE_RCONV_HD int stem_smem_bytes(int copy_bytes, int box_bytes, bool next) {
+    return 256 + kStemWBytes + (next ? kStemNextWBytes : 0) + 2 * copy_bytes + box_bytes + 8 * kStemN +
+           8 * kStemThreads + 16;
 }
 
 #if defined(__CUDACC__)
@@ -100,19 +118,19 @@ __device__ __forceinline__ uint32_t lds32(uint32_t addr) {
 // Keeps v in a register, unchanged, up to here: an A fragment must not be overwritten while a wgmma may read it.
 __device__ __forceinline__ void keep_reg(uint32_t& v) { asm volatile("" : "+r"(v)::"memory"); }
 
-// Pooled column ox (this thread's, g < 7) of pooled row py: the max over its window's three pixels' vertical maxima
-// (vmax: this thread's pixels h = 0, 1 in wgmma's m64n64 accumulator layout, acc[4 j + 2 h + e] = channel column
-// 8 j + 2 tig + e; the packed weights make n8 chunks 2k, 2k + 1 channels 16 k + 4 tig .. + 3), then the rule, one
-// 32-bit store per 4 channels. left: the left neighbour pixel's maxima (thread g - 1's pixel 1), valid unless ox = 0
-// (the pool's padding); pixel 1 (2 ox + 1) is valid below Wc.
+// Pooled column ox (this thread's, g < 7) of the open pooled row: the max over its window's three pixels' vertical
+// maxima (vmax: this thread's pixels h = 0, 1 in wgmma's m64n64 accumulator layout, acc[4 j + 2 h + e] = channel
+// column 8 j + 2 tig + e; the packed weights make n8 chunks 2k, 2k + 1 channels 16 k + 4 tig .. + 3), then the rule:
+// words[k], channels 16 k + 4 tig .. + 3. left: the left neighbour pixel's maxima (thread g - 1's pixel 1), valid
+// unless ox = 0 (the pool's padding); pixel 1 (2 ox + 1) is valid below Wc. Channels past Cout come out 0 (their a
+// and b are).
 template <bool SAT>
-__device__ __forceinline__ void stem_store_pooled(StemParams const& p, float const* sAB, int const (&vmax)[kStemN / 2],
-                                                  int const (&left)[kStemN / 4], bool left_ok, bool right_ok,
-                                                  int8_t* out, int tig) {
+__device__ __forceinline__ void stem_pool_words(StemParams const& p, float const* sAB, int const (&vmax)[kStemN / 2],
+                                                int const (&left)[kStemN / 4], bool left_ok, bool right_ok, int tig,
+                                                uint32_t (&words)[kStemN / 16]) {
     std::integral_constant<bool, false> exact_int;
 #pragma unroll
     for (int k = 0; k < kStemN / 16; ++k) {   // 16-channel groups: n8 chunks 2k, 2k + 1
-        if (k / 2 >= p.Nc) break;
         float4 const a = *reinterpret_cast<float4 const*>(sAB + 16 * k + 4 * tig);
         float4 const b = *reinterpret_cast<float4 const*>(sAB + kStemN + 16 * k + 4 * tig);
         float t[4];
@@ -124,13 +142,11 @@ __device__ __forceinline__ void stem_store_pooled(StemParams const& p, float con
             if (left_ok) m = max(m, left[4 * k + 2 * (e >> 1) + (e & 1)]);
             t[e] = rule_t_plain<SAT>(acc_bits_to_float(m, exact_int), (&a.x)[e], (&b.x)[e]);
         }
-        // channel 16 k + 4 tig: slab k / 2, byte 16 (k % 2) + 4 tig of the pixel's 32
-        *reinterpret_cast<uint32_t*>(out + (k >> 1) * static_cast<int64_t>(p.Hp) * p.Wp * 32 + (k & 1) * 16 + tig * 4) =
-            q_quad_t<SAT>(t[0], t[1], t[2], t[3], p.rule.lo);
+        words[k] = q_quad_t<SAT>(t[0], t[1], t[2], t[3], p.rule.lo);
     }
 }
 
-template <class Band>
+template <class Band, bool NEXT>
 __global__ void __launch_bounds__(kStemThreads, 2) stem_kernel_sm90(const __grid_constant__ StemParams p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     constexpr int P = Band::P, R = Band::R, PLANE = Band::PLANE, BW = kStemBoxRow;
@@ -138,7 +154,8 @@ __global__ void __launch_bounds__(kStemThreads, 2) stem_kernel_sm90(const __grid
     uint32_t const raw = smem_u32(smem_raw);
     int8_t* const base = reinterpret_cast<int8_t*>(smem_raw) + (((raw + 255) & ~255u) - raw);
     int8_t* const sW = base;
-    int8_t* const sX = sW + kStemWBytes;
+    int8_t* const sW2 = sW + kStemWBytes;                               // NEXT: the conv1's weights
+    int8_t* const sX = sW2 + (NEXT ? kStemNextWBytes : 0);
     int8_t* const sBox = sX + 2 * p.copy_bytes;                         // the TMA box, the copies' source
     float* const sAB = reinterpret_cast<float*>(sBox + p.box_bytes);    // [a: 64][b: 64]
     uint2* const sRow = reinterpret_cast<uint2*>(sAB + 2 * kStemN);     // [thread]: its two A addresses
@@ -149,8 +166,9 @@ __global__ void __launch_bounds__(kStemThreads, 2) stem_kernel_sm90(const __grid
     if (tid == 0) {
         mbar_init(bar, 1);
         fence_mbarrier_init();
-        mbar_arrive_expect_tx(bar, kStemWBytes + p.Cin * Band::BOX_PLANE);
+        mbar_arrive_expect_tx(bar, kStemWBytes + (NEXT ? kStemNextWBytes : 0) + p.Cin * Band::BOX_PLANE);
         bulk_load(smem_u32(sW), p.w_img, kStemWBytes, bar);
+        if (NEXT) bulk_load(smem_u32(sW2), p.next_w_img, kStemNextWBytes, bar);
         // the box: columns from -16 (a TMA box starts at a 16-byte aligned column), input rows from 2 cy0 - 3
         tma_load_4d(&p.in_map, smem_u32(sBox), bar, -16, 2 * cy0 - 3, 0, img);
     }
@@ -176,7 +194,7 @@ __global__ void __launch_bounds__(kStemThreads, 2) stem_kernel_sm90(const __grid
     }
     __syncthreads();   // the copies are whole: the block's last barrier
 
-    int const warp = tid >> 5, lane = tid & 31, wg = warp >> 2, g = lane >> 2, tig = lane & 3;
+    int const warp = tid >> 5, lane = tid & 31, g = lane >> 2, tig = lane & 3;
     // this thread's k bytes: channel tig / 2 (registers 0, 1) and tig / 2 + 2 (registers 2, 3), taps 4 (tig & 1) ..;
     // a channel past Cin is zero padding of k, not read (its plane would lie past the copy)
     bool const lo = (tig >> 1) < p.Cin, hi = (tig >> 1) + 2 < p.Cin;
@@ -204,17 +222,69 @@ __global__ void __launch_bounds__(kStemThreads, 2) stem_kernel_sm90(const __grid
     for (int i = 0; i < kStemN / 2; ++i) vmax[i] = INT32_MIN;
     int open = 0;   // the pooled row vmax belongs to
 
-    // the open pooled row pr: the left pixel's vertical maxima from thread g - 1, then this thread's pooled column
-    auto flush = [&](int pr) {
+    // The open pooled row pr: the left pixel's vertical maxima from thread g - 1, then this thread's pooled column,
+    // stored; its words also go to the band tile (NEXT).
+    auto pool = [&](int pr, uint32_t (&words)[kStemN / 16]) {
         int left[kStemN / 4];   // pixel 1's maxima of thread g - 1: vmax[4 j + 2 + e] -> left[2 j + e]
 #pragma unroll
         for (int j = 0; j < kStemN / 8; ++j)
 #pragma unroll
             for (int e = 0; e < 2; ++e) left[2 * j + e] = __shfl_sync(0xffffffffu, vmax[4 * j + 2 + e], left_lane);
+#pragma unroll
+        for (int k = 0; k < kStemN / 16; ++k) words[k] = 0u;
         if (!pools) return;
+        if (p.rule.sat) stem_pool_words<true>(p, sAB, vmax, left, left_ok, right_ok, tig, words);
+        else stem_pool_words<false>(p, sAB, vmax, left, left_ok, right_ok, tig, words);
+        // channel 16 k + 4 tig: slab k / 2, byte 16 (k % 2) + 4 tig of the pixel's 32
         int8_t* const out = p.out + (static_cast<int64_t>(img) * p.Nc * p.Hp + py0 + pr) * p.Wp * 32 + ox * 32;
-        if (p.rule.sat) stem_store_pooled<true>(p, sAB, vmax, left, left_ok, right_ok, out, tig);
-        else stem_store_pooled<false>(p, sAB, vmax, left, left_ok, right_ok, out, tig);
+#pragma unroll
+        for (int k = 0; k < kStemN / 16; ++k)
+            if (k / 2 < p.Nc)
+                *reinterpret_cast<uint32_t*>(out + (k >> 1) * static_cast<int64_t>(p.Hp) * p.Wp * 32 + (k & 1) * 16 +
+                                             tig * 4) = words[k];
+    };
+    // NEXT: the band tile, [kStemN / 32 chunks][P * Wp rows][32] (swz_offset), row pr * Wp + ox
+    int const band_rows = P * p.Wp;
+    auto keep_words = [&](int pr, uint32_t const (&words)[kStemN / 16]) {
+        if (!pools) return;
+#pragma unroll
+        for (int k = 0; k < kStemN / 16; ++k)
+            *reinterpret_cast<uint32_t*>(sBox + swz_offset(k >> 1, band_rows, pr * p.Wp + ox, (k & 1) * 16 + tig * 4)) =
+                words[k];
+    };
+    // NEXT: the conv1 of the band's npr pooled rows, warpgroup wg taking m64 tiles wg, wg + 2, ...
+    auto next_conv = [&](int npr) {
+        fence_proxy_async_smem();   // the band tile was written through the generic proxy; wgmma reads it
+        __syncthreads();
+        int const rows = npr * p.Wp, wg = warp >> 2;
+        int8_t* const out = p.next_out + (static_cast<int64_t>(img) * p.next_nc * p.Hp + py0) * p.Wp * 32;
+        int64_t const slab = static_cast<int64_t>(p.Hp) * p.Wp * 32;
+        int const init2 = p.next_rule.small_acc ? kMagicBits : 0;
+        uint64_t const descW2 = smem_desc(smem_u32(sW2));
+        for (int m0 = 64 * wg; m0 < rows; m0 += 128) {
+            int acc2[1][32];
+#pragma unroll
+            for (int i = 0; i < 32; ++i) acc2[0][i] = init2;
+            wgmma_fence();
+#pragma unroll
+            for (int ks = 0; ks < kStemN / 32; ++ks) {
+                if (ks >= p.Nc) break;   // K past the stem's channels
+                uint64_t const descA = smem_desc(smem_u32(sBox + swz_offset(ks, band_rows, m0, 0)));
+                wgmma_m64n64k32_s8(acc2[0], descA, descW2 + ((ks * kStemN * 32) >> 4), 1);
+            }
+            wgmma_commit();
+            wgmma_wait<0>();
+            int const m = m0 + 16 * (warp & 3) + g;   // this thread's rows m and m + 8
+            epilogue_fragment<16, 1, 8, false, false>(acc2, p.next_rule, nullptr, g, tig, 0,
+                                                      [&](int j, int, int h, uint32_t word) {
+                                                          int const ch = 16 * j + 4 * tig;
+                                                          if (m + 8 * h < rows && (ch >> 5) < p.next_nc)
+                                                              *reinterpret_cast<uint32_t*>(
+                                                                  out + (ch >> 5) * slab +
+                                                                  static_cast<int64_t>(m + 8 * h) * 32 + (ch & 31)) =
+                                                                  word;
+                                                      });
+        }
     };
 
     for (int r = r_begin; r < r_end; ++r) {
@@ -246,13 +316,20 @@ __global__ void __launch_bounds__(kStemThreads, 2) stem_kernel_sm90(const __grid
 #pragma unroll
         for (int i = 0; i < kStemN / 2; ++i) vmax[i] = max(vmax[i], acc[i]);
         if (r % 2 == 0 && r > 0) {   // pooled row r / 2 - 1 is complete; row r also opens pooled row r / 2
-            flush(open);
+            uint32_t words[kStemN / 16];
+            pool(open, words);
+            if constexpr (NEXT) keep_words(open, words);
             open = r / 2;
 #pragma unroll
             for (int i = 0; i < kStemN / 2; ++i) vmax[i] = acc[i];
         }
     }
-    if (open < P && py0 + open < p.Hp && r_end - 1 >= 2 * open) flush(open);   // cut short by the image's bottom
+    if (open < P && py0 + open < p.Hp && r_end - 1 >= 2 * open) {   // cut short by the image's bottom
+        uint32_t words[kStemN / 16];
+        pool(open, words);
+        if constexpr (NEXT) keep_words(open, words);
+    }
+    if constexpr (NEXT) next_conv(min(P, p.Hp - py0));
 #else
     (void)p;   // not an sm_90a pass: never launched (the host checks kHasWgmma first)
 #endif
