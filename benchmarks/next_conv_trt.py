@@ -193,6 +193,19 @@ def time_engines(row: dict, label: str, build, ptrs: dict, dev: PairOutputs, str
     row["speedup"] = row["trt_ms"] / row["ours_ms"]
 
 
+def time_pair(row: dict, label: str, chained, separate, layers, build, ptrs: dict, dev: PairOutputs, stream,
+              reps: int, with_trt: bool) -> dict:
+    """One pair's timings into row: ours chained ('ours') and as two launches ('ours_separate'), then the layers are
+    closed, then (with_trt) TensorRT's two layers and the plugin node (time_engines). Returns each one's outputs."""
+    outs = {}
+    time_ours(row, label, (("ours", chained), ("ours_separate", separate)), dev, stream, reps, outs)
+    for layer in layers:
+        layer.close()
+    if with_trt:
+        time_engines(row, label, build, ptrs, dev, stream, reps, outs)
+    return outs
+
+
 def checks(outs: dict, idx, want: np.ndarray, want_next: np.ndarray, what: str) -> tuple[list, dict | None]:
     """(the exact checks of every run but TensorRT's: both outputs on images idx against the rounding rule, the
     conv1's of `what`'s int8 output; TensorRT's agreement with ours at `what`'s output, informational, or None)."""
@@ -239,14 +252,9 @@ def run_case(name: str, n: int, reps: int, stream, rng, with_trt: bool) -> dict:
             layer.forward(xb.ptr, sb.ptr, ob.ptr, n, HW, HW, -1, int(stream))
         conv1.forward(ob.ptr, 0, nb.ptr, n, HW, HW, -1, int(stream))
 
-    outs = {}
-    time_ours(row, f"{name} batch {n}", (("ours", ours_chained), ("ours_separate", ours_separate)), dev, stream,
-              reps, outs)
-    layer.close()
-    conv1.close()
-    if with_trt:
-        time_engines(row, f"{name} batch {n}", lambda kind: trt_engine(kind, T, N, P, n),
-                     {"x": xb.ptr, "r": sb.ptr, "xp": sb.ptr}, dev, stream, reps, outs)
+    outs = time_pair(row, f"{name} batch {n}", ours_chained, ours_separate, (layer, conv1),
+                     lambda kind: trt_engine(kind, T, N, P, n), {"x": xb.ptr, "r": sb.ptr, "xp": sb.ptr}, dev, stream,
+                     reps, with_trt)
     for b in (xb, sb, ws):
         b.free()
     dev.free()
@@ -293,14 +301,8 @@ def run_stem_case(n: int, reps: int, stream, rng, with_trt: bool) -> dict:
         layer.forward(xb.ptr, ob.ptr, n, IN_HW, IN_HW, -1, int(stream))
         conv1.forward(ob.ptr, 0, nb.ptr, n, hp, wp, -1, int(stream))
 
-    outs = {}
-    time_ours(row, f"{STEM_PAIR} batch {n}", (("ours", ours_chained), ("ours_separate", ours_separate)), dev, stream,
-              reps, outs)
-    layer.close()
-    conv1.close()
-    if with_trt:
-        time_engines(row, f"{STEM_PAIR} batch {n}", lambda kind: stem_trt_engine(kind, S, N, n), {"x": xb.ptr}, dev,
-                     stream, reps, outs)
+    outs = time_pair(row, f"{STEM_PAIR} batch {n}", ours_chained, ours_separate, (layer, conv1),
+                     lambda kind: stem_trt_engine(kind, S, N, n), {"x": xb.ptr}, dev, stream, reps, with_trt)
     xb.free()
     dev.free()
 
