@@ -57,6 +57,21 @@ def replaced(r: dict) -> bool:
     return kind in ("tail", "fused-proj-tail") or RESNET50_STAGES[r["stage"]][0] <= MAX_PROJECTION_CIN
 
 
+def pool_head_row(e2e: dict) -> dict | None:
+    """The network's head from the run's own profiles (same run, batch 2048): TensorRT's standalone
+    DequantizeLinear(s) and GlobalAveragePool in the plugins-off engine against the TrtfuseAvgPool node in the
+    plugins-all engine (its exactness is tests/test_avgpool.py's, not this run's)."""
+    prof = e2e.get("profile") or {}
+    off, on = (dict(map(tuple, (prof.get(m) or {}).get("top", []))) for m in ("off", "all"))
+    trt = sum(v for k, v in off.items() if "GlobalAveragePool" in k or ("DequantizeLinear" in k and "Conv" not in k))
+    ours = sum(v for k, v in on.items() if "TrtfuseAvgPool" in k)
+    if not trt or not ours:
+        return None
+    return {"name": "head", "kind": "pool-head", "batch": prof["all"]["batch"], "ours_ms": round(ours, 4),
+            "trt_ms": round(trt, 4), "speedup": round(trt / ours, 3), "replaced": True, "exact": None,
+            "source": "network profile (TensorRT's dequantize + GlobalAveragePool with plugins off)"}
+
+
 def compose(layers: dict, e2e: dict, e2e2: dict | None = None, e2e2_keys=SECOND_RUN_KEYS) -> dict:
     missing = {}
     first_run = {}
@@ -69,6 +84,9 @@ def compose(layers: dict, e2e: dict, e2e2: dict | None = None, e2e2_keys=SECOND_
              "trt_ms": round(r["trt_ms"], 4), "speedup": round(r["trt_ms"] / r["ours_ms"], 3),
              "replaced": replaced(r),
              "exact": all(c["ok"] for c in r["checks"])} for r in layers.get("rows", [])]
+    head = pool_head_row(e2e)
+    if head:
+        rows.append(head)
     prof = (e2e.get("profile") or {}).get("all")
     offline = e2e.get("offline")
     server = e2e.get("server")
