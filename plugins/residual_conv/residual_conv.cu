@@ -695,11 +695,13 @@ constexpr int kStemTapsTotal = 49;   // Layer::taps of a stem layer
 struct StemGeometry {
     int hc, wc, hp, wp, copy, box, smem;
 };
+// a stride-2 extent (the conv's of the input, the pool's of the conv's): ceil(v / 2)
+int halved(int v) { return (v - 1) / 2 + 1; }
 bool stem_geometry(StemInfo const& C, int cin, int h, int w, bool next, StemGeometry* g) {
-    g->hc = (h - 1) / 2 + 1;
-    g->wc = (w - 1) / 2 + 1;
-    g->hp = (g->hc - 1) / 2 + 1;
-    g->wp = (g->wc - 1) / 2 + 1;
+    g->hc = halved(h);
+    g->wc = halved(w);
+    g->hp = halved(g->hc);
+    g->wp = halved(g->wc);
     // 8 warps x kStemPoolCols pooled columns; their pixels' last byte read, box column 2 Wc + 19 - 16, is then
     // inside a box row (256 bytes from column -16)
     if (g->wp > kStemThreads / 32 * kStemPoolCols) return false;
@@ -1127,8 +1129,7 @@ extern "C" int trtfuse_next_forward(void const* handle, void const* x, void cons
         auto const st = static_cast<cudaStream_t>(stream);
         if (stem_chains(*L, config)) return launch_stem(*L, x, out, n, h, w, config, st, next_out);
         if (int e = launch_stem(*L, x, out, n, h, w, config, st)) return e;
-        int const hc = (h - 1) / 2 + 1, wc = (w - 1) / 2 + 1;
-        return forward_plain(*L->next, out, nullptr, next_out, n, (hc - 1) / 2 + 1, (wc - 1) / 2 + 1, -1, st);
+        return forward_plain(*L->next, out, nullptr, next_out, n, halved(halved(h)), halved(halved(w)), -1, st);
     }
     if (!second) return TRTFUSE_RCONV_ERR_NULL;
     int const s = L->proj ? L->proj->stride : 1, ho = (h - 1) / s + 1, wo = (w - 1) / s + 1;
