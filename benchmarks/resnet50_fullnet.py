@@ -24,7 +24,7 @@ import json
 import sys
 from pathlib import Path
 
-from trtfuse.models.residual_conv_rewrite import MAX_CONV3X3_COUT, MAX_PROJECTION_CIN
+from trtfuse.models.residual_conv_rewrite import MAX_CONV3X3_COUT, MAX_PROJECTION_CIN, POOL_OP
 from trtfuse.tuning import RESNET50_STAGES
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -59,12 +59,17 @@ def replaced(r: dict) -> bool:
 
 def pool_head_row(e2e: dict) -> dict | None:
     """The network's head from the run's own profiles (same run, batch 2048): TensorRT's standalone
-    DequantizeLinear(s) and GlobalAveragePool in the plugins-off engine against the TrtfuseAvgPool node in the
-    plugins-all engine (its exactness is tests/test_avgpool.py's, not this run's)."""
+    DequantizeLinear(s) and GlobalAveragePool in the plugins-off engine against the layers named after the
+    TrtfuseAvgPool node in the plugins-all engine, by the prefix the rewrite gives them all (``TrtfuseAvgPool_<k>``):
+    the plugin, its two DequantizeLinears (``..._DequantizeLinear_hi``, ``..._DequantizeLinear_lo``) and their Add
+    (``..._Add``), run on their own or fused with each other (TensorRT names a fused layer after its parts, e.g.
+    ``TrtfuseAvgPool_0_DequantizeLinear_lo + TrtfuseAvgPool_0_Add``), and any reformat into them; not a layer that also
+    names the fc's Gemm (both engines run the fc; what is fused into it costs nothing apart). Its exactness is
+    tests/test_avgpool.py's, not this run's."""
     prof = e2e.get("profile") or {}
     off, on = (dict(map(tuple, (prof.get(m) or {}).get("top", []))) for m in ("off", "all"))
     trt = sum(v for k, v in off.items() if "GlobalAveragePool" in k or ("DequantizeLinear" in k and "Conv" not in k))
-    ours = sum(v for k, v in on.items() if "TrtfuseAvgPool" in k)
+    ours = sum(v for k, v in on.items() if f"{POOL_OP}_" in k and "Gemm" not in k)
     if not trt or not ours:
         return None
     return {"name": "head", "kind": "pool-head", "batch": prof["all"]["batch"], "ours_ms": round(ours, 4),

@@ -35,6 +35,13 @@ QDQ_FILE = "model.int8.onnx"
 TOP_CLASSES = "top_classes"
 PLUGIN_FILE = "model.int8.plugins.onnx"          # --plugins tails
 PLUGIN_ALL_FILE = "model.int8.plugins-all.onnx"  # --plugins all
+# Whether --plugins all also puts the network's head on TrtfuseAvgPool (rewrite's pool_head: GlobalAveragePool of a
+# dequantized int8 tensor -> TrtfuseAvgPool -> int8 hi, lo -> DequantizeLinear(hi, s) + DequantizeLinear(lo, s / 256)
+# -> Add: the mean to s / 512). On since a device run built ResNet-50 with version 2 (one int8 output; the fp32-output
+# version 1 made TensorRT 8.5's Q/DQ optimizer refuse /fc/Gemm: docs/residual_conv.md, Version 18), which lost
+# precision (centered top-1 agreement 0.836 -> 0.648); version 3's hi/lo form is meant to give it back (plugins/avgpool/
+# README.md) and awaits its own device run: turn this off if it does not build or its logits disagree.
+POOL_HEAD_IN_ALL = True
 QUANT_META = "quantize.json"
 
 
@@ -139,7 +146,7 @@ def onnx_for_build(model_dir: Path, cfg: BuildConfig) -> bytes:
     import onnx
     from trtfuse.models import load_prepared
     from trtfuse.models.quantize import weights_as_float_qdq
-    from trtfuse.models.residual_conv_rewrite import plugin_counts, rewrite
+    from trtfuse.models.residual_conv_rewrite import PLUGIN_DOMAIN, POOL_OP, plugin_counts, rewrite
 
     if cfg.precision != "int8":
         if cfg.plugins != "off":
@@ -155,17 +162,20 @@ def onnx_for_build(model_dir: Path, cfg: BuildConfig) -> bytes:
     if cfg.plugins != "off":
         everything = cfg.plugins == "all"
         model, n = rewrite(model, cfg.weight_dtype, projections=everything, conv3x3=everything, stem=everything,
-                           chain_next=everything)
+                           chain_next=everything, pool_head=everything and POOL_HEAD_IN_ALL)
         counts = plugin_counts(model)
+        pools = sum(nd.op_type == POOL_OP and nd.domain == PLUGIN_DOMAIN for nd in model.graph.node)
         def n_of(n: int, what: str) -> str:
             return f"{n} {what}{'' if n == 1 else 's'}"
 
         # "next": tails (and fused pairs) and the stem that also compute the next bottleneck's conv1, no node of their
-        # own
+        # own. The pool head (TrtfuseAvgPool) where the rewrite was asked for it.
+        head = (f"; TrtfuseAvgPool for {n_of(pools, 'pool head')} (int8 hi + lo, the mean to 1/256 LSB)"
+                if everything and POOL_HEAD_IN_ALL else "")
         print(f"trtfuse: --plugins {cfg.plugins}: TrtfuseResidualConv for {n_of(counts['tail'], 'residual tail')}, "
               f"{n_of(counts['proj'], 'projection')}, {n_of(counts['fused'], 'projection + tail pair')} (one node "
               f"each), {n_of(counts['conv3x3'], '3x3 conv')} and {n_of(counts['stem'], 'stem')}; "
-              f"{n_of(counts['next'], 'next conv1')} computed by the tail or stem before it", file=sys.stderr)
+              f"{n_of(counts['next'], 'next conv1')} computed by the tail or stem before it{head}", file=sys.stderr)
         if n == 0:
             raise UserError(f"--plugins {cfg.plugins} found no layer to fuse in this model",
                             "use --plugins off for it")

@@ -63,11 +63,26 @@ fused projection + tail node's xp).
 
 The network's head, when asked (``pool_head``): a GlobalAveragePool of a DequantizeLinear of an int8 tensor,
 
-    t (int8) -> DQ(s) -> GlobalAveragePool -> ...
+    t (int8) -> DQ(s, zero point 0) -> GlobalAveragePool -> y -> ...
 
-becomes ``TrtfuseAvgPool(t) -> ...`` (field ``x_scale`` = s; plugins/avgpool): one pass over the int8 bytes instead
-of TensorRT's dequantize (int8 -> fp32 [N, C, H, W] in memory) and then its pool over the fp32 tensor (ResNet-50 at
-batch 2048 on the H100: 0.27 + 0.16 ms).
+becomes
+
+    t -> TrtfuseAvgPool -> t_hi (int8 [N, C, 1, 1]) -> DQ(s, 0)       -> a
+                        -> t_lo (int8 [N, C, 1, 1]) -> DQ(s / 256, 0) -> b ;  Add(a, b) -> y -> ...
+
+(plugins/avgpool, version 3; no fields: the first DequantizeLinear keeps the original's scale and zero point (an
+int8 0 where it had none), the second reads a new initializer holding exactly s / 256, a power-of-two scaling, exact
+in fp32; a head whose s / 256 would be subnormal is left alone): one pass over the int8 bytes instead of TensorRT's
+dequantize (int8 -> fp32 [N, C, H, W] in memory) and then its pool over the fp32 tensor (ResNet-50 at batch 2048 on
+the H100: 0.27 + 0.16 ms).
+The plugin writes int8 because TensorRT 8.5 wants a plugin with int8 input in a Q/DQ network bracketed
+``Q -> plugin -> DQ`` (NVIDIA/TensorRT issue #3055; with an fp32 output feeding Flatten -> Gemm it refused ResNet-50).
+It writes two: m, the nearest integer to 256 * sum / hw (ties to even), split as hi = floor((m + 128) / 256) and
+lo = m - 256 * hi, so a + b = s * m / 256, within s / 512 of the exact mean. Version 2 wrote one int8 output, the mean
+rounded to t's grid (up to s / 2 off): on random-weight ResNet-50 (H100, TensorRT 8.5.3.1) the centered top-1
+agreement with the stock engine fell from 0.836 to 0.648 and the largest logit difference rose from 9.0 to 17.6 (of
+888.5). The new nodes are named after the plugin's (``TrtfuseAvgPool_<k>_...``; benchmarks/resnet50_fullnet.py:
+pool_head_row).
 
 Fields follow docs/ARCHITECTURE.md exactly; the activation scales are copied from the neighbouring
 Q/DQ nodes because TensorRT passes no scales to plugins in explicitly quantized networks.
@@ -444,22 +459,62 @@ def _match_stem(g: _Graph, conv) -> Stem | None:
     return Stem(conv, relu, pool, q_out, x_q, {**fields, "r_scale": 0.0, "relu": 1, "kernel_size": 7, "stride": 2})
 
 
+# TrtfuseAvgPool's version: 3 writes two int8 outputs, hi and lo (the mean to 1/256 of t's LSB) for a
+# DequantizeLinear each; 2 wrote one int8 output (the mean rounded to t's grid), 1 fp32 (field x_scale).
+POOL_VERSION = "3"
+# lo's scale: s / 2^POOL_LO_SHIFT (the kernel's m is the mean times 256)
+POOL_LO_SHIFT = 8
+
+
 @dataclass
 class PoolHead:
-    """A GlobalAveragePool of DequantizeLinear(t), t int8 with one scale and zero point 0: TrtfuseAvgPool(t)."""
+    """A GlobalAveragePool of DequantizeLinear(t), t int8 with one fp32 scale (``x_scale``, of shape ``scale_shape``)
+    and zero point 0: TrtfuseAvgPool(t) -> (hi, lo) -> DequantizeLinear(hi, s), DequantizeLinear(lo, s / 256) -> Add."""
     dq: onnx.NodeProto
     pool: onnx.NodeProto
     x_q: str
     x_scale: float
+    scale_shape: tuple = ()
 
-    def node(self, name: str) -> onnx.NodeProto:
-        return helper.make_node(POOL_OP, [self.x_q], [self.pool.output[0]], name=name, domain=PLUGIN_DOMAIN,
-                                plugin_version="1", plugin_namespace="", x_scale=self.x_scale)
+    def lo_scale(self) -> np.ndarray:
+        """s / 256 in fp32, exactly (a power-of-two scaling of a normal fp32 whose result is normal, which
+        find_pool_heads checks), with the original scale's shape."""
+        return np.ldexp(np.float32(self.x_scale), -POOL_LO_SHIFT).astype(np.float32).reshape(self.scale_shape)
+
+    def nodes(self, name: str) -> tuple[list[onnx.NodeProto], list[onnx.TensorProto]]:
+        """([the plugin node: t -> (hi, lo), DequantizeLinear(hi, s, 0), DequantizeLinear(lo, s / 256, 0), Add -> the
+        pool's output], [the new initializers: s / 256 as ``name``_lo_scale, and an int8 0 as ``name``_zero_point where
+        the original DequantizeLinear has no zero point input]), every node named after the plugin (``name``). The hi
+        DequantizeLinear is a copy of the original one (its scale and zero point inputs, its attributes)."""
+        out = self.pool.output[0]
+        hi, lo = f"{out}_{name}_hi", f"{out}_{name}_lo"
+        plugin = helper.make_node(POOL_OP, [self.x_q], [hi, lo], name=name, domain=PLUGIN_DOMAIN,
+                                  plugin_version=POOL_VERSION, plugin_namespace="")
+        inits = [numpy_helper.from_array(self.lo_scale(), f"{name}_lo_scale")]
+        zero_point = self.dq.input[2] if len(self.dq.input) > 2 and self.dq.input[2] else ""
+        if not zero_point:   # explicit: an int8 0 (without one, ONNX reads the input as uint8)
+            inits.append(numpy_helper.from_array(np.array(0, np.int8), f"{name}_zero_point"))
+            zero_point = inits[-1].name
+        dq_hi = onnx.NodeProto()
+        dq_hi.CopyFrom(self.dq)
+        dq_hi.name = f"{name}_DequantizeLinear_hi"
+        del dq_hi.input[:], dq_hi.output[:]
+        dq_hi.input.extend([hi, self.dq.input[1], zero_point])
+        dq_hi.output.append(f"{hi}_dq")
+        dq_lo = onnx.NodeProto()
+        dq_lo.CopyFrom(dq_hi)
+        dq_lo.name = f"{name}_DequantizeLinear_lo"
+        dq_lo.input[0], dq_lo.input[1], dq_lo.output[0] = lo, inits[0].name, f"{lo}_dq"
+        add = helper.make_node("Add", [dq_hi.output[0], dq_lo.output[0]], [out], name=f"{name}_Add")
+        return [plugin, dq_hi, dq_lo, add], inits
 
 
 def find_pool_heads(model: onnx.ModelProto) -> list[PoolHead]:
-    """Every GlobalAveragePool whose input is the DequantizeLinear (per-tensor scale, zero point 0, read by the pool
-    only) of an int8 tensor: a QuantizeLinear's output or a plugin node's."""
+    """Every GlobalAveragePool whose input is the DequantizeLinear (per-tensor fp32 scale s > 0 with s / 256 a normal
+    fp32, so exact; zero point 0; read by the pool only) of an int8 tensor: a QuantizeLinear's output or a plugin
+    node's. Int8, not uint8: the DequantizeLinear's zero point, if it has one, is int8; if not, the tensor is a
+    plugin's or a QuantizeLinear's with an int8 zero point. A nonzero zero point is refused (TensorRT's int8 is
+    symmetric; the DequantizeLinears after the plugin take zero point 0, hi on s and lo on s / 256)."""
     g = _Graph(model.graph)
     found = []
     for pool in model.graph.node:
@@ -467,18 +522,35 @@ def find_pool_heads(model: onnx.ModelProto) -> list[PoolHead]:
         if not dq or g.only_reader(dq.output[0]) is not pool or not _zero(g, dq):
             continue
         scale, src = g.const(dq.input[1]), g.producer.get(dq.input[0])
-        int8 = src is not None and (src.op_type == "QuantizeLinear" or src.domain == PLUGIN_DOMAIN)
-        if scale is None or scale.size != 1 or not int8 or not float(scale.item()) > 0:
+        if scale is None or scale.size != 1 or scale.dtype != np.float32 or not float(scale.item()) > 0 or src is None:
             continue
-        found.append(PoolHead(dq, pool, dq.input[0], float(scale.item())))
+        if not np.isfinite(scale).all() or abs(np.ldexp(scale.astype(np.float32), -POOL_LO_SHIFT).item()) < \
+                np.finfo(np.float32).tiny:   # s / 256 subnormal (or zero): not exact
+            continue
+        from_plugin = src.domain == PLUGIN_DOMAIN
+        if not (from_plugin or src.op_type == "QuantizeLinear"):
+            continue
+        if len(dq.input) > 2 and dq.input[2]:
+            if not _int8_zero_point(g, dq):
+                continue
+        elif not (from_plugin or _int8_zero_point(g, src)):
+            continue
+        found.append(PoolHead(dq, pool, dq.input[0], float(scale.item()), tuple(scale.shape)))
     return found
 
 
-def pool_reference(x: np.ndarray, node: onnx.NodeProto) -> np.ndarray:
-    """TrtfuseAvgPool on CPU: the kernel's arithmetic (trtfuse.ops.avgpool.avgpool_reference)."""
+def _int8_zero_point(g: _Graph, node) -> bool:
+    """A Q/DQ node's zero point input is there and int8 (its tensor int8; without one, ONNX says uint8)."""
+    zp = g.const(node.input[2]) if len(node.input) > 2 and node.input[2] else None
+    return zp is not None and zp.dtype == np.int8
+
+
+def pool_reference(x: np.ndarray, node: onnx.NodeProto) -> tuple[np.ndarray, np.ndarray]:
+    """TrtfuseAvgPool on CPU: the kernel's arithmetic, (hi, lo) int8 [N, C, 1, 1] (hi on x's scale, lo on 1/256 of it;
+    trtfuse.ops.avgpool.avgpool_reference; the DequantizeLinears and the Add after the node run in ONNX Runtime)."""
     from trtfuse.ops.avgpool import avgpool_reference
 
-    return avgpool_reference(x, next(a.f for a in node.attribute if a.name == "x_scale"))
+    return avgpool_reference(x)
 
 
 @dataclass
@@ -601,7 +673,9 @@ def rewrite(model: onnx.ModelProto, weight_dtype: str = "int32", projections: bo
     ``stem``) for the conv1 reading its pooled output (``MAX_NEXT_STEM_COUT``; ResNet-50's layer1.0 conv1): a second
     output and the next_* fields on the layer's node, no node of its own (the node count does not change).
 
-    ``pool_head``: each GlobalAveragePool of a dequantized int8 tensor becomes a TrtfuseAvgPool node (find_pool_heads).
+    ``pool_head``: each GlobalAveragePool of a dequantized int8 tensor becomes a TrtfuseAvgPool node (find_pool_heads)
+    writing two int8 outputs, hi and lo, then DequantizeLinear(hi, s) + DequantizeLinear(lo, s / 256) -> Add, which
+    writes the pool's output (counted as one node).
 
     ``fuse`` (with ``projections`` only): a replaced projection whose output only a tail reads, as its residual,
     becomes one node with that tail where the fused kernel holds both weight matrices (``MAX_FUSED_K_BYTES``);
@@ -673,14 +747,18 @@ def rewrite(model: onnx.ModelProto, weight_dtype: str = "int32", projections: bo
                     if name == float_out:
                         reader.input[i] = dq.output[0]
         graph.value_info.append(helper.make_tensor_value_info(out_q, TensorProto.INT8, None))
-    for k, h in enumerate(pools):   # the pool's node takes the pool's place; its DequantizeLinear goes
-        replace[id(h.pool)] = h.node(f"{POOL_OP}_{k}")
-        drop.add(id(h.dq))
+    for k, h in enumerate(pools):   # the plugin node takes the DequantizeLinear's place; its DQs and Add the pool's
+        (plugin, *after), inits = h.nodes(f"{POOL_OP}_{k}")
+        replace[id(h.dq)], replace[id(h.pool)] = plugin, after
+        graph.initializer.extend(inits)
+        g.inits.update((t.name, t) for t in inits)   # available to _toposort below
+        graph.value_info.extend(helper.make_tensor_value_info(o, TensorProto.INT8, None) for o in plugin.output)
     nodes = []
     for n in graph.node:
         if id(n) in drop:
             continue
-        nodes.append(replace.get(id(n), n))
+        r = replace.get(id(n), n)
+        nodes.extend(r if isinstance(r, list) else [r])
     del graph.node[:]
     graph.node.extend(_toposort(_live(nodes, {o.name for o in graph.output}),
                                 {i.name for i in graph.input} | set(g.inits)))
@@ -831,7 +909,7 @@ def evaluate_with_reference(model: onnx.ModelProto, feeds: dict[str, np.ndarray]
         if n.op_type == POOL_OP:
             if k > start:
                 run_segment(start, k)
-            values[n.output[0]] = pool_reference(values[n.input[0]], n)
+            values[n.output[0]], values[n.output[1]] = pool_reference(values[n.input[0]], n)   # hi, lo
             start = k + 1
         elif n.op_type == PLUGIN_OP:
             if k > start:

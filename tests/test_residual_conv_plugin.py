@@ -27,6 +27,31 @@ PROJ_FIELDS = ("proj_weights", "proj_w_scale", "proj_bias", "proj_x_scale", "pro
 NEXT_FIELDS = ("next_weights", "next_w_scale", "next_bias", "next_x_scale", "next_out_scale", "next_cout", "next_relu")
 
 
+def run_host_check(source: Path, version: str, tmp_path: Path, timeout: float) -> subprocess.CompletedProcess:
+    """Compiles a plugin's host check (a .cpp that includes the plugin's source, no GPU and no libnvinfer needed)
+    against TensorRT header set ``version`` and the kernels library, runs it and returns the run; skips without nvcc,
+    the headers or the library. Its build must succeed."""
+    from trtfuse.errors import UserError
+    from trtfuse.plugin_build import library_path, plugins_source_dir
+
+    nvcc = os.environ.get("CUDACXX") or shutil.which("nvcc")
+    include = HEADER_SETS / version / "include"
+    if not nvcc:
+        pytest.skip("nvcc not installed")
+    if not (include / "NvInfer.h").is_file():
+        pytest.skip(f"TensorRT {version} headers are not beside this checkout")
+    try:
+        lib = library_path("kernels")
+    except UserError as e:
+        pytest.skip(f"kernels library not built: {e}")
+    exe = tmp_path / source.stem
+    cmd = [nvcc, "-std=c++17", "-Xcompiler", "-Wall", "-Wno-deprecated-declarations", f"-I{plugins_source_dir()}",
+           f"-I{include}", str(source), str(lib), "-Xlinker", f"-rpath={lib.parent}", "-o", str(exe)]
+    built = subprocess.run(cmd, capture_output=True, text=True)
+    assert built.returncode == 0, built.stderr
+    return subprocess.run([str(exe)], capture_output=True, text=True, timeout=timeout)
+
+
 @pytest.fixture(scope="module")
 def side():
     spec = importlib.util.spec_from_file_location(
@@ -224,25 +249,7 @@ def test_plugin_fields_and_serialization_on_the_host(version, tmp_path):
     the creator's proj_* and next_* fields (all or none, proj_stride optional; next_* on a tail or the stem) and
     refusals, the RCV5 round trip of every form, RCV4, RCV3, RCV2 and RCV1 blobs read, truncated or foreign blobs
     refused, and configurePlugin's refusals by name."""
-    from trtfuse.errors import UserError
-    from trtfuse.plugin_build import library_path, plugins_source_dir
-
-    nvcc = os.environ.get("CUDACXX") or shutil.which("nvcc")
-    include = HEADER_SETS / version / "include"
-    if not nvcc:
-        pytest.skip("nvcc not installed")
-    if not (include / "NvInfer.h").is_file():
-        pytest.skip(f"TensorRT {version} headers are not beside this checkout")
-    try:
-        lib = library_path("kernels")
-    except UserError as e:
-        pytest.skip(f"kernels library not built: {e}")
-    exe = tmp_path / "residual_conv_plugin_host"
-    cmd = [nvcc, "-std=c++17", "-Xcompiler", "-Wall", "-Wno-deprecated-declarations", f"-I{plugins_source_dir()}",
-           f"-I{include}", str(HOST_CHECK), str(lib), "-Xlinker", f"-rpath={lib.parent}", "-o", str(exe)]
-    built = subprocess.run(cmd, capture_output=True, text=True)
-    assert built.returncode == 0, built.stderr
-    res = subprocess.run([str(exe)], capture_output=True, text=True, timeout=300)
+    res = run_host_check(HOST_CHECK, version, tmp_path, timeout=300)
     print(res.stdout)
     assert res.returncode == 0 and "FAIL" not in res.stdout, res.stdout + res.stderr
     assert "failures 0" in res.stdout
