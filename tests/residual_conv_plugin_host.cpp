@@ -13,13 +13,7 @@
 #include <string>
 #include <vector>
 
-// The plugin registers its creator with libnvinfer's registry; here it is just handed out.
-#undef REGISTER_TENSORRT_PLUGIN
-#define REGISTER_TENSORRT_PLUGIN(name)                                                                                \
-    nvinfer1::IPluginCreator* host_creator() {                                                                        \
-        static name creator;                                                                                          \
-        return &creator;                                                                                              \
-    }
+#include "plugin_host_creator.h"   // host_creator() instead of the registry
 #include "residual_conv/residual_conv_plugin.cpp"
 
 using namespace nvinfer1;
