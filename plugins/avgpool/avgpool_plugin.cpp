@@ -44,6 +44,12 @@ void refuse(std::string const& why) { std::fprintf(stderr, "trtfuse: %s refused:
 class AvgPoolPlugin final : public IPluginV2DynamicExt {
 public:
     AvgPoolPlugin() = default;
+    // The plugin has no fields: every copy (clone, the creator's create and deserialize) is a fresh one in namespace ns
+    static AvgPoolPlugin* in_namespace(char const* ns) {
+        auto* p = new AvgPoolPlugin();
+        p->setPluginNamespace(ns);
+        return p;
+    }
 
     char const* getPluginType() const noexcept override { return kName; }
     char const* getPluginVersion() const noexcept override { return kVersion; }
@@ -51,9 +57,7 @@ public:
     char const* getPluginNamespace() const noexcept override { return namespace_.c_str(); }
     IPluginV2DynamicExt* clone() const noexcept override {
         try {
-            auto* p = new AvgPoolPlugin();
-            p->setPluginNamespace(namespace_.c_str());
-            return p;
+            return AvgPoolPlugin::in_namespace(namespace_.c_str());
         } catch (std::exception const&) {
             return nullptr;
         }
@@ -138,9 +142,7 @@ public:
                     return nullptr;
                 }
             }
-            auto* p = new AvgPoolPlugin();
-            p->setPluginNamespace(namespace_.c_str());
-            return p;
+            return AvgPoolPlugin::in_namespace(namespace_.c_str());
         } catch (std::exception const& e) {
             refuse(e.what());
             return nullptr;
@@ -157,9 +159,7 @@ public:
                 throw std::runtime_error("a version 2 TrtfuseAvgPool (one int8 output): rebuild the engine");
             if (magic != kMagic) throw std::runtime_error("serialized data is not a TrtfuseAvgPool");
             if (!r.done()) throw std::runtime_error("bad TrtfuseAvgPool blob (trailing bytes)");
-            auto* p = new AvgPoolPlugin();
-            p->setPluginNamespace(namespace_.c_str());
-            return p;
+            return AvgPoolPlugin::in_namespace(namespace_.c_str());
         } catch (std::exception const& e) {
             refuse(e.what());
             return nullptr;
