@@ -54,6 +54,15 @@ def peer_ms(cin, cout, hw, batch, reps):
     return gemm, fused
 
 
+def tail_stage(stage: str) -> tuple[int, int, int]:
+    """(cin, cout, hw) of a bottleneck tail stage (res2-res5): the only stages this script times."""
+    cin, cout, hw, stride, residual = tuning.RESNET50_STAGES[stage]
+    if stride != 1 or not residual:
+        raise SystemExit(f"--stages {stage}: not a bottleneck tail (res2-res5); time projections with "
+                         "benchmarks/residual_conv_trt.py")
+    return cin, cout, hw
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--batches", default="256,2048")
@@ -68,7 +77,7 @@ def main(argv=None) -> int:
     names = op.config_names()
     rows = []
     for stage in args.stages.split(","):
-        cin, cout, hw = tuning.RESNET50_STAGES[stage]
+        cin, cout, hw = tail_stage(stage)
         for batch in (int(b) for b in args.batches.split(",")):
             layer, L, bufs = tuning.make_problem(cin, cout, hw, batch, seed=1)
             cfg = op.select_config(cin, cout, batch, hw * hw)
@@ -110,7 +119,7 @@ def main(argv=None) -> int:
     # ms, torch._int_mm 0.157 -> 0.183 ms; ours alone or without the peers: 0.088-0.090).
     if not args.no_peer:
         for row in sorted(rows, key=lambda r: r["bytes"]):
-            cin, cout, hw = tuning.RESNET50_STAGES[row["stage"]]
+            cin, cout, hw = tail_stage(row["stage"])
             gemm, fused = peer_ms(cin, cout, hw, row["batch"], args.reps)
             row.update(peer_int_mm_ms=gemm, peer_int_mm_plus_epilogue_ms=fused)
     result = {"gpu": torch.cuda.get_device_name(), "copy_gbps": gbps, "rows": rows}

@@ -100,6 +100,7 @@ MUST_FIT = {
     ("halo_128x128_s3_b1_pp", (128, 128, 28, 28)),
     ("halo_64x128_s4_b2_pp", (128, 128, 28, 28)),
     ("halo_64x128_s4_b2_pp", (256, 256, 14, 14)),
+    ("halo_64x128_s4_b2_pp_c3", (64, 64, 56, 56)),
 }
 
 
@@ -111,7 +112,7 @@ def test_small_auto_config(cuda, shape, relu):
     run_conv3x3(cuda, n, cin, cout, h, w, relu, -1, np.random.default_rng(), *stride)
 
 
-HALO_CONFIGS = 5  # residual_conv.cu's kHaloConfigs
+HALO_CONFIGS = 6  # residual_conv.cu's kHaloConfigs
 
 
 def test_config_count_is_the_librarys():

@@ -19,11 +19,13 @@
 // 2j, j = 0 .. W), each as rows k * Wp + j (Wp = W + 1). Tap (dy, dx) reads the phase box of (dy odd ? even rows :
 // odd rows, dx likewise) shifted by (dy == 2) Wp + (dx == 2) rows: the same shifted-descriptor trick, 4 boxes a slab.
 //
-// Block: 384 threads. Warpgroups 0 and 1 are consumers: consumer c takes the block's tiles c, c + 2, ... (with
-// PINGPONG, issuing in turns); per slab it issues 9 taps x MB wgmma m64nBNk32 (one commit group), then rounds its
-// accumulators into a staging tile [BN/32 slabs][R*W rows][32 bytes] in shared memory, which one TMA store writes to
-// the output (rows past H are clipped by the store). Warpgroup 2: thread 0 loads the weight slice (bulk copies, once), and lane 0 of warp 8 + c
-// loads consumer c's halo boxes into its ring of STAGES slots.
+// Block: NC + 1 warpgroups. Warpgroups 0 .. NC - 1 are consumers: consumer c takes the block's tiles c, c + NC, ...
+// (with PINGPONG, issuing in turns, in consumer order); per slab it issues 9 taps x MB wgmma m64nBNk32 (one commit
+// group), then rounds its accumulators into a staging tile [BN/32 slabs][R*W rows][32 bytes] in shared memory, which
+// one TMA store writes to the output (rows past H are clipped by the store). Warpgroup NC: thread 0 loads the weight
+// slice (bulk copies, once), and lane 0 of its warp c loads consumer c's halo boxes into its ring of STAGES slots.
+// More consumers with smaller tiles give each scheduler more consumer warps: ncu put the 2-consumer kernel's issue
+// slots 54 % idle at layer1, where three consumers of 2 x 64 rows are 3.5 % faster (docs/residual_conv.md, Version 20).
 // The weight slice of the block's N block (BN output channels x 9 Cin, packed as the sm90 1x1 kernel's: tile_layout.h)
 // stays in shared memory: Cout <= BN covers ResNet-50's layer1 and layer2 (BN 64: 40 and 74 KB; BN 128: 147 KB).
 //
@@ -64,28 +66,34 @@ struct Conv3Params {
 // BN: N tile (64 or 128); MB: m64 blocks per consumer tile (MB * BN / 2 accumulators per thread); STAGES: halo slots
 // per consumer; SBUF: staging tiles per consumer (2: a tile's store may still be read while the next is written).
 // PINGPONG: the consumers take turns issuing their tiles' wgmmas (an mbarrier per consumer), so that one's epilogue
-// runs while the other's wgmmas do; without turns both tend to reach their epilogues together.
-template <int BN_, int MB_, int STAGES_, int SBUF_, bool PINGPONG_ = false>
+// runs while the others' wgmmas do; without turns they tend to reach their epilogues together. NC: consumer
+// warpgroups (2 to 4; the producer warpgroup has a warp per consumer).
+template <int BN_, int MB_, int STAGES_, int SBUF_, bool PINGPONG_ = false, int NC_ = 2>
 struct HaloConfig {
-    static constexpr int BN = BN_, MB = MB_, BM = 64 * MB_, STAGES = STAGES_, SBUF = SBUF_;
+    static constexpr int BN = BN_, MB = MB_, BM = 64 * MB_, STAGES = STAGES_, SBUF = SBUF_, NC = NC_;
     static constexpr bool PINGPONG = PINGPONG_;
-    static constexpr int THREADS = 3 * 128;
+    static constexpr int THREADS = (NC + 1) * 128;
+    // setmaxnreg moves registers from the producers to the consumers within the block's launch allocation (THREADS x
+    // the launch bound's registers per thread, a multiple of 8)
+    static constexpr int LAUNCH_REGS = 65536 / THREADS / 8 * 8;
     static constexpr int PRODUCER_REGS = 40;
-    static constexpr int CONSUMER_REGS = 232;
-    static_assert(MB * BN / 2 <= 128, "accumulators per thread");
+    static constexpr int CONSUMER_REGS_FIT = (THREADS * LAUNCH_REGS - 128 * PRODUCER_REGS) / (128 * NC) / 8 * 8;
+    static constexpr int CONSUMER_REGS = CONSUMER_REGS_FIT < 232 ? CONSUMER_REGS_FIT : 232;
+    static_assert(NC >= 2 && NC <= 4, "consumer warpgroups: one producer warp each");
+    static_assert(MB * BN / 2 + 32 <= CONSUMER_REGS, "accumulators per thread, and room for the rest");
     static_assert(BN == 64 || BN == 128, "wgmma N tiles of this kernel");
     // a consumer releases a slot once the next slab's wgmmas are issued, which with one slot is the one it waits for
     // (a config with STAGES 1 hung on the H100)
     static_assert(STAGES >= 2, "two halo slots per consumer at least");
-    static_assert(256 * CONSUMER_REGS + 128 * PRODUCER_REGS <= 65536, "register file");
+    static_assert(128 * NC * CONSUMER_REGS + 128 * PRODUCER_REGS <= THREADS * LAUNCH_REGS, "register file");
 };
 
-// Shared memory of a launch: [1 KB alignment slack][weights BN x Kpad][2 x STAGES slots][2 x SBUF staging]
-// [the N block's rule constants a, b: 2 x BN floats][barriers]
+// Shared memory of a launch: [1 KB alignment slack][weights BN x Kpad][NC x STAGES slots][NC x SBUF staging]
+// [the N block's rule constants a, b: 2 x BN floats][barriers: weights, full and empty per slot, a turn per consumer]
 template <class Cfg>
 TRTFUSE_RCONV_HD int halo_smem_bytes(int kpad, int slot_bytes, int stage_bytes) {
-    return 1024 + Cfg::BN * kpad + 2 * Cfg::STAGES * slot_bytes + 2 * Cfg::SBUF * stage_bytes + 8 * Cfg::BN +
-           8 * (3 + 4 * Cfg::STAGES);
+    return 1024 + Cfg::BN * kpad + Cfg::NC * Cfg::STAGES * slot_bytes + Cfg::NC * Cfg::SBUF * stage_bytes +
+           8 * Cfg::BN + 8 * (1 + 2 * Cfg::NC * Cfg::STAGES + Cfg::NC);
 }
 
 #if defined(__CUDACC__)
@@ -132,30 +140,30 @@ __device__ __forceinline__ void named_barrier_sync(int id, int threads) {
 template <class Cfg>
 __global__ void __launch_bounds__(Cfg::THREADS, 1) conv3x3_kernel_sm90(const __grid_constant__ Conv3Params p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    constexpr int BN = Cfg::BN, MB = Cfg::MB, STAGES = Cfg::STAGES, SBUF = Cfg::SBUF;
+    constexpr int BN = Cfg::BN, MB = Cfg::MB, STAGES = Cfg::STAGES, SBUF = Cfg::SBUF, NC = Cfg::NC;
     extern __shared__ uint8_t smem_raw[];
     // TMA boxes with a swizzle, and the wgmma descriptors' swizzle phase, want 1 KB-aligned tiles
     uint32_t const raw = smem_u32(smem_raw);
     int8_t* const base = reinterpret_cast<int8_t*>(smem_raw) + (((raw + 1023) & ~1023u) - raw);
     int8_t* const sW = base;
     int8_t* const sA = sW + BN * p.Kpad;
-    int8_t* const sS = sA + 2 * STAGES * p.slot_bytes;
-    float* const sAB = reinterpret_cast<float*>(sS + 2 * SBUF * p.stage_bytes);   // [a: BN][b: BN]
+    int8_t* const sS = sA + NC * STAGES * p.slot_bytes;
+    float* const sAB = reinterpret_cast<float*>(sS + NC * SBUF * p.stage_bytes);   // [a: BN][b: BN]
     uint64_t* const bars = reinterpret_cast<uint64_t*>(sAB + 2 * BN);
     auto w_full = [&] { return smem_u32(bars); };
     auto full = [&](int c, int s) { return smem_u32(bars + 1 + c * STAGES + s); };
-    auto empty = [&](int c, int s) { return smem_u32(bars + 1 + 2 * STAGES + c * STAGES + s); };
-    auto mma_turn = [&](int c) { return smem_u32(bars + 1 + 4 * STAGES + c); };   // PINGPONG: consumer c may issue
+    auto empty = [&](int c, int s) { return smem_u32(bars + 1 + NC * STAGES + c * STAGES + s); };
+    auto mma_turn = [&](int c) { return smem_u32(bars + 1 + 2 * NC * STAGES + c); };   // PINGPONG: c may issue
 
     int const tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     if (tid == 0) {
         mbar_init(w_full(), 1);
-        for (int c = 0; c < 2; ++c)
+        for (int c = 0; c < NC; ++c)
             for (int s = 0; s < STAGES; ++s) {
                 mbar_init(full(c, s), 1);    // the producer's expect_tx arrival; the box's bytes complete it
                 mbar_init(empty(c, s), 4);   // lane 0 of each consumer warp, once its wgmmas read the slot
             }
-        for (int c = 0; c < 2; ++c) mbar_init(mma_turn(c), 128);   // every thread of the other consumer
+        for (int c = 0; c < NC; ++c) mbar_init(mma_turn(c), 128);   // every thread of the consumer before it
         fence_mbarrier_init();
     }
     // this block's tiles: N block nb, M tiles m_first, m_first + m_step, ... (the grid is a multiple of n_blocks)
@@ -167,10 +175,10 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1) conv3x3_kernel_sm90(const __g
 
     int const my_tiles = m_first < p.m_tiles ? (p.m_tiles - 1 - m_first) / m_step + 1 : 0;
 
-    if (warp >= 8) {   // ---------------- producers ----------------
+    if (warp >= 4 * NC) {   // ---------------- producers ----------------
         setmaxnreg_dec<Cfg::PRODUCER_REGS>();
-        int const c = warp - 8;
-        if (c >= 2 || lane != 0) return;
+        int const c = warp - 4 * NC;
+        if (c >= NC || lane != 0) return;
         if (c == 0) {   // the weight slice, once, ahead of the halo boxes
             int const bytes = BN * p.Kpad, chunk = 16 * 1024;
             mbar_arrive_expect_tx(w_full(), bytes);
@@ -179,7 +187,7 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1) conv3x3_kernel_sm90(const __g
                 bulk_load(smem_u32(sW) + off, src + off, min(chunk, bytes - off), w_full());
         }
         uint32_t const box_bytes = p.stride == 1 ? (p.R + 2) * p.Wp * 32 : 4 * (p.R + 1) * p.Wp * 32;
-        for (int t = c, u = 0; t < my_tiles; t += 2, ++u) {
+        for (int t = c, u = 0; t < my_tiles; t += NC, ++u) {
             int const mt = m_first + t * m_step, img = mt / p.tiles_per_img, y0 = (mt - img * p.tiles_per_img) * p.R;
             for (int s = 0; s < p.Kc; ++s) {
                 int const fill = u * p.Kc + s, slot = fill % STAGES;
@@ -224,7 +232,7 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1) conv3x3_kernel_sm90(const __g
     bool const small = p.rule.small_acc;
     int acc[MB][BN / 2];
 
-    for (int t = c, u = 0; t < my_tiles; t += 2, ++u) {
+    for (int t = c, u = 0; t < my_tiles; t += NC, ++u) {
         int const mt = m_first + t * m_step, img = mt / p.tiles_per_img, y0 = (mt - img * p.tiles_per_img) * p.R;
         if (small) {
 #pragma unroll
@@ -233,9 +241,10 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1) conv3x3_kernel_sm90(const __g
                 for (int i = 0; i < BN / 2; ++i) acc[mb][i] = kMagicBits;
         }
         int prev = -1;
-        // PINGPONG: tile u of consumer 0, tile u of consumer 1, tile u + 1 of consumer 0, ...: the turn to issue
-        // completes one phase per tile of the other consumer
-        if (Cfg::PINGPONG && (c == 1 || u > 0)) mbar_wait(mma_turn(c), (c == 1 ? u : u - 1) & 1);
+        // PINGPONG: tile u of consumers 0, 1, .., NC - 1, then tile u + 1 of consumer 0, ...: consumer c's turn
+        // completes one phase per tile of the consumer before it (consumer 0's: of consumer NC - 1's previous tile).
+        // Each waits at most one phase ahead: the consumer before it cannot pass a turn it has not been given.
+        if (Cfg::PINGPONG && (c > 0 || u > 0)) mbar_wait(mma_turn(c), (c > 0 ? u : u - 1) & 1);
         for (int s = 0; s < p.Kc; ++s) {
             int const fill = u * p.Kc + s, slot = fill % STAGES;
             mbar_wait(full(c, slot), (fill / STAGES) & 1);
@@ -266,7 +275,7 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1) conv3x3_kernel_sm90(const __g
             }
             prev = slot;
         }
-        if (Cfg::PINGPONG) mbar_arrive(mma_turn(1 - c));   // this tile's wgmmas are all issued
+        if (Cfg::PINGPONG) mbar_arrive(mma_turn((c + 1) % NC));   // this tile's wgmmas are all issued
         wgmma_wait<0>();
         __syncwarp();
         if (lane == 0) mbar_arrive(empty(c, prev));

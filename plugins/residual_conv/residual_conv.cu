@@ -25,12 +25,14 @@
 #include "residual_conv/tuning_cache.h"
 
 #include <algorithm>
-#include <initializer_list>
 #include <cmath>
 #include <cstdlib>
+#include <initializer_list>
+#include <map>
 #include <mutex>
 #include <set>
 #include <string>
+#include <tuple>
 #include <vector>
 
 namespace trtfuse {
@@ -280,30 +282,30 @@ int allow_dynamic_smem(Kernel kernel, int bytes) {
     return 0;
 }
 
-// Blocks of `kernel`, of `config` (its Form `residual`), that fit on the whole current GPU at once (SMs x blocks
-// per SM) with `smem` bytes of dynamic shared memory, cached per (device, config, form) where the size is fixed. Also
-// raises the kernel's dynamic shared-memory limit (sm90: to the maximum, their size depends on the layer).
-int resident_blocks(int config, int residual, void (*kernel)(Params), int smem, int* out) {
+// Blocks of `kernel` (of `config`) that fit on the whole current GPU at once (SMs x blocks per SM) with `smem`
+// bytes of dynamic shared memory, cached per (device, kernel, smem): the launches ask at every forward, and an sm90
+// kernel's size depends on the layer (an occupancy query at every plugin enqueue was host time on each launch). Also
+// raises the kernel's dynamic shared-memory limit (sm90: to the maximum).
+int resident_blocks(int config, void (*kernel)(Params), int smem, int* out) {
     static std::mutex mu;
-    static int cache[64][kNumConfigs][kForms] = {};
+    static std::map<std::tuple<int, void const*, int>, int> cache;
     int dev = 0;
     TRTFUSE_CUDA_RETURN(cudaGetDevice(&dev));
-    ConfigInfo const& C = kConfigs[config];
-    bool const fixed = !C.sm90;
-    if (dev < 64 && fixed) {
+    auto const key = std::make_tuple(dev, reinterpret_cast<void const*>(kernel), smem);
+    {
         std::lock_guard<std::mutex> lock(mu);
-        if (cache[dev][config][residual] > 0) { *out = cache[dev][config][residual]; return 0; }
+        auto const hit = cache.find(key);
+        if (hit != cache.end()) { *out = hit->second; return 0; }
     }
-    if (int st = allow_dynamic_smem(kernel, fixed ? C.smem : kMaxSmem)) return st;
+    ConfigInfo const& C = kConfigs[config];
+    if (int st = allow_dynamic_smem(kernel, C.sm90 ? kMaxSmem : C.smem)) return st;
     int per_sm = 0, sms = 0;
     TRTFUSE_CUDA_RETURN(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, C.threads, smem));
     if (int st = sm_count(dev, &sms)) return st;
     if (per_sm <= 0) return static_cast<int>(cudaErrorInvalidConfiguration);
     *out = per_sm * sms;
-    if (dev < 64 && fixed) {
-        std::lock_guard<std::mutex> lock(mu);
-        cache[dev][config][residual] = *out;
-    }
+    std::lock_guard<std::mutex> lock(mu);
+    cache[key] = *out;
     return 0;
 }
 
@@ -494,7 +496,7 @@ int launch(Layer const& L, Form form, Operand x, Operand xp, void const* r, void
     int64_t tiles = (M + C.bm - 1) / C.bm * p.n_blocks;
     if (tiles >= (int64_t(1) << 31)) return TRTFUSE_RCONV_ERR_SHAPE;
     int resident = 0;
-    if (int st = resident_blocks(config, form, kernel, smem, &resident)) return st;
+    if (int st = resident_blocks(config, kernel, smem, &resident)) return st;
     // sm80: a persistent grid, every resident block slot gets a block, each walks tiles with a grid stride.
     int64_t blocks = std::min<int64_t>(tiles, resident);
     if (C.sm90) {   // its own schedule (schedule_sm90.h), the packed weight slices, the output tensor map
@@ -530,6 +532,11 @@ using H1 = HaloConfig<128, 2, 3, 1, true>;   // Cout 128 (layer2): weights 147 K
 using H2 = HaloConfig<64, 2, 4, 2, true>;    // Cout > 64 on N tiles of 64, smaller tiles (layer3: weights 147 KB)
 using H3 = HaloConfig<64, 2, 2, 2, true>;    // stride 2: a slot is four phase boxes (layer2.0: 20 KB), Cout 64
 using H4 = HaloConfig<128, 1, 2, 2, true>;   // stride 2 on one N block (the input read once), 64-row tiles
+// Cout 64 (layer1) with three consumer warpgroups (kernel3x3_sm90.cuh: NC) of 2 x 64-row tiles: 0.476 ms against
+// H0's 0.493 (H100, batch 2048). Four consumers of 2 x 64 rows (0.498), and at layer2 three or four of 64 rows
+// (0.397, 0.622 against H1's 0.364: shared-memory bound there) were measured and dropped (docs/residual_conv.md,
+// Version 20).
+using H5 = HaloConfig<64, 2, 4, 2, true, 3>;
 
 struct HaloInfo {
     char const* name;
@@ -547,6 +554,7 @@ HaloInfo const kHaloConfigs[] = {
     halo_info<H2>("halo_64x128_s4_b2_pp"),
     halo_info<H3>("halo_64x128_s2_b2_pp"),
     halo_info<H4>("halo_128x64_s2_b2_pp"),
+    halo_info<H5>("halo_64x128_s4_b2_pp_c3"),
 };
 constexpr int kNumHaloConfigs = sizeof(kHaloConfigs) / sizeof(kHaloConfigs[0]);
 
@@ -582,17 +590,20 @@ std::vector<int> halo_configs_by_name(std::initializer_list<char const*> names) 
     return out;
 }
 
-// The halo configuration for a 3x3 layer on an h x w input, -1 if none holds it: at Cout 64 (layer1) N tiles of 64
-// and 4 x 64-row tiles; wider, N tiles of 128 where that weight slice fits, else of 64. At stride 2 (four phase boxes
-// a slot) only the rings of 2 slots fit; there one N tile of 128 with 64-row tiles reads the input once (layer2.0:
-// 0.66 ms, against 0.80 with two N tiles of 64, H100 batch 2048).
+// The halo configuration for a 3x3 layer on an h x w input, -1 if none holds it: at Cout 64 (layer1) N tiles of 64,
+// at stride 1 by three consumers of 2 x 64-row tiles (H5), else two of 4 x 64 rows; wider, N tiles of 128 where that
+// weight slice fits, else of 64. At stride 2 (four phase boxes a slot) only the rings of 2 slots fit; there one N
+// tile of 128 with 64-row tiles reads the input once (layer2.0: 0.66 ms, against 0.80 with two N tiles of 64, H100
+// batch 2048).
 int halo_heuristic(Layer const& L, int h, int w) {
     // the preference orders as indices, looked up once (this runs at every forward that picks)
+    static std::vector<int> const narrow_s1 = halo_configs_by_name(
+        {"halo_64x128_s4_b2_pp_c3", "halo_64x256_s4_b2_pp", "halo_64x128_s4_b2_pp", "halo_64x128_s2_b2_pp"});
     static std::vector<int> const narrow = halo_configs_by_name(
         {"halo_64x256_s4_b2_pp", "halo_64x128_s4_b2_pp", "halo_64x128_s2_b2_pp"});
     static std::vector<int> const wide = halo_configs_by_name(
         {"halo_128x128_s3_b1_pp", "halo_64x128_s4_b2_pp", "halo_128x64_s2_b2_pp", "halo_64x128_s2_b2_pp"});
-    for (int i : L.cout <= 64 ? narrow : wide) {
+    for (int i : L.cout > 64 ? wide : L.stride == 1 ? narrow_s1 : narrow) {
         HaloGeometry g;
         if (halo_geometry(kHaloConfigs[i], L, h, w, &g)) return i;
     }
