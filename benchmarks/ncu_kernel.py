@@ -32,7 +32,7 @@ def main(argv=None) -> int:
         b.fill(3)
         return b
 
-    def layer(cin, cout, relu, taps=1):
+    def random_weights(cin, cout, relu, taps=1):
         L = ref.random_layer(rng, taps * cin, cout, relu)
         if taps > 1:
             k = int(round(taps ** 0.5))
@@ -40,26 +40,26 @@ def main(argv=None) -> int:
         return L
 
     if kind in ("fused1", "fused0"):
-        T, P, N = layer(64, 256, True), layer(64, 256, False), layer(256, 64, True)
-        op_ = op.ProjTail(T["w"], T["w_scale"], T["bias"], T["x_scale"], P["out_scale"], T["out_scale"], True,
+        T, P, N = random_weights(64, 256, True), random_weights(64, 256, False), random_weights(256, 64, True)
+        layer = op.ProjTail(T["w"], T["w_scale"], T["bias"], T["x_scale"], P["out_scale"], T["out_scale"], True,
                           P["w"], P["w_scale"], P["bias"], P["x_scale"], P["out_scale"], 1)
         x, xp, out, nxt = buf(n * 64 * 3136), buf(n * 64 * 3136), buf(n * 256 * 3136), buf(n * 64 * 3136)
         if kind == "fused0":
-            op_.attach_next(N["w"], N["w_scale"], N["bias"], T["out_scale"], N["out_scale"], True)
-            run = lambda: op_.forward_next(x.ptr, xp.ptr, out.ptr, nxt.ptr, n, 56, 56, 0, -1, 0)  # noqa: E731
+            layer.attach_next(N["w"], N["w_scale"], N["bias"], T["out_scale"], N["out_scale"], True)
+            run = lambda: layer.forward_next(x.ptr, xp.ptr, out.ptr, nxt.ptr, n, 56, 56, 0, -1, 0)  # noqa: E731
         else:
-            run = lambda: op_.forward(x.ptr, xp.ptr, out.ptr, n, 56, 56, 0, -1, 0)  # noqa: E731
+            run = lambda: layer.forward(x.ptr, xp.ptr, out.ptr, n, 56, 56, 0, -1, 0)  # noqa: E731
     elif kind == "stem0":
-        S, N = layer(3, 64, True, taps=49), layer(64, 64, True)
-        op_ = op.Stem(S["w"], S["w_scale"], S["bias"], S["x_scale"], S["out_scale"], True)
-        op_.attach_next(N["w"], N["w_scale"], N["bias"], S["out_scale"], N["out_scale"], True)
+        S, N = random_weights(3, 64, True, taps=49), random_weights(64, 64, True)
+        layer = op.Stem(S["w"], S["w_scale"], S["bias"], S["x_scale"], S["out_scale"], True)
+        layer.attach_next(N["w"], N["w_scale"], N["bias"], S["out_scale"], N["out_scale"], True)
         x, out, nxt = buf(n * 3 * 224 * 224), buf(n * 64 * 3136), buf(n * 64 * 3136)
-        run = lambda: op_.forward_next(x.ptr, out.ptr, nxt.ptr, n, 224, 224, -1, 0)  # noqa: E731
+        run = lambda: layer.forward_next(x.ptr, out.ptr, nxt.ptr, n, 224, 224, -1, 0)  # noqa: E731
     else:
-        C = layer(64, 64, True, taps=9)
-        op_ = op.Conv3x3(C["w"], C["w_scale"], C["bias"], C["x_scale"], C["out_scale"], True, 1)
+        C = random_weights(64, 64, True, taps=9)
+        layer = op.Conv3x3(C["w"], C["w_scale"], C["bias"], C["x_scale"], C["out_scale"], True, 1)
         x, out = buf(n * 64 * 3136), buf(n * 64 * 3136)
-        run = lambda: op_.forward(x.ptr, out.ptr, n, 56, 56, -1, 0)  # noqa: E731
+        run = lambda: layer.forward(x.ptr, out.ptr, n, 56, 56, -1, 0)  # noqa: E731
     for _ in range(3):
         run()
     ck(cudart.cudaDeviceSynchronize())
