@@ -73,11 +73,11 @@ struct HaloConfig {
     static constexpr int BN = BN_, MB = MB_, BM = 64 * MB_, STAGES = STAGES_, SBUF = SBUF_, NC = NC_;
     static constexpr bool PINGPONG = PINGPONG_;
     static constexpr int THREADS = (NC + 1) * 128;
-    // setmaxnreg moves registers from the producers to the consumers within the block's launch allocation (THREADS x
-    // the launch bound's registers per thread, a multiple of 8)
-    static constexpr int LAUNCH_REGS = 65536 / THREADS / 8 * 8;
+    // setmaxnreg moves registers from the producers to the consumers within the block's launch allocation
+    // (ptx_sm90.cuh: consumer_regs); at most 232 (two consumers)
+    static constexpr int LAUNCH_REGS = launch_regs(THREADS);
     static constexpr int PRODUCER_REGS = 40;
-    static constexpr int CONSUMER_REGS_FIT = (THREADS * LAUNCH_REGS - 128 * PRODUCER_REGS) / (128 * NC) / 8 * 8;
+    static constexpr int CONSUMER_REGS_FIT = consumer_regs(THREADS, PRODUCER_REGS);
     static constexpr int CONSUMER_REGS = CONSUMER_REGS_FIT < 232 ? CONSUMER_REGS_FIT : 232;
     static_assert(NC >= 2 && NC <= 4, "consumer warpgroups: one producer warp each");
     static_assert(MB * BN / 2 + 32 <= CONSUMER_REGS, "accumulators per thread, and room for the rest");

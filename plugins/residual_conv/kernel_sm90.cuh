@@ -130,9 +130,9 @@ struct WgwConfig {
     static constexpr int THREADS = 3 * 128;
     // setmaxnreg moves registers from the producers (they need few) to the consumers (128 accumulators at BN
     // 256) within the block's allocation, THREADS x 168 (the consumers' increase blocks until the pool has them)
-    static constexpr int LAUNCH_REGS = 65536 / THREADS / 8 * 8;
+    static constexpr int LAUNCH_REGS = launch_regs(THREADS);
     static constexpr int PRODUCER_REGS = 72;
-    static constexpr int CONSUMER_REGS = (THREADS * LAUNCH_REGS - 128 * PRODUCER_REGS) / 256 / 8 * 8;
+    static constexpr int CONSUMER_REGS = consumer_regs(THREADS, PRODUCER_REGS);
     static constexpr int KCH = BK / 32;
     static constexpr int A_STAGE = BM * BK, R_TILE = BM * BN;
     // a residual/output tile is [4 warp blocks][BN/32 slabs][16 rows][32 bytes]: consumer warp w's wgmma rows

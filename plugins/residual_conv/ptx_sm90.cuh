@@ -176,6 +176,14 @@ __device__ __forceinline__ void wgmma_stage(int (&acc)[128], uint64_t da, uint64
     for (int c = 0; c < KCH; ++c) wgmma_m64n256k32_s8(acc, da + ((c * BM * 32) >> 4), db + ((c * 256 * 32) >> 4));
 }
 
+// Registers per thread of a warp-specialized block of `threads` threads, one producer warpgroup and the rest
+// consumers: the launch bound's allocation (a multiple of 8), and what setmaxnreg can give each consumer once the
+// producers have dropped to `producer_regs` (the block's allocation is moved between its warps, not grown)
+constexpr int launch_regs(int threads) { return 65536 / threads / 8 * 8; }
+constexpr int consumer_regs(int threads, int producer_regs) {
+    return (threads * launch_regs(threads) - 128 * producer_regs) / (threads - 128) / 8 * 8;
+}
+
 template <int REGS>
 __device__ __forceinline__ void setmaxnreg_inc() {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
