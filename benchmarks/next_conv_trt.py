@@ -220,7 +220,8 @@ def checks(outs: dict, idx, want: np.ndarray, want_next: np.ndarray, what: str) 
     return found, agreement
 
 
-def run_case(name: str, n: int, reps: int, stream, rng, with_trt: bool) -> dict:
+def run_case(name: str, n: int, reps: int, stream, rng, with_trt: bool, config: int = -1) -> dict:
+    """One pair at batch n; `config` (>= 0): the tail pair's chained launch on that configuration."""
     if name == STEM_PAIR:
         return run_stem_case(n, reps, stream, rng, with_trt)
     cin, cout, next_cout, proj_cin = PAIRS[name]
@@ -239,11 +240,13 @@ def run_case(name: str, n: int, reps: int, stream, rng, with_trt: bool) -> dict:
     layer.attach_next(N["w"], N["w_scale"], N["bias"], N["x_scale"], N["out_scale"], True)
     conv1 = op.ResidualConv(N["w"], N["w_scale"], N["bias"], N["x_scale"], 0.0, N["out_scale"], True)
     ws = DeviceBuffer(layer.workspace_size(n, HW, HW) if P else 0)
-    row["ours_chained"] = layer.next_fuses(-1, n, HW, HW)
+    row["ours_chained"] = layer.next_fuses(config, n, HW, HW)
+    if config >= 0:
+        row["ours_config"] = op.config_names()[config]
     ob, nb = dev.ob, dev.nb
 
     def ours_chained(_):
-        layer.forward_next(xb.ptr, sb.ptr, ob.ptr, nb.ptr, n, HW, HW, ws.ptr, -1, int(stream))
+        layer.forward_next(xb.ptr, sb.ptr, ob.ptr, nb.ptr, n, HW, HW, ws.ptr, config, int(stream))
 
     def ours_separate(_):
         if P:
@@ -324,19 +327,26 @@ def main(argv=None) -> int:
     ap.add_argument("--batches", default="256,2048")
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--no-trt", action="store_true", help="ours only (no TensorRT on this machine)")
+    ap.add_argument("--config", default="",
+                    help="the tail pairs' chained launch on this configuration (a name of op.config_names(); it must be "
+                         "one compiled with a chained next conv), instead of the library's pick")
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
     pairs = args.pairs.split(",")
     unknown = [p for p in pairs if p not in NAMES]
     if unknown:
         ap.error(f"unknown pair(s) {', '.join(unknown)}: choose from {', '.join(NAMES)}")
+    names = op.config_names()
+    if args.config and args.config not in names:
+        ap.error(f"unknown configuration {args.config}: choose from {', '.join(names)}")
+    config = names.index(args.config) if args.config else -1
     stream = ck(cudart.cudaStreamCreate())
     rng = np.random.default_rng(0)
     result = result_header("benchmarks/next_conv_trt.py", stream, not args.no_trt, layers=[])
     print(f"copy bandwidth {result['copy_gbps']:.0f} GB/s", flush=True)
     for name in pairs:
         for n in (int(b) for b in args.batches.split(",")):
-            row = run_case(name, n, args.reps, stream, rng, not args.no_trt)
+            row = run_case(name, n, args.reps, stream, rng, not args.no_trt, config)
             row["floor_ms"] = row["bytes"] / result["copy_gbps"] / 1e6
             result["layers"].append(row)
             Path(args.out).write_text(json.dumps(result, indent=1))  # partial results survive a crash

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from test_residual_conv import POISON, Cuda, _kernels_lib, trt_benchmark
+from test_residual_conv import NUM_CONFIGS, POISON, Cuda, _kernels_lib, trt_benchmark
 from test_stem import random_stem, stem_reference
 from trtfuse.ops import residual_conv_reference as ref
 
@@ -95,7 +95,7 @@ def _ids(case):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("config", [-1] + list(range(7)), ids=lambda c: f"cfg{c}" if c >= 0 else "auto")
+@pytest.mark.parametrize("config", [-1] + list(range(NUM_CONFIGS)), ids=lambda c: f"cfg{c}" if c >= 0 else "auto")
 @pytest.mark.parametrize("case", CASES, ids=_ids)
 def test_chained_next_conv_is_exact_on_every_config(cuda, case, config):
     names = cuda.op.config_names()

@@ -1,7 +1,8 @@
 // The Hopper (sm_90a) kernel ("wgw_*" configs): warp specialized, weight stationary. A block keeps one N block's
 // 256 x K weight slice in shared memory (it walks M tiles of that N block, schedule_sm90.h); two consumer
 // warpgroups each own 64-row tiles and run wgmma m64n256k32 from shared memory, then the shared epilogue
-// (epilogue.cuh); a producer warpgroup does the loads. 384 threads:
+// (epilogue.cuh); a producer warpgroup does the loads. 384 threads (NH 2: each consumer is a pair of warpgroups,
+// each with half of the tile's columns, m64n128k32; 640 threads; see WgwConfig):
 //   warpgroups 0 and 1 (consumers): wgmma over the k stages, then the epilogue, then the output stores.
 //     Consumer c takes the block's tiles c, c + 2, ...; its k stages are waited for on mbarriers and released as
 //     soon as the wgmmas that read them are done (wgmma.wait_group 1: the next stage's wgmmas are already
@@ -117,21 +118,31 @@ __device__ __forceinline__ long long wgw_clock() {
 //   SPLIT = true: warps c and 2 + c each copy half of the rows of both;
 //   PINGPONG (needs SPLIT): the consumers take turns on the tensor cores, and share one x ring of STAGES slots
 //     (SHARED), filled by warps 0 and 1 in turn order, the residuals by warps 2 and 3.
-// BN is 256 (one wgmma m64n256 per k32 step): the only N the tuner ever picked (docs/residual_conv.md, Version 12).
+// BN is 256 (the tile's N, one weight slice): the only N the tuner ever picked (docs/residual_conv.md, Version 12;
+// N tiles of 128 on three or four consumers were slower again in Version 21: x is read once per N block).
+// NH, consumer warpgroups per tile: 1 (one wgmma m64n256 per k32 step, 128 accumulators per thread), or 2 (each takes
+// WN = 128 of the tile's columns: the same tiles and loads, twice the consumer warps per scheduler for the epilogue,
+// which ncu showed issue-bound at two, Version 20). Either way two tiles are in flight ("tile consumers" c = 0, 1).
 // Shared memory: [weights 256 x k_tiles*BK][X_SLOTS x 64 x BK][2 x RBUF x 64 x 256][mbarriers]; the weight slice
 // depends on K (wgw_smem_bytes).
-template <int BK_, int STAGES_, int RBUF_, bool SPLIT_, bool PINGPONG_>
+template <int BK_, int STAGES_, int RBUF_, bool SPLIT_, bool PINGPONG_, int NH_ = 1>
 struct WgwConfig {
     static constexpr int BM = 64, BN = 256, BK = BK_, STAGES = STAGES_, RBUF = RBUF_;
+    static constexpr int NH = NH_, WN = BN / NH, NC = 2 * NH;   // NC: consumer warpgroups
+    static_assert(NH == 1 || NH == 2, "one or two consumer warpgroups per tile");
     static constexpr bool SPLIT = SPLIT_, PINGPONG = PINGPONG_;
     static constexpr bool SHARED = PINGPONG;   // one x ring for both consumers: they walk it in turns
     static_assert(!PINGPONG || SPLIT, "the shared x ring is filled by two producer warps");
+    // extra blocks (schedule_sm90.h): their weight-slice reload is made by one consumer warpgroup per tile
+    static constexpr bool BALANCE = PINGPONG && NH == 1;
     static constexpr int X_SLOTS = SHARED ? STAGES : 2 * STAGES;
-    static constexpr int THREADS = 3 * 128;
-    // setmaxnreg moves registers from the producers (they need few) to the consumers (128 accumulators at BN
-    // 256) within the block's allocation, THREADS x 168 (the consumers' increase blocks until the pool has them)
+    static constexpr int THREADS = (NC + 1) * 128;
+    // setmaxnreg moves registers from the producers (they need few) to the consumers (WN / 2 accumulators) within
+    // the block's allocation, THREADS x LAUNCH_REGS (the consumers' increase blocks until the pool has them). NH 2:
+    // 104-112 per consumer, the producers at the least that spilled least (ptxas -v: 56, or with SPLIT, half the
+    // rows per producer lane, 32); the fused form still spills 64-84 bytes
     static constexpr int LAUNCH_REGS = launch_regs(THREADS);
-    static constexpr int PRODUCER_REGS = 72;
+    static constexpr int PRODUCER_REGS = NH == 1 ? 72 : SPLIT ? 32 : 56;
     static constexpr int CONSUMER_REGS = consumer_regs(THREADS, PRODUCER_REGS);
     static constexpr int KCH = BK / 32;
     static constexpr int A_STAGE = BM * BK, R_TILE = BM * BN;
@@ -147,8 +158,8 @@ struct WgwConfig {
     // (r_full); with one buffer that wait would be for the buffer it still owes (the 3x3 experiment's RBUF 1 configs
     // hung, docs/residual_conv.md Version 14)
     static_assert(STAGES >= 2 && RBUF >= 2 && SMEM <= 227 * 1024, "rings, shared memory");
-    static_assert(CONSUMER_REGS >= LAUNCH_REGS && CONSUMER_REGS <= 240 &&
-                      256 * CONSUMER_REGS + 128 * PRODUCER_REGS <= THREADS * LAUNCH_REGS,
+    static_assert(CONSUMER_REGS >= LAUNCH_REGS && CONSUMER_REGS <= 240 && WN / 2 + 32 <= CONSUMER_REGS &&
+                      128 * NC * CONSUMER_REGS + 128 * PRODUCER_REGS <= THREADS * LAUNCH_REGS,
                   "setmaxnreg within the block's register allocation");
 };
 
@@ -167,9 +178,12 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
 conv_kernel_sm90(const __grid_constant__ Params p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     constexpr int BM = Cfg::BM, BN = Cfg::BN, BK = Cfg::BK, STAGES = Cfg::STAGES, RBUF = Cfg::RBUF;
-    constexpr int KCH = Cfg::KCH, NI = BN / 8;
+    constexpr int KCH = Cfg::KCH, NI = BN / 8, NH = Cfg::NH, WN = Cfg::WN;
     constexpr bool RESIDUAL = FORM == kResidual, FUSED = FORM == kProjResidual;
     static_assert(NEXT_N == 0 || NEXT_N == 64 || NEXT_N == 128, "the next conv's N tile: 64 or 128");
+    // (a chained next conv reads whole output rows: one warpgroup per tile; with two, the other half read back from the
+    // tile and the two halves' k steps in turn was 1.2-1.7x slower, docs/residual_conv.md Version 21)
+    static_assert(NEXT_N == 0 || NH == 1, "a chained next conv needs one consumer warpgroup per tile");
 
     // k stages per tile: the projection's k0 (FUSED), then x's. Weight k tile of stage kt: kt for the projection's,
     // x's from w_x0 on (the projection's K is padded to 128 in a weight row). All weight tiles: <= MAX_K_TILES, the
@@ -211,7 +225,7 @@ conv_kernel_sm90(const __grid_constant__ Params p) {
     // cross into the next N blocks, and the consumer of the first tile with a new N block reloads the weight slice
     // (safe only with the PINGPONG turns; the host schedules extra blocks for no other config).
     WgwTiles const tiles(blockIdx.x, gridDim.x, m_blocks, p.n_blocks, p.wgw_regular, p.wgw_quota, p.wgw_rest);
-    if (!Cfg::PINGPONG && tiles.extra) __trap();
+    if (!Cfg::BALANCE && tiles.extra) __trap();
     int const my_tiles = tiles.count;
     // the weight slice of N block nb: k chunk kt, BN x BK contiguous bytes of the packed image, by one bulk copy on
     // w_full(kt)
@@ -226,10 +240,11 @@ conv_kernel_sm90(const __grid_constant__ Params p) {
 
     if (tid == 0) {
         WGW_SPAN(0);
-        for (int s = 0; s < XS; ++s) { mbar_init(x_full(s), 32 * XW); mbar_init(x_empty(s), 4); }
-        for (int b = 0; b < 2 * RBUF; ++b) { mbar_init(r_full(b), 32 * XW); mbar_init(r_empty(b), 128); }
+        // consumer arrivals: every warp (x_empty, mma_done) or thread (r_empty, mma_turn) of a tile's NH warpgroups
+        for (int s = 0; s < XS; ++s) { mbar_init(x_full(s), 32 * XW); mbar_init(x_empty(s), 4 * NH); }
+        for (int b = 0; b < 2 * RBUF; ++b) { mbar_init(r_full(b), 32 * XW); mbar_init(r_empty(b), 128 * NH); }
         for (int kt = 0; kt < w_tiles; ++kt) mbar_init(w_full(kt), 1);
-        for (int c = 0; c < 2; ++c) { mbar_init(mma_turn(c), 128); mbar_init(mma_done(c), 4); }
+        for (int c = 0; c < 2; ++c) { mbar_init(mma_turn(c), 128 * NH); mbar_init(mma_done(c), 4 * NH); }
         if (NEXT_N > 0) mbar_init(w2_full, 1);
         fence_mbarrier_init();
         if (my_tiles > 0) load_weights(tiles.n_block(0));   // the first slice, ahead of every other load
@@ -240,13 +255,13 @@ conv_kernel_sm90(const __grid_constant__ Params p) {
     }
     __syncthreads();   // the only block-wide barrier
 
-    if (warp >= 8) {
-        // ---------------- producers (warpgroup 2) ----------------
+    if (warp >= 4 * Cfg::NC) {
+        // ---------------- producers (the last warpgroup) ----------------
         setmaxnreg_dec<Cfg::PRODUCER_REGS>();
         // SPLIT: warps c and c + 2 each copy half of consumer c's rows of x and of the residual; else warp c
         // copies consumer c's x and warp c + 2 its residual. SHARED: warps 0 and 1 copy half of the rows of x of
         // every tile (both consumers', in turn order), warps 2 and 3 half of the rows of every residual.
-        int const pw = warp - 8;
+        int const pw = warp - 4 * Cfg::NC;
         constexpr bool SH = Cfg::SHARED;
         constexpr int W = Cfg::SPLIT ? 2 : 1, ROWS = 4 / W;
         int const wsub = SH ? pw & 1 : Cfg::SPLIT ? pw >> 1 : 0;
@@ -333,9 +348,10 @@ conv_kernel_sm90(const __grid_constant__ Params p) {
         return;
     }
 
-    // ---------------- consumers (warpgroups 0 and 1) ----------------
+    // ---------------- consumers (warpgroups 0 .. NC - 1) ----------------
+    // warpgroup wg computes columns part WN .. (part + 1) WN - 1 of tile consumer c's tiles
     setmaxnreg_inc<Cfg::CONSUMER_REGS>();
-    int const c = warp >> 2, t128 = tid & 127, warp_in_wg = warp & 3;
+    int const wg = warp >> 2, c = wg / NH, part = wg % NH, t128 = tid & 127, warp_in_wg = warp & 3;
     int const g = lane >> 2, tig = lane & 3;
     // accumulator start (epilogue.cuh): a tile begins with the projection's stages when FUSED
     int const init = p.rule.small_acc ? kMagicBits : 0;
@@ -348,9 +364,9 @@ conv_kernel_sm90(const __grid_constant__ Params p) {
     long long* const wgw_trace = g_wgw_trace;
 #endif
 
-    int acc[1][BN / 2];   // the warp's m64n256 fragment: one 16-row group of the epilogue
+    int acc[1][WN / 2];   // the warp's m64nWN fragment: one 16-row group of the epilogue
 #pragma unroll
-    for (int i = 0; i < BN / 2; ++i) acc[0][i] = init0;
+    for (int i = 0; i < WN / 2; ++i) acc[0][i] = init0;
     // lane 0 of a warp: the buffer of its last TMA store, whose r_empty arrival it owes until the engine has read it
     int owed = -1;
     auto pay_owed = [&] {
@@ -439,12 +455,14 @@ conv_kernel_sm90(const __grid_constant__ Params p) {
                 if (t >= 2) mbar_wait(mma_done(c), ((t - 2) >> 1) & 1);
                 load_weights(nb);
             }
-            // this tile's residual/output buffer, once it is full
+            // this warp's part of buffer b: its block's slabs of this warpgroup's columns
+            auto warp_part = [&](int b) { return sR + b * Cfg::R_TILE + warp_in_wg * Cfg::R_BLOCK + part * WN * 16; };
+            // this tile's residual/output buffer (this warp's part), once it is full
             auto take_buffer = [&](int b) {
                 mbar_wait(r_full(b), (u / RBUF) & 1);
                 // the previous tile's TMA stores have had this tile's wgmmas to read their buffer: release it now
                 if (lane == 0) pay_owed();
-                return sR + b * Cfg::R_TILE + warp_in_wg * Cfg::R_BLOCK;   // this warp's block of it
+                return warp_part(b);
             };
             for (int kt = 0; kt < k_tiles; ++kt) {
                 int slot, fill;
@@ -455,8 +473,8 @@ conv_kernel_sm90(const __grid_constant__ Params p) {
                 if (wait_w) mbar_wait(w_full(wt), w_parity);
                 fence_proxy_async_smem();   // the landed cp.async bytes, visible to this thread's wgmmas
                 wgmma_fence();
-                wgmma_stage<BM, KCH>(acc[0], descA0 + ((slot * Cfg::A_STAGE) >> 4),
-                                         descB0 + ((wt * KCH * BN * 32) >> 4));
+                wgmma_stage<BM, KCH, WN, BN>(acc[0], descA0 + ((slot * Cfg::A_STAGE) >> 4),
+                                             descB0 + ((wt * KCH * BN * 32 + part * WN * 32) >> 4));
                 wgmma_commit();
                 if (prev >= 0) {   // the previous stage's wgmmas are done: release its slot
                     wgmma_wait<1>();
@@ -470,9 +488,10 @@ conv_kernel_sm90(const __grid_constant__ Params p) {
                     __syncwarp();
                     if (lane == 0) mbar_arrive(x_empty(prev));
                     prev = -1;
-                    epilogue_fragment<16, 1, NI, false>(acc, p.proj_rule, take_buffer(c * RBUF + u % RBUF), g, tig, n0);
+                    epilogue_fragment<16, 1, WN / 8, false>(acc, p.proj_rule, take_buffer(c * RBUF + u % RBUF), g, tig,
+                                                            n0 + part * WN);
 #pragma unroll
-                    for (int i = 0; i < BN / 2; ++i) acc[0][i] = init;   // the tail's accumulators
+                    for (int i = 0; i < WN / 2; ++i) acc[0][i] = init;   // the tail's accumulators
                 }
             }
             if (Cfg::PINGPONG) mbar_arrive(mma_turn(1 - c));   // this tile's wgmmas are all issued
@@ -487,7 +506,7 @@ conv_kernel_sm90(const __grid_constant__ Params p) {
 
             // ---- epilogue: in registers, written in place over the residual tile, then 16-byte stores ----
             int const b = c * RBUF + u % RBUF, m0 = tiles.template m_block<EXTRA>(t) * BM;
-            int8_t* const w_tile = FUSED ? sR + b * Cfg::R_TILE + warp_in_wg * Cfg::R_BLOCK : take_buffer(b);
+            int8_t* const w_tile = FUSED ? warp_part(b) : take_buffer(b);
             WGW_TRACE(4);
             // NEXT_N: the output words of 16-channel group j, rows g and g + 8, kept as the next GEMM's A fragments
             [[maybe_unused]] uint32_t next_a[NEXT_N > 0 ? NI / 2 : 1][2];
@@ -497,7 +516,7 @@ conv_kernel_sm90(const __grid_constant__ Params p) {
                     acc, p.rule, w_tile, g, tig, n0, [&](int j, int, int h, uint32_t word) { next_a[j][h] = word; });
                 next_issue(next_a, acc2, u == 0);
             } else {
-                epilogue_fragment<16, 1, NI, RESIDUAL || FUSED>(acc, p.rule, w_tile, g, tig, n0);
+                epilogue_fragment<16, 1, WN / 8, RESIDUAL || FUSED>(acc, p.rule, w_tile, g, tig, n0 + part * WN);
             }
             WGW_TRACE(5);
             // the next tile's accumulators, set here: the moves then overlap the wait below instead of delaying the
@@ -505,23 +524,24 @@ conv_kernel_sm90(const __grid_constant__ Params p) {
             // With a next conv, after it: its registers would otherwise hold these and the next GEMM's at once.
             auto reset_acc = [&] {
 #pragma unroll
-                for (int i = 0; i < BN / 2; ++i)   // stays here
+                for (int i = 0; i < WN / 2; ++i)   // stays here
                     asm volatile("mov.b32 %0, %1;\n" : "=r"(acc[0][i]) : "r"(init0));
             };
             if constexpr (NEXT_N == 0) reset_acc();
             // Each warp stores its own 16 rows, which only its epilogue wrote: a warp barrier suffices. Rows within
-            // one image leave by one TMA store (p.out_map, box 16 rows x BN/32 slabs from the block's first row; rows
-            // past HW or M and slabs past Nc not written), issued by lane 0, which releases the buffer after the next
-            // tile's wgmmas, when the engine has long read it (waiting right away put the read, 0.7-1k cycles, on the
-            // warpgroup's path: the next wgmma needs every warp). Rows that straddle two images take 16-byte stores:
-            // a store box must not start at a negative hw (measured: illegal instruction). 16-row blocks straddle
-            // only where an image boundary falls inside one: never at res2/res3, ~1 in 12 at res4, ~1 in 3 at res5.
+            // one image leave by one TMA store (p.out_map, box 16 rows x WN/32 slabs, this warpgroup's columns, from
+            // the block's first row; rows past HW or M and slabs past Nc not written), issued by lane 0, which
+            // releases the buffer after the next tile's wgmmas, when the engine has long read it (waiting right away
+            // put the read, 0.7-1k cycles, on the warpgroup's path: the next wgmma needs every warp). Rows that
+            // straddle two images take 16-byte stores: a store box must not start at a negative hw (measured: illegal
+            // instruction). 16-row blocks straddle only where an image boundary falls inside one: never at
+            // res2/res3, ~1 in 12 at res4, ~1 in 3 at res5.
             int const wm0 = m0 + warp_in_wg * 16, img0 = p.hw_div.div(min(wm0, p.M - 1)), hs = wm0 - img0 * p.HW;
             if (wm0 < p.M && min(16, p.M - wm0) + hs <= p.HW) {
                 fence_proxy_async_smem();   // this thread's output bytes (generic writes) -> the TMA engine's reads
                 __syncwarp();
                 if (lane == 0) {
-                    tma_store_4d(&p.out_map, smem_u32(w_tile), 0, hs, n0 / 32, img0);
+                    tma_store_4d(&p.out_map, smem_u32(w_tile), 0, hs, (n0 + part * WN) / 32, img0);
                     bulk_commit();
                     owed = b;
                 } else {
@@ -534,8 +554,8 @@ conv_kernel_sm90(const __grid_constant__ Params p) {
                     int const img = p.hw_div.div(m), hw = m - img * p.HW;
                     int8_t* obase = p.out + (static_cast<int64_t>(img) * p.Nc * p.HW + hw) * 32 + my_half * 16;
 #pragma unroll
-                    for (int slab = 0; slab < BN / 32; ++slab) {
-                        int const gslab = n0 / 32 + slab;
+                    for (int slab = 0; slab < WN / 32; ++slab) {
+                        int const gslab = (n0 + part * WN) / 32 + slab;
                         if (gslab < p.Nc)
                             st_global_cs_16(obase + gslab * slab_bytes,
                                 *reinterpret_cast<int4 const*>(w_tile + swz_offset(slab, 16, my_row, my_half * 16)));

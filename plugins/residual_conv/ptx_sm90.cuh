@@ -168,12 +168,16 @@ __device__ __forceinline__ void wgmma_m64k32_s8(int (&d)[BN / 2], uint64_t da, u
     else wgmma_m64n64k32_s8(d, da, db, scale_d);
 }
 
-// The wgmmas of one k stage: KCH k32 steps over A [KCH][BM][32] at da and B [KCH][256][32] at db (shared-memory
-// descriptors, whose addresses count 16-byte units)
-template <int BM, int KCH>
-__device__ __forceinline__ void wgmma_stage(int (&acc)[128], uint64_t da, uint64_t db) {
+// The wgmmas of one k stage: KCH k32 steps over A [KCH][BM][32] at da and N rows of B [KCH][B_ROWS][32] at db
+// (shared-memory descriptors, whose addresses count 16-byte units); N 256, or 128 (half of a 256-row slice)
+template <int BM, int KCH, int N = 256, int B_ROWS = 256>
+__device__ __forceinline__ void wgmma_stage(int (&acc)[N / 2], uint64_t da, uint64_t db) {
+    static_assert(N == 256 || N == 128, "the 1x1 kernel's wgmma N");
 #pragma unroll
-    for (int c = 0; c < KCH; ++c) wgmma_m64n256k32_s8(acc, da + ((c * BM * 32) >> 4), db + ((c * 256 * 32) >> 4));
+    for (int c = 0; c < KCH; ++c) {
+        if constexpr (N == 256) wgmma_m64n256k32_s8(acc, da + ((c * BM * 32) >> 4), db + ((c * B_ROWS * 32) >> 4));
+        else wgmma_m64n128k32_s8(acc, da + ((c * BM * 32) >> 4), db + ((c * B_ROWS * 32) >> 4), 1);
+    }
 }
 
 // Registers per thread of a warp-specialized block of `threads` threads, one producer warpgroup and the rest

@@ -43,12 +43,17 @@ namespace {
 //                  BM   BN   BK  WM  WN STAGES MIN_BLOCKS
 using M0 = Sm80Config<128, 128, 64, 64, 32, 2, 2>;    // res2 on the sm80 kernel
 using M1 = Sm80Config<128, 128, 128, 64, 32, 2, 2>;   // res3-res5: BK 128 halves the barriers per k
-//                BK STAGES RBUF SPLIT PINGPONG
+//                BK STAGES RBUF SPLIT PINGPONG NH
 using W0 = WgwConfig<128, 2, 2, false, false>;   // res3 2048, res4 2048
 using W1 = WgwConfig<128, 2, 3, true, false>;    // res2 256: a third residual buffer keeps the producers ahead
 using W2 = WgwConfig<128, 4, 2, true, true>;     // res2 2048, res4 256, res5: consumers take turns
 using W3 = WgwConfig<64, 4, 2, false, false>;    // H200 res2 2048: BK 64, 4 x stages per consumer
 using W4 = WgwConfig<64, 4, 2, true, false>;     // H200 res2 256
+// two consumer warpgroups per tile (Version 21)
+using W5 = WgwConfig<64, 4, 2, false, false, 2>;
+using W6 = WgwConfig<128, 2, 2, false, false, 2>;
+using W7 = WgwConfig<128, 2, 3, true, false, 2>;
+using W8 = WgwConfig<64, 4, 2, true, false, 2>;
 
 struct ConfigInfo {
     char const* name;
@@ -57,10 +62,11 @@ struct ConfigInfo {
     bool sm90 = false;           // needs the sm_90a module (see wgmma_available); weight slice in shared memory
     int bk = 0;
     int (*smem_bytes)(int k_tiles) = nullptr;   // sm90: the launch's shared memory for a layer of k_tiles stages
-    bool balance = false;        // sm90 with PINGPONG: the schedule may add extra blocks (schedule_sm90.h)
+    bool balance = false;   // sm90, one warpgroup per tile, in turns: extra blocks allowed (schedule_sm90.h)
     // sm90 with a chained next conv (kernel_sm90.cuh, NEXT_N): [NEXT_N 64, 128][Form]; null: not compiled for this
     // configuration (see kNextConfig)
     void (*next_kernels[2][kForms])(Params) = {};
+    int wn = 0;   // sm90: the columns of a tile that one consumer warpgroup computes and stores (WgwConfig::WN)
 };
 
 template <class C>
@@ -83,7 +89,8 @@ constexpr ConfigInfo info_sm90(char const* name) {
                  true,
                  C::BK,
                  sm90_smem<C>,
-                 C::PINGPONG};
+                 C::BALANCE};
+    i.wn = C::WN;
     if constexpr (NEXT) {   // a chained next conv follows a tail (with or without its projection)
         i.next_kernels[0][kResidual] = conv_kernel_sm90<C, kResidual, 64>;
         i.next_kernels[0][kProjResidual] = conv_kernel_sm90<C, kProjResidual, 64>;
@@ -102,6 +109,10 @@ ConfigInfo const kConfigs[] = {
     info_sm90<W2>("wgw_64x256x128_s4_r2_p2_pp_sh"),
     info_sm90<W3, true>("wgw_64x256x64_s4_r2"),
     info_sm90<W4>("wgw_64x256x64_s4_r2_p2"),
+    info_sm90<W5>("wgw_64x256x64_s4_r2_h2"),
+    info_sm90<W6>("wgw_64x256x128_s2_r2_h2"),
+    info_sm90<W7>("wgw_64x256x128_s2_r3_p2_h2"),
+    info_sm90<W8>("wgw_64x256x64_s4_r2_p2_h2"),
 };
 constexpr int kNumConfigs = sizeof(kConfigs) / sizeof(kConfigs[0]);
 // The configuration compiled with a chained next conv (four kernels: NEXT_N 64, 128 x tail, projection + tail): on
@@ -505,7 +516,7 @@ int launch(Layer const& L, Form form, Operand x, Operand xp, void const* r, void
         p.wgw_regular = s.regular;
         p.wgw_quota = s.quota;
         p.wgw_rest = s.rest;
-        if (int st = encode_out_map(p, n, C.bn)) return st;
+        if (int st = encode_out_map(p, n, C.wn)) return st;
     }
     kernel<<<static_cast<unsigned>(blocks), C.threads, smem, stream>>>(p);
     TRTFUSE_LAUNCH_CHECK();
