@@ -206,18 +206,27 @@ def time_pair(row: dict, label: str, chained, separate, layers, build, ptrs: dic
     return outs
 
 
-def checks(outs: dict, idx, want: np.ndarray, want_next: np.ndarray, what: str) -> tuple[list, dict | None]:
-    """(the exact checks of every run but TensorRT's: both outputs on images idx against the rounding rule, the
-    conv1's of `what`'s int8 output; TensorRT's agreement with ours at `what`'s output, informational, or None)."""
-    found, agreement = [], None
+def check_images(n: int) -> np.ndarray:
+    """The images of a batch of n whose outputs are checked against the rounding rule: first, middle, last."""
+    return np.unique([0, n // 2, n - 1])
+
+
+def record_checks(row: dict, outs: dict, idx, want: np.ndarray, N: dict, what: str) -> dict:
+    """row["checks"]: the exact checks of every run but TensorRT's, both outputs on images idx (want: `what`'s output
+    there by the rounding rule; the conv1 N's, of that int8 output, is computed here); row["trt_agreement"], where
+    TensorRT ran: its agreement with ours at `what`'s output, informational. Returns row."""
+    want_next = ref.reference_fp32(want, N["w"], N["w_scale"], N["bias"], None, N["x_scale"], 0.0, N["out_scale"],
+                                   True)
+    row["checks"] = []
     for kind, (got, got_next) in outs.items():
         if kind == "trt":  # TensorRT's own kernels: within 1 LSB of ours at the first layer (its rounding)
-            agreement = compare(f"TensorRT vs ours, {what} output (all images)", got, outs["ours"][0], exact=False)
+            row["trt_agreement"] = compare(f"TensorRT vs ours, {what} output (all images)", got, outs["ours"][0],
+                                           exact=False)
             continue
-        found += [compare(f"{kind}: {what} vs rounding rule (exact)", got[idx], want, exact=True),
-                  compare(f"{kind}: conv1 vs rounding rule of the {what}'s output (exact)", got_next[idx], want_next,
-                          exact=True)]
-    return found, agreement
+        row["checks"] += [compare(f"{kind}: {what} vs rounding rule (exact)", got[idx], want, exact=True),
+                          compare(f"{kind}: conv1 vs rounding rule of the {what}'s output (exact)", got_next[idx],
+                                  want_next, exact=True)]
+    return row
 
 
 def run_case(name: str, n: int, reps: int, stream, rng, with_trt: bool, config: int = -1) -> dict:
@@ -262,17 +271,12 @@ def run_case(name: str, n: int, reps: int, stream, rng, with_trt: bool, config: 
         b.free()
     dev.free()
 
-    idx = np.unique([0, n // 2, n - 1])
+    idx = check_images(n)
     r = second[idx] if P is None else ref.reference_fp32(second[idx], P["w"], P["w_scale"], P["bias"], None,
                                                          P["x_scale"], 0.0, P["out_scale"], False)
     want = ref.reference_fp32(x[idx], T["w"], T["w_scale"], T["bias"], r, T["x_scale"], T["r_scale"], T["out_scale"],
                               True)
-    want_next = ref.reference_fp32(want, N["w"], N["w_scale"], N["bias"], None, N["x_scale"], 0.0, N["out_scale"],
-                                   True)
-    row["checks"], agreement = checks(outs, idx, want, want_next, "tail")
-    if agreement is not None:
-        row["trt_agreement"] = agreement
-    return row
+    return record_checks(row, outs, idx, want, N, "tail")
 
 
 def run_stem_case(n: int, reps: int, stream, rng, with_trt: bool) -> dict:
@@ -309,16 +313,11 @@ def run_stem_case(n: int, reps: int, stream, rng, with_trt: bool) -> dict:
     xb.free()
     dev.free()
 
-    idx = np.unique([0, n // 2, n - 1])
+    idx = check_images(n)
     acc = ref.accumulate_stem(x[idx], S["w"])
     want = ref.maxpool3x3s2(ref.reference_fp32(x[idx], None, S["w_scale"], S["bias"], None, S["x_scale"], 0.0,
                                                S["out_scale"], True, acc=acc))
-    want_next = ref.reference_fp32(want, N["w"], N["w_scale"], N["bias"], None, N["x_scale"], 0.0, N["out_scale"],
-                                   True)
-    row["checks"], agreement = checks(outs, idx, want, want_next, "stem")
-    if agreement is not None:
-        row["trt_agreement"] = agreement
-    return row
+    return record_checks(row, outs, idx, want, N, "stem")
 
 
 def main(argv=None) -> int:
