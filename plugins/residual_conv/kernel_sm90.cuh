@@ -140,7 +140,7 @@ struct WgwConfig {
     // setmaxnreg moves registers from the producers (they need few) to the consumers (WN / 2 accumulators) within
     // the block's allocation, THREADS x LAUNCH_REGS (the consumers' increase blocks until the pool has them). NH 2:
     // 104-112 per consumer, the producers at the least that spilled least (ptxas -v: 56, or with SPLIT, half the
-    // rows per producer lane, 32); the fused form still spills 64-84 bytes
+    // rows per producer lane, 32); ptxas still spills up to 84 bytes (the fused form; 0-44 in the others)
     static constexpr int LAUNCH_REGS = launch_regs(THREADS);
     static constexpr int PRODUCER_REGS = NH == 1 ? 72 : SPLIT ? 32 : 56;
     static constexpr int CONSUMER_REGS = consumer_regs(THREADS, PRODUCER_REGS);
