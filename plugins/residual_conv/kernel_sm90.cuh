@@ -87,7 +87,7 @@ namespace trtfuse {
 namespace rconv {
 
 // Diagnostic hook (off unless a measuring program defines TRTFUSE_WGW_TRACE before including this header):
-// thread 0 of each consumer records clock64() at the phases of its first 64 tiles.
+// thread 0 of each consumer (NH 2: of its first warpgroup) records clock64() at the phases of its first 64 tiles.
 // The buffer's address is read once per thread (wgw_trace): reading the __device__ pointer at every record made
 // the recording warp wait for a global load each time (~1k cycles under this kernel's memory traffic).
 // TRTFUSE_WGW_TRACE_GLOBALTIMER records %globaltimer (ns, one clock for all SMs) instead, and WGW_SPAN the block's
@@ -105,7 +105,7 @@ __device__ __forceinline__ long long wgw_clock() {
 #endif
 }
 #define WGW_TRACE(i) \
-    if (t128 == 0 && u < 64) wgw_trace[((blockIdx.x * 2 + c) * 64 + u) * 8 + (i)] = wgw_clock()
+    if (t128 == 0 && part == 0 && u < 64) wgw_trace[((blockIdx.x * 2 + c) * 64 + u) * 8 + (i)] = wgw_clock()
 #define WGW_SPAN(i) g_wgw_span[blockIdx.x * 4 + (i)] = wgw_clock()
 #else
 #define WGW_TRACE(i)
@@ -436,7 +436,7 @@ conv_kernel_sm90(const __grid_constant__ Params p) {
             uint32_t const w_parity = (nb - nb_first) & 1;
             WGW_TRACE(0);
 #ifdef TRTFUSE_WGW_TRACE
-            if (t128 == 0 && u < 64) {   // record whether stage 0 of this tile has already landed
+            if (t128 == 0 && part == 0 && u < 64) {   // record whether stage 0 of this tile has already landed
                 int slot0, fill0;
                 x_pos(t, 0, slot0, fill0);
                 wgw_trace[((blockIdx.x * 2 + c) * 64 + u) * 8 + 7] = mbar_test(x_full(slot0), fill0 & 1);
@@ -580,7 +580,7 @@ conv_kernel_sm90(const __grid_constant__ Params p) {
         pay_owed();
         bulk_wait<0, false>();   // the output stores complete before the block ends
     }
-    if (t128 == 0) WGW_SPAN(1 + c);
+    if (t128 == 0 && part == 0) WGW_SPAN(1 + c);
 #else
     (void)p;   // not an sm_90a pass: never launched (the host checks kHasWgmma first)
 #endif

@@ -49,11 +49,11 @@ using W1 = WgwConfig<128, 2, 3, true, false>;    // res2 256: a third residual b
 using W2 = WgwConfig<128, 4, 2, true, true>;     // res2 2048, res4 256, res5: consumers take turns
 using W3 = WgwConfig<64, 4, 2, false, false>;    // H200 res2 2048: BK 64, 4 x stages per consumer
 using W4 = WgwConfig<64, 4, 2, true, false>;     // H200 res2 256
-// two consumer warpgroups per tile (Version 21)
-using W5 = WgwConfig<64, 4, 2, false, false, 2>;
-using W6 = WgwConfig<128, 2, 2, false, false, 2>;
-using W7 = WgwConfig<128, 2, 3, true, false, 2>;
-using W8 = WgwConfig<64, 4, 2, true, false, 2>;
+// two consumer warpgroups per tile (NH 2, Version 21): more warps per scheduler for the epilogue
+using W5 = WgwConfig<64, 4, 2, false, false, 2>;    // res3 256, res3 2048
+using W6 = WgwConfig<128, 2, 2, false, false, 2>;   // res4 256
+using W7 = WgwConfig<128, 2, 3, true, false, 2>;    // layer2.0's projection + tail, 256 and 2048
+using W8 = WgwConfig<64, 4, 2, true, false, 2>;     // layer1.0's projection + tail (unchained), 256 and 2048
 
 struct ConfigInfo {
     char const* name;
