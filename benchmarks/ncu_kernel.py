@@ -5,7 +5,8 @@
 
 Kinds (batch 512, the configuration forward picks): fused1, layer1.0's projection + tail; fused0, the same with
 layer1.1's conv1 chained (the network's node); stem0, the stem with layer1.0's conv1 chained; halo1, a layer1 3x3
-conv. Inputs are constant bytes (what ncu counts does not depend on them)."""
+conv. A second argument names the configuration for fused1 / fused0 (op.config_names()) instead of forward's pick.
+Inputs are constant bytes (what ncu counts does not depend on them)."""
 
 from __future__ import annotations
 
@@ -23,9 +24,13 @@ def main(argv=None) -> int:
     from trtfuse.ops import residual_conv_reference as ref
 
     argv = sys.argv[1:] if argv is None else argv
-    if len(argv) != 1 or argv[0] not in KINDS:
-        raise SystemExit(f"usage: ncu_kernel.py {{{','.join(KINDS)}}}")
+    if len(argv) not in (1, 2) or argv[0] not in KINDS:
+        raise SystemExit(f"usage: ncu_kernel.py {{{','.join(KINDS)}}} [CONFIG]")
     kind, n, rng = argv[0], 512, np.random.default_rng(0)
+    names = op.config_names()
+    if len(argv) == 2 and (kind not in ("fused1", "fused0") or argv[1] not in names):
+        raise SystemExit(f"a configuration is taken for fused1 / fused0 only, one of: {', '.join(names)}")
+    config = names.index(argv[1]) if len(argv) == 2 else -1
 
     def buf(nbytes):
         b = DeviceBuffer(nbytes)
@@ -46,9 +51,9 @@ def main(argv=None) -> int:
         x, xp, out, nxt = buf(n * 64 * 3136), buf(n * 64 * 3136), buf(n * 256 * 3136), buf(n * 64 * 3136)
         if kind == "fused0":
             layer.attach_next(N["w"], N["w_scale"], N["bias"], T["out_scale"], N["out_scale"], True)
-            run = lambda: layer.forward_next(x.ptr, xp.ptr, out.ptr, nxt.ptr, n, 56, 56, 0, -1, 0)  # noqa: E731
+            run = lambda: layer.forward_next(x.ptr, xp.ptr, out.ptr, nxt.ptr, n, 56, 56, 0, config, 0)  # noqa: E731
         else:
-            run = lambda: layer.forward(x.ptr, xp.ptr, out.ptr, n, 56, 56, 0, -1, 0)  # noqa: E731
+            run = lambda: layer.forward(x.ptr, xp.ptr, out.ptr, n, 56, 56, 0, config, 0)  # noqa: E731
     elif kind == "stem0":
         S, N = random_weights(3, 64, True, taps=49), random_weights(64, 64, True)
         layer = op.Stem(S["w"], S["w_scale"], S["bias"], S["x_scale"], S["out_scale"], True)

@@ -167,7 +167,8 @@ template <class Cfg>
 constexpr int wgw_smem_bytes(int k_tiles) {
     return Cfg::BN * k_tiles * Cfg::BK + Cfg::SMEM;
 }
-// the next conv's K padded to 128, at most (its weight slice takes NEXT_N x this many bytes of shared memory)
+// the next conv's K padded to 128, at most (its weight slice, zero padded to this K, takes NEXT_N x this many bytes of
+// shared memory)
 constexpr int kNextMaxK = 256;
 
 // FORM: kResidual, the layer has a residual input (p.r); kPlain, none: the producers only hand the residual
@@ -181,8 +182,9 @@ conv_kernel_sm90(const __grid_constant__ Params p) {
     constexpr int KCH = Cfg::KCH, NI = BN / 8, NH = Cfg::NH, WN = Cfg::WN;
     constexpr bool RESIDUAL = FORM == kResidual, FUSED = FORM == kProjResidual;
     static_assert(NEXT_N == 0 || NEXT_N == 64 || NEXT_N == 128, "the next conv's N tile: 64 or 128");
-    // (a chained next conv reads whole output rows: one warpgroup per tile; with two, the other half read back from the
-    // tile and the two halves' k steps in turn was 1.2-1.7x slower, docs/residual_conv.md Version 21)
+    // (a chained next conv reads whole output rows: one warpgroup per tile. With two, the other half read back from the
+    // tile and the two halves' k steps in turn was 1.2-1.7x slower, docs/residual_conv.md Version 21; K split between
+    // them, each a partial sum of every column, halves exchanged through shared memory, 1.14-1.43x, Version 22)
     static_assert(NEXT_N == 0 || NH == 1, "a chained next conv needs one consumer warpgroup per tile");
 
     // k stages per tile: the projection's k0 (FUSED), then x's. Weight k tile of stage kt: kt for the projection's,
@@ -249,8 +251,8 @@ conv_kernel_sm90(const __grid_constant__ Params p) {
         fence_mbarrier_init();
         if (my_tiles > 0) load_weights(tiles.n_block(0));   // the first slice, ahead of every other load
         if (NEXT_N > 0 && my_tiles > 0) {   // the next conv's slice, needed only after the first tile's epilogue
-            mbar_arrive_expect_tx(w2_full, NEXT_N * p.next_kpad);
-            bulk_load(smem_u32(sW2), p.next_w_img, NEXT_N * p.next_kpad, w2_full);
+            mbar_arrive_expect_tx(w2_full, NEXT_N * kNextMaxK);
+            bulk_load(smem_u32(sW2), p.next_w_img, NEXT_N * kNextMaxK, w2_full);
         }
     }
     __syncthreads();   // the only block-wide barrier
@@ -390,9 +392,12 @@ conv_kernel_sm90(const __grid_constant__ Params p) {
             for (int i = 0; i < 32; ++i) acc2[hh][0][i] = init2;
         uint64_t const descW2 = smem_desc(smem_u32(sW2));
         wgmma_fence();   // the A registers and accumulators were just written
+        // Every k32 step, with no branch between the wgmmas: past the layer's channels both the words and the
+        // weights are 0 (trtfuse_next_attach pads the slice to kNextMaxK). A branch on K here cost 1.5-4.4 % of the
+        // chained layer1 nodes (docs/residual_conv.md, Version 22); under NH 2 one on a warpgroup's half of K made
+        // ptxas serialize every wgmma of the kernel (C7520).
 #pragma unroll
         for (int ks = 0; ks < kNextMaxK / 32; ++ks) {
-            if (ks * 32 >= p.next_kpad) break;   // K past the layer's channels (padded to 128)
             uint32_t const frag[4] = {a[2 * ks][0], a[2 * ks][1], a[2 * ks + 1][0], a[2 * ks + 1][1]};
 #pragma unroll
             for (int hh = 0; hh < HALVES; ++hh)

@@ -58,13 +58,12 @@ struct Params {
     Rule proj_rule;
     int proj_kpad;         // 0, or the projection's K padded to 128: where x's weights start in a row
     // sm90, a chained next conv (kernel_sm90.cuh, NEXT_N > 0): a 1x1 conv + BN (+ReLU) of this layer's output, from its
-    // output tile, into next_out ([N][next_nc][HW][32]); its weights [next_nc*32 rows][next_kpad] as one slice of
-    // NEXT_N rows (tile_layout.h: pack_weight_slices), K = this layer's channels (n_blocks 1)
+    // output tile, into next_out ([N][next_nc][HW][32]); its weights as one slice of NEXT_N rows x kNextMaxK
+    // (tile_layout.h: pack_weight_slices; zero past K = this layer's channels; n_blocks 1)
     Rule next_rule;
     int8_t* next_out;
     int8_t const* next_w_img;
     int next_nc;           // ceil(next cout / 32): slabs of next_out
-    int next_kpad;         // the next conv's K padded to 128 (<= 256): bytes of a next weight row
     int M;                 // N * HW (< 2^31)
     int HW;                // output positions per image (H_out * W_out)
     FastDivmod ow_div;     // hw / output width

@@ -495,7 +495,6 @@ int launch(Layer const& L, Form form, Operand x, Operand xp, void const* r, void
         p.next_out = static_cast<int8_t*>(next_out);
         p.next_w_img = L.w_img_next;
         p.next_nc = L.next->nc;
-        p.next_kpad = L.next->kpad;
     }
     p.M = static_cast<int>(M);
     p.HW = hw;
@@ -1114,7 +1113,9 @@ extern "C" int trtfuse_next_attach(void* handle, int cout, int8_t const* weights
     // then takes two launches
     int const next_n = N->nc * 32 <= 64 ? 64 : N->nc * 32 <= 128 && !stem ? 128 : 0;
     if (st == 0 && next_n > 0 && L->nc * 32 <= kWeightSliceRows && N->kpad <= kNextMaxK) {
-        std::vector<int8_t> img(static_cast<size_t>(next_n) * N->kpad);
+        // K zero padded to kNextMaxK (k32 chunks are the outer dimension: the padding is the image's tail), so that
+        // the chained kernel runs every k32 step with no branch on K between its register-A wgmmas (kernel_sm90.cuh)
+        std::vector<int8_t> img(static_cast<size_t>(next_n) * kNextMaxK, 0);
         pack_weight_slices(rows.data(), next_n, N->kpad, next_n, img.data());
         st = upload(img, &L->w_img_next);
         L->next_n = st == 0 ? next_n : 0;
