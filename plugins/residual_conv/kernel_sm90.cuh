@@ -251,8 +251,8 @@ conv_kernel_sm90(const __grid_constant__ Params p) {
         fence_mbarrier_init();
         if (my_tiles > 0) load_weights(tiles.n_block(0));   // the first slice, ahead of every other load
         if (NEXT_N > 0 && my_tiles > 0) {   // the next conv's slice, needed only after the first tile's epilogue
-            mbar_arrive_expect_tx(w2_full, NEXT_N * kNextMaxK);
-            bulk_load(smem_u32(sW2), p.next_w_img, NEXT_N * kNextMaxK, w2_full);
+            mbar_arrive_expect_tx(w2_full, NEXT_N * p.next_kpad);
+            bulk_load(smem_u32(sW2), p.next_w_img, NEXT_N * p.next_kpad, w2_full);
         }
     }
     __syncthreads();   // the only block-wide barrier
@@ -393,7 +393,7 @@ conv_kernel_sm90(const __grid_constant__ Params p) {
         uint64_t const descW2 = smem_desc(smem_u32(sW2));
         wgmma_fence();   // the A registers and accumulators were just written
         // Every k32 step, with no branch between the wgmmas: past the layer's channels both the words and the
-        // weights are 0 (trtfuse_next_attach pads the slice to kNextMaxK). A branch on K here cost 1.5-4.4 % of the
+        // weights are 0 (trtfuse_next_attach pads the slice to kNextMaxK). A branch on K here cost 1.5-5.8 % of the
         // chained layer1 nodes (docs/residual_conv.md, Version 22); under NH 2 one on a warpgroup's half of K made
         // ptxas serialize every wgmma of the kernel (C7520).
 #pragma unroll

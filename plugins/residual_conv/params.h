@@ -64,6 +64,9 @@ struct Params {
     int8_t* next_out;
     int8_t const* next_w_img;
     int next_nc;           // ceil(next cout / 32): slabs of next_out
+    int next_kpad;         // bytes of a row of next_w_img: kNextMaxK (the K the chained kernel runs, zero padded).
+                           // (Dropping this field moved the fields below and, through ptxas' spills, cost the NH 2
+                           // kernels up to 7 % on res3: docs/residual_conv.md, Version 22.)
     int M;                 // N * HW (< 2^31)
     int HW;                // output positions per image (H_out * W_out)
     FastDivmod ow_div;     // hw / output width

@@ -495,6 +495,7 @@ int launch(Layer const& L, Form form, Operand x, Operand xp, void const* r, void
         p.next_out = static_cast<int8_t*>(next_out);
         p.next_w_img = L.w_img_next;
         p.next_nc = L.next->nc;
+        p.next_kpad = kNextMaxK;
     }
     p.M = static_cast<int>(M);
     p.HW = hw;
