@@ -139,7 +139,8 @@ struct Layer {
     float* abs = nullptr;   // [6][npad]: a, b, s of the rounding rule, then the same times 2^-8
     bool sat = false;       // the epilogue may use its saturating form (see sat_exact)
     // A tail's chained next conv (trtfuse_next_attach): a layer of its own (its constants, and its launch where the
-    // chained kernel cannot run), w_img_next its weights as one slice of next_n rows (the chained kernel's NEXT_N)
+    // chained kernel cannot run), w_img_next its weights as one slice of next_n rows (the chained kernel's NEXT_N) x
+    // kNextMaxK (K zero padded)
     Layer* next = nullptr;
     int8_t* w_img_next = nullptr;
     int next_n = 0;
