@@ -99,6 +99,11 @@ def _backend(bundle, name, batch, plugins, streams=2, serial_compute=False):
     return backend, model
 
 
+def _ms(ns, unit: float = 1e6):
+    """A LoadGen latency in ns as ms (``unit`` 1e9: as s), 3 decimals; None where LoadGen logged none."""
+    return round(ns / unit, 3) if ns else None
+
+
 def is_tail_layer(name: str) -> bool:
     """A bottleneck tail in an engine's layer names: TensorRT's fused conv + residual Add (+ReLU),
     or the plugin node that replaces it (with the reformats TensorRT put around it)."""
@@ -106,9 +111,10 @@ def is_tail_layer(name: str) -> bool:
 
 
 def run(bundle: Path, out: Path, stages, batches, seconds: float, server_batch: int = 256,
-        server_tries: int = 5, offline_streams: int = 2, server_streams: int = 2,
+        server_tries: int = 5, offline_streams: int = 3, server_streams: int = 2,
         server_serial: bool = True, server_start_qps: float = 0.0, offline_serial: bool = True,
-        modes=("off", "tails"), models=("resnet50", "efficientnet-lite0")) -> int:
+        modes=("off", "tails"), models=("resnet50", "efficientnet-lite0"), offline_seconds: float = 10.0,
+        gc_disable: bool | None = None) -> int:
     import tensorrt as trt
     from trtfuse import cuda_runtime
     from trtfuse.engine_inspect import profile_engine
@@ -230,6 +236,8 @@ def run(bundle: Path, out: Path, stages, batches, seconds: float, server_batch: 
                      "run.mlperf_model": "resnet50", f"{scenario}.min_duration_ms": duration_ms}
         if not like_trtfuse_run:
             overrides["run.warmup_batches"] = 5
+        if gc_disable is not None:
+            overrides["run.gc_disable"] = gc_disable
         if scenario == "server":
             overrides.update({"server.target_qps": target_qps, "server.target_latency_ms": 15.0,
                               "server.min_query_count": 100})
@@ -251,15 +259,20 @@ def run(bundle: Path, out: Path, stages, batches, seconds: float, server_batch: 
             backend.close()
         return {**read_loadgen_results(run_dir), "mean_batch": lg_run.mean_batch, "engine_only": engine_only,
                 "graph_buckets": backend.graph_buckets,
-                "cpu_per_wall": round(lg_run.cpu_s / lg_run.wall_s, 2)}
+                "cpu_per_wall": round(lg_run.cpu_s / lg_run.wall_s, 2), "gpu": lg_run.gpu, "stalls": lg_run.stalls}
 
     def offline():
         b = best_batch()
-        r = loadgen("offline", b)
+        r = loadgen("offline", b, duration_ms=round(offline_seconds * 1000))
         res.data["offline"] = {"model": "resnet50", "batch": b, "plugins": lg_mode, "samples_per_s": r.get("samples_per_s"),
                                "engine_samples_per_s": round(r["engine_only"], 1),
                                "valid": r.get("valid"), "cpu_per_wall": r.get("cpu_per_wall"),
-                               "streams": offline_streams, "serial_compute": offline_serial}
+                               "streams": offline_streams, "serial_compute": offline_serial,
+                               "min_duration_s": offline_seconds, "gc_disable": gc_disable,
+                               # LoadGen's span from its log: the GPU's share of it is in "gpu"
+                               "first_completion_ms": _ms(r.get("min_latency_ns")),
+                               "timed_span_s": _ms(r.get("max_latency_ns"), 1e9), "gpu": r.get("gpu"),
+                               "stalls": r.get("stalls")}
         log(f"offline {res.data['offline']}")
 
     def offline_lite0():
@@ -277,8 +290,8 @@ def run(bundle: Path, out: Path, stages, batches, seconds: float, server_batch: 
             "ratio_to_engine_only": round(sps / engine_only, 4) if sps and engine_only else None,
             # LoadGen's clock runs from its issue: its first completion (min latency) is the handover
             # cost inside the timed span; its max latency is the span.
-            "first_completion_ms": round(r["min_latency_ns"] / 1e6, 1) if r.get("min_latency_ns") else None,
-            "timed_span_s": round(r["max_latency_ns"] / 1e9, 3) if r.get("max_latency_ns") else None,
+            "first_completion_ms": _ms(r.get("min_latency_ns")),
+            "timed_span_s": _ms(r.get("max_latency_ns"), 1e9),
             "expected_qps": (r.get("effective_settings") or {}).get("target_qps"),
             "cpu_per_wall": r.get("cpu_per_wall"), "streams": offline_streams,
             "serial_compute": offline_serial,
@@ -338,9 +351,15 @@ def main(argv=None) -> int:
     # their engine runs overlap (concurrent) or go one at a time with the copies overlapping (serial).
     # Measured on the H100 (resnet50_e2e_h100.json): Offline 66.3k samples/s serial with 2 streams, 64.7k
     # concurrent with 6 (54.2k with 2); Server 59.3k QPS serial with 2 streams (16 graph buckets), 36.8k concurrent.
-    c.add_argument("--offline-streams", type=int, default=2)
+    # With the faster plugins=all engine (24 ms per batch of 2048), 3 streams: the GPU idled 69 ms of a 12.4 s
+    # Offline run against 286-296 ms with 2 (gpu_trace; docs/int8_pipeline.md).
+    c.add_argument("--offline-streams", type=int, default=3)
     c.add_argument("--server-streams", type=int, default=2)
     c.add_argument("--offline-serial-compute", action=argparse.BooleanOptionalAction, default=True)
+    c.add_argument("--offline-seconds", type=float, default=10.0,
+                   help="LoadGen's min duration of the ResNet-50 Offline run (MLPerf's own: 600)")
+    c.add_argument("--gc-disable", action=argparse.BooleanOptionalAction, default=None,
+                   help="LoadGen runs' run.gc_disable (default: the config's)")
     c.add_argument("--server-start-qps", type=float, default=0.0, help="first target of the search (0: 85 %% of Offline)")
     c.add_argument("--server-serial-compute", action=argparse.BooleanOptionalAction, default=True)
     c.add_argument("--server-tries", type=int, default=5, help="Server runs in the QPS search (~15 s each)")
@@ -355,7 +374,7 @@ def main(argv=None) -> int:
     return run(args.bundle, args.out, stages, [int(b) for b in args.batches.split(",")], args.seconds,
                args.server_batch, args.server_tries, args.offline_streams, args.server_streams,
                args.server_serial_compute, args.server_start_qps, args.offline_serial_compute, modes,
-               [m for m in args.models.split(",") if m])
+               [m for m in args.models.split(",") if m], args.offline_seconds, args.gc_disable)
 
 
 if __name__ == "__main__":

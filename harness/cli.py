@@ -257,7 +257,7 @@ def run(settings: dict, progress: bool = True, weights: str | None = None,
                     "completed": lg_run.completed, "qsl_load_calls": lg_run.qsl_load_calls,
                     "qsl_loaded_samples": lg_run.qsl_loaded_samples, "wall_s": lg_run.wall_s,
                     "cpu_s": lg_run.cpu_s, "mean_batch": lg_run.mean_batch,
-                    "effective": lg_run.effective, "stalls": lg_run.stalls,
+                    "effective": lg_run.effective, "stalls": lg_run.stalls, "gpu": lg_run.gpu,
                     "timeline": {"t_s": [t for t, _ in lg_run.timeline],
                                  "completed": [n for _, n in lg_run.timeline]}},
     }

@@ -13,6 +13,7 @@ LoadGen traps this module exists to avoid:
 
 from __future__ import annotations
 
+import gc
 import resource
 import shutil
 import sys
@@ -48,6 +49,7 @@ class LoadGenRun:
     mean_batch: float | None = None  # samples per backend call (Server: set by the load)
     timeline: list = field(default_factory=list)  # (s since StartTest, samples completed), every 0.5 s
     stalls: dict = field(default_factory=dict)  # what took the CPU away during StartTest (run_stalls)
+    gpu: dict | None = None  # the backend's trace of StartTest's batches (gpu_trace), where it keeps one
 
 
 def loadgen_settings(settings: dict, total_count: int, measured_qps: float | None) -> lg.TestSettings:
@@ -215,14 +217,25 @@ def run_loadgen(backend, model, dataset, settings: dict, run_dir: Path, progress
 
     lg_qsl = lg.ConstructQSL(total, qsl.performance_sample_count, guarded(qsl.load), guarded(qsl.unload))
     lg_sut = lg.ConstructFastSUT(sut.guarded_issue, guarded(sut.flush))
+    backend.start_trace()
     sut.start()
     start, cpu_start = time.perf_counter(), _cpu_seconds()
     monitor = RunMonitor(sut, stall_s=run["watchdog_s"], expected_s=expected_s, progress=progress)
+    # A collection stops every Python thread while it walks the young objects, and the two lists of an Offline
+    # query (a million ints each, built by LoadGen's binding) are young: 17-22 ms with the workers stopped, where
+    # the GPU idles (ResNet-50 on the H100, docs/int8_pipeline.md). The run's own objects are freed by their
+    # reference counts; what cycles it leaves is collected after it.
+    gc_was_enabled = gc.isenabled()
+    if run["gc_disable"]:
+        gc.disable()
     try:
         with monitor, run_stalls.watch() as stalls:
             lg.StartTestWithLogSettings(lg_sut, lg_qsl, ts, log_settings, str(audit_config))
     finally:
+        if gc_was_enabled:
+            gc.enable()
         wall, cpu = time.perf_counter() - start, _cpu_seconds() - cpu_start
+        gpu = backend.stop_trace()
         # A worker stuck in a hung backend never returns: don't wait for it (it is a daemon thread).
         sut.stop(timeout=0.1 if monitor.stalled else 5.0)
         lg.DestroyFastSUT(lg_sut)
@@ -241,7 +254,7 @@ def run_loadgen(backend, model, dataset, settings: dict, run_dir: Path, progress
         run_dir=run_dir, warmup_samples_per_s=measured, issued=sut.ledger.issued,
         completed=sut.ledger.completed, qsl_load_calls=len(qsl.load_calls), mean_batch=sut.mean_batch(),
         qsl_loaded_samples=sum(len(c) for c in qsl.load_calls), wall_s=wall, cpu_s=cpu,
-        timeline=monitor.timeline + [(round(wall, 3), sut.ledger.completed)], stalls=stalls,
+        timeline=monitor.timeline + [(round(wall, 3), sut.ledger.completed)], stalls=stalls, gpu=gpu,
         effective={"offline_expected_qps": ts.offline_expected_qps,
                    "performance_sample_count": ts.performance_sample_count_override,
                    "min_duration_ms": ts.min_duration_ms, "min_query_count": ts.min_query_count,

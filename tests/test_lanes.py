@@ -344,3 +344,27 @@ def test_an_offline_performance_run_keeps_every_lane_busy(tmp_path):
     stats = backend.lane_stats()
     assert sum(s["samples"] for s in stats) == issued == sum(sum(lane.calls) for lane in lanes)
     assert min(s["batches"] for s in stats) > 0.3 * max(s["batches"] for s in stats), stats
+
+
+class TracedLane(Lane):
+    def __init__(self, trace=None, **kwargs):
+        super().__init__(**kwargs)
+        self.trace, self.tracing = trace, False
+
+    def start_trace(self):
+        self.tracing = True
+
+    def stop_trace(self):
+        self.tracing = False
+        return self.trace
+
+
+def test_lanes_trace_each_lane_and_report_them_in_order():
+    a, b = TracedLane(trace={"batches": 3}), TracedLane(trace={"batches": 5})
+    lanes = LanesBackend([a, b])
+    lanes.start_trace()
+    assert a.tracing and b.tracing
+    assert lanes.stop_trace() == {"lanes": [{"batches": 3}, {"batches": 5}]}
+    assert not a.tracing and not b.tracing
+    # Lanes without a device clock (the base Backend's no-op): no trace at all.
+    assert LanesBackend([Lane(), Lane()]).stop_trace() is None

@@ -154,3 +154,33 @@ def test_null_backend_offline_and_server_keep_up(tmp_path):
     )
     assert server["loadgen"]["valid"], server["loadgen"]
     assert server["harness"]["issued"] == server["harness"]["completed"]
+
+
+class GcProbe(ScriptedBackend):
+    """Records, at each batch, whether Python's garbage collector is on."""
+
+    def __init__(self, inner):
+        super().__init__(inner)
+        self.gc_on: list[bool] = []
+
+    def infer(self, batch):
+        import gc
+        self.gc_on.append(gc.isenabled())
+        return super().infer(batch)
+
+
+@pytest.mark.parametrize("gc_disable", [True, False])
+def test_the_gc_is_off_only_during_the_timed_run_when_asked(tmp_path, gc_disable):
+    import gc
+    model = tiny_model(tmp_path)
+    backend = GcProbe(create_backend("onnxruntime"))
+    backend.load(model, 4)
+    assert gc.isenabled()
+    report = cli.run(settings(tmp_path, **{"run.gc_disable": gc_disable}), progress=False, model=model,
+                     dataset=SyntheticDataset(16), backend=backend)
+    assert report["harness"]["completed"] > 0
+    timed = backend.gc_on[2:]  # after the two warm-up batches, which run before StartTest
+    assert backend.gc_on[:2] == [True, True] and timed
+    assert not any(timed) if gc_disable else all(timed)
+    assert gc.isenabled()  # on again once the run is over
+    assert report["harness"]["gpu"] is None  # a backend without a device clock keeps no trace

@@ -171,6 +171,7 @@ STEM_CASES = [
     (2, 3, 64, 224, 224, 64),  # ResNet-50: the stem and layer1.0's conv1 (56 x 56 pooled)
     (1, 3, 64, 21, 48, 40),  # odd H (the bottom block's conv rows below the image); next conv 40: a padded slab
     (2, 1, 40, 16, 16, 32),  # a stem of 40 channels (its second slab padded): the next conv's K 40
+    (2, 3, 24, 16, 16, 48),  # one slab: the chained conv's second k32 step runs on zero-padded weights
     (2, 3, 64, 32, 32, 96),  # a next conv wider than the stem kernel's N tile: two launches on every configuration
 ]
 

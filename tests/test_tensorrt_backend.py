@@ -91,6 +91,47 @@ def test_rows_of_a_pinned_store_give_what_infer_gives(model_dir, input_format, s
         backend.close()
 
 
+@pytest.mark.parametrize("serial_compute", [True, False])
+def test_a_trace_times_every_batch_between_start_and_stop(model_dir, serial_compute):  # noqa: F811
+    # The serving path under a trace (gpu_trace): each batch's copy and run timed by CUDA events, the
+    # answers unchanged; batches before start_trace and after stop_trace not counted.
+    from concurrent.futures import ThreadPoolExecutor
+
+    from trtfuse.backends.tensorrt_backend import TensorRTBackend
+    from trtfuse.models import load_prepared
+
+    backend = TensorRTBackend(precision="int8", plugins=False, streams=2, cuda_graphs=True,
+                              input_format="int8", serial_compute=serial_compute, tactic_sources="none")
+    backend.load(load_prepared(model_dir), 8)
+    try:
+        assert backend.stop_trace() is None  # no trace started
+        x = np.concatenate(calib_batches(seed=14, n=2))
+        samples = backend.to_input(x)
+        store = backend.host_array(samples.shape, samples.dtype)
+        store[:] = samples
+        rows = [np.array(r) for r in ([3, 4, 5, 6], [15, 0, 7, 7, 2, 9, 1, 8], [5], [10, 11, 12])] * 5
+        expected = [backend.classify_rows(store, r) for r in rows[:4]]  # untraced
+        backend.start_trace()
+        with ThreadPoolExecutor(2) as pool:
+            got = list(pool.map(lambda r: backend.classify_rows(store, r), rows))
+        trace = backend.stop_trace()
+        backend.classify_rows(store, rows[0])  # after the stop: not counted
+        for a, b in zip(got, expected * 5):
+            np.testing.assert_array_equal(a, b)
+        assert trace["batches"] == len(rows)
+        assert 0 <= trace["first_run_start_ms"] <= trace["host_span_ms"]
+        assert 0 < trace["span_ms"] <= trace["host_span_ms"]
+        assert 0 < trace["busy_fraction"] <= 1
+        assert 0 < trace["run_ms"]["p50"] <= trace["run_ms"]["max"] < trace["span_ms"]
+        assert 0 <= trace["copy_ms"]["mean"] < trace["span_ms"]
+        busy_ms = trace["busy_fraction"] * trace["span_ms"]
+        if serial_compute:  # one run at a time: the busy time is the runs' sum
+            assert busy_ms == pytest.approx(trace["run_ms"]["mean"] * len(rows), rel=0.01, abs=0.01)
+        assert busy_ms + trace["idle_ms"] <= trace["span_ms"] + 0.01
+    finally:
+        backend.close()
+
+
 # -- several GPUs: one backend per device, spread as lanes --------------------------------------
 
 _OPTIONS = {"precision": "int8", "plugins": False, "streams": 2, "cuda_graphs": True,

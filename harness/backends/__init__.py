@@ -87,6 +87,14 @@ class Backend(abc.ABC):
         the ``k`` best class indices of each sample, int32 [n, k], best first."""
         return top_k_classes(self.infer(batch), k)
 
+    def start_trace(self) -> None:
+        """Start timing each batch on the device (gpu_trace), for ``stop_trace``; nothing to do for a
+        backend without a device clock to read."""
+
+    def stop_trace(self) -> dict | None:
+        """The batches run since ``start_trace``, summed up (``gpu_trace.summarize``); None here."""
+        return None
+
     def close(self) -> None:
         """Release the model and its device memory."""
 

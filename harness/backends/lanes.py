@@ -116,6 +116,15 @@ class LanesBackend(Backend):
             return [{"lane": i, "name": lane.name, "samples": self._samples[i], "batches": self._batches[i],
                      "outstanding": self._outstanding[i]} for i, lane in enumerate(self.lanes)]
 
+    def start_trace(self) -> None:
+        for lane in self.lanes:
+            lane.start_trace()
+
+    def stop_trace(self) -> dict | None:
+        """Each lane's trace (None where a lane has none); None when no lane traced."""
+        lanes = [lane.stop_trace() for lane in self.lanes]
+        return {"lanes": lanes} if any(t is not None for t in lanes) else None
+
     # -- what every lane shares -----------------------------------------------------------------
     def to_input(self, images: np.ndarray) -> np.ndarray:
         return self.lanes[0].to_input(images)  # the same model on every lane: the same input type

@@ -40,6 +40,7 @@ from trtfuse.engine import (
     load_plugin_library,
 )
 from trtfuse.errors import UserError
+from trtfuse.gpu_trace import BatchSpan, summarize
 
 _NP = {"FLOAT": np.float32, "HALF": np.float16, "INT8": np.int8, "INT32": np.int32}
 
@@ -97,6 +98,10 @@ class _Slot:
         self.graphs: dict[int, object] = {}
         self.shape_n = None
         self.computed = cr.Event()  # recorded after each engine run (serial_compute orders runs by it)
+        # While a trace is on (TensorRTBackend.start_trace): timing events around the batch's input copy
+        # and its engine run, and whether the batch in this slot now was staged with them recorded.
+        self.marks: tuple | None = None
+        self.traced = False
 
     def enqueue(self, n: int, use_graph: bool) -> None:
         """Launch the engine for batch n on this slot's stream (graph when captured; one plain run,
@@ -124,6 +129,10 @@ class _Slot:
                       file=sys.stderr)
                 self.graphs[n] = None
 
+    def span(self, origin) -> BatchSpan:
+        """The traced batch's copy and run, ms after ``origin`` (once its stream has synchronized)."""
+        return BatchSpan(*(mark.elapsed_ms(origin) for mark in self.marks))
+
     def free(self) -> None:
         for g in self.graphs.values():
             if g is not None:
@@ -131,6 +140,8 @@ class _Slot:
         for b in (self.host_in, self.host_out, self.dev_in, self.dev_out, self.host_top, self.dev_top):
             if b is not None:
                 b.free()
+        for mark in self.marks or ():
+            mark.destroy()
         self.computed.destroy()
         self.stream.destroy()
 
@@ -197,6 +208,9 @@ class TensorRTBackend(Backend):
         self._buckets: list[int] = []        # batch sizes the engine runs at (see _bucket)
         self.top_k = 0                       # classes the engine's TopK output ranks (0: none)
         self._stores = cuda_runtime.PinnedStores()  # the stores infer_rows reads in place (own and adopted)
+        self._trace: list[BatchSpan] | None = None  # the traced batches while a trace is on (start_trace)
+        self._trace_origin = None                   # the event the trace's times count from
+        self._trace_host_start = 0.0
 
     def load(self, model, batch_size: int) -> None:
         trt = self.trt
@@ -338,7 +352,12 @@ class TensorRTBackend(Backend):
             raise ValueError(f"batch {n} exceeds max_batch {self.max_batch}")
         slot = self._free.get()
         try:
+            slot.traced = self._trace is not None
+            if slot.traced:
+                slot.marks[0].record(slot.stream)
             fill(slot)
+            if slot.traced:
+                slot.marks[1].record(slot.stream)
         except BaseException:
             self._free.put(slot)
             raise
@@ -419,20 +438,53 @@ class TensorRTBackend(Backend):
     def _run(self, slot: _Slot, n: int, top: bool = False) -> np.ndarray:
         """Run the engine on the n samples in the slot's device input; their scores (or, ``top``,
         their TopK class indices) on the host."""
+        trace = self._trace if slot.traced else None  # this list, even if the trace stops meanwhile
+        traced = trace is not None
         if self.serial_compute:
             with self._order:
                 if self._last_run is not None and self._last_run is not slot.computed:
                     slot.stream.wait(self._last_run)  # after the run launched before, on any stream
-                slot.enqueue(self._bucket(n), self.cuda_graphs)
+                self._enqueue_run(slot, n, traced)
                 slot.computed.record(slot.stream)
                 self._last_run = slot.computed
         else:
-            slot.enqueue(self._bucket(n), self.cuda_graphs)
+            self._enqueue_run(slot, n, traced)
         host, dev = (slot.host_top, slot.dev_top) if top else (slot.host_out, slot.dev_out)
         self.cr.copy_dtoh_async(host, dev, host.array[:n].nbytes, slot.stream)
         slot.stream.synchronize()
+        if traced:
+            trace.append(slot.span(self._trace_origin))
         out = host.array[:n].reshape(n, -1)
         return out.copy() if top else out.astype(np.float32, copy=True)
+
+    def _enqueue_run(self, slot: _Slot, n: int, traced: bool) -> None:
+        """The engine run for n samples on the slot's stream, between its trace marks when traced."""
+        if traced:
+            slot.marks[2].record(slot.stream)
+        slot.enqueue(self._bucket(n), self.cuda_graphs)
+        if traced:
+            slot.marks[3].record(slot.stream)
+
+    def start_trace(self) -> None:
+        """Time every batch from now on (gpu_trace): four timing events per batch, read after the batch's
+        own synchronize, so the serving path gains no wait. Call it with no batch in flight."""
+        self.cr.set_device(self.device)
+        for slot in self.slots:
+            if slot.marks is None:
+                slot.marks = tuple(self.cr.Event(timing=True) for _ in range(4))
+        if self._trace_origin is None:
+            self._trace_origin = self.cr.Event(timing=True)
+        self._trace_origin.record(self.slots[0].stream)
+        self._trace_origin.synchronize()
+        self._trace_host_start = time.perf_counter()
+        self._trace = []
+
+    def stop_trace(self) -> dict | None:
+        """The batches timed since ``start_trace``, summed up (gpu_trace.summarize); None without a trace."""
+        spans, self._trace = self._trace, None
+        if spans is None:
+            return None
+        return summarize(spans, (time.perf_counter() - self._trace_host_start) * 1e3)
 
     def engine_throughput(self, batch: int, seconds: float = 5.0, warmup: int = 10) -> float:
         """Samples/s of the engine alone, input resident on the device (no copies), all slots busy."""
@@ -458,4 +510,7 @@ class TensorRTBackend(Backend):
         for slot in self.slots:
             slot.free()
         self.slots = []
+        if self._trace_origin is not None:
+            self._trace_origin.destroy()
+            self._trace_origin = None
         self._stores.free()  # after the slots: their streams are done with these
