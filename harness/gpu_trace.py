@@ -67,3 +67,15 @@ def summarize(spans: list[BatchSpan], host_span_ms: float | None = None) -> dict
         "copy_ms": _stats([s.copy_end - s.copy_start for s in spans]),
     })
     return out
+
+
+def describe(summary: dict | None) -> str | None:
+    """One line for a person: how busy the GPU was and where it waited; None without a trace or batches."""
+    if not summary or not summary.get("batches") or summary.get("busy_fraction") is None:
+        return None
+    gaps = summary["gaps"]
+    waits = (f"idle {summary['idle_ms']:,.0f} ms in {gaps['count']} gap{'s' * (gaps['count'] > 1)} "
+             f"(longest {gaps['max']:,.1f} ms)"
+             if gaps["count"] else "no idle gaps")
+    return (f"busy {summary['busy_fraction'] * 100:.1f} % of {summary['span_ms'] / 1e3:,.2f} s, {waits}; per batch "
+            f"run {summary['run_ms']['p50']:,.2f} ms, copy {summary['copy_ms']['p50']:,.2f} ms (p50)")

@@ -7,6 +7,7 @@ import re
 from pathlib import Path
 
 from trtfuse.errors import UserError
+from trtfuse.gpu_trace import describe
 
 RANDOM_WEIGHTS_NOTE = "random weights: performance only"
 PERCENTILES = ("50.00", "90.00", "95.00", "97.00", "99.00", "99.90")
@@ -126,6 +127,11 @@ def format_table(report: dict) -> str:
                 rows.append((f"latency p{p.rstrip('0').rstrip('.')}", _ms(lg["latency_ns"][p])))
         verdict = "VALID" if lg["valid"] else "INVALID: " + "; ".join(lg["invalid_reasons"] or ["see log"])
         rows.append(("result", verdict))
+        gpu = (report.get("harness") or {}).get("gpu") or {}
+        for lane, trace in enumerate(gpu.get("lanes") or [gpu]):  # several GPUs: a line each
+            line = describe(trace)
+            if line:
+                rows.append(("GPU" + (f" {lane}" if "lanes" in gpu else ""), line))
         eff, req = lg.get("effective_settings", {}), lg.get("requested_settings", {})
         if "min_duration_ms" in eff:
             rows.append(("LoadGen settings", f"min duration {eff['min_duration_ms'] / 1000:,.0f} s, min query count "

@@ -40,3 +40,24 @@ def test_overlapping_runs_count_once():
 
 def test_no_batches_says_so_without_ratios():
     assert summarize([], host_span_ms=12.5) == {"batches": 0, "host_span_ms": 12.5}
+
+
+def test_a_run_table_names_the_gpus_busy_share_and_its_waits():
+    from trtfuse.gpu_trace import describe
+    from trtfuse.report import format_table
+
+    trace = summarize([BatchSpan(0.0, 8.0, 8.0, 32.0), BatchSpan(9.0, 17.0, 44.0, 68.0)])
+    assert describe(trace) == ("busy 80.0 % of 0.06 s, idle 12 ms in 1 gap (longest 12.0 ms); per batch "
+                               "run 24.00 ms, copy 8.00 ms (p50)")
+    assert describe(summarize([BatchSpan(0, 1, 1, 5)])).startswith("busy 100.0 % of 0.00 s, no idle gaps")
+    assert describe(None) is None and describe(summarize([])) is None
+    report = {"model": "m", "backend": "tensorrt", "scenario": "offline", "mode": "performance", "batch_size": 8,
+              "dataset": "d", "dataset_size": 8, "run_dir": "runs/x",
+              "loadgen": {"scenario": "offline", "samples_per_s": 10.0, "latency_ns": {}, "valid": True},
+              "harness": {"gpu": trace}}
+    assert "  GPU  " in format_table(report) and describe(trace) in format_table(report)
+    report["harness"]["gpu"] = {"lanes": [trace, None]}  # two GPUs, the second without a trace
+    table = format_table(report)
+    assert "GPU 0" in table and "GPU 1" not in table
+    report["harness"]["gpu"] = None  # a backend without a device clock: no line
+    assert "GPU" not in format_table(report)
