@@ -252,14 +252,16 @@ def run(bundle: Path, out: Path, stages, batches, seconds: float, server_batch: 
                 # It also sizes LoadGen's one Offline query, padded, so the run lasts its min duration.
                 engine_only = backend.engine_throughput(batch, 5.0)
                 overrides["offline.target_qps"] = 1.1 * engine_only
-            lg_run = run_loadgen(backend, model, data, config.load(None, overrides), run_dir, progress=False)
+            settings = config.load(None, overrides)
+            lg_run = run_loadgen(backend, model, data, settings, run_dir, progress=False)
             if scenario == "offline" and like_trtfuse_run:
                 engine_only = backend.engine_throughput(batch, 5.0)
         finally:
             backend.close()
         return {**read_loadgen_results(run_dir), "mean_batch": lg_run.mean_batch, "engine_only": engine_only,
                 "graph_buckets": backend.graph_buckets,
-                "cpu_per_wall": round(lg_run.cpu_s / lg_run.wall_s, 2), "gpu": lg_run.gpu, "stalls": lg_run.stalls}
+                "cpu_per_wall": round(lg_run.cpu_s / lg_run.wall_s, 2), "gpu": lg_run.gpu, "stalls": lg_run.stalls,
+                "gc_disable": settings["run"]["gc_disable"]}
 
     def offline():
         b = best_batch()
@@ -268,7 +270,7 @@ def run(bundle: Path, out: Path, stages, batches, seconds: float, server_batch: 
                                "engine_samples_per_s": round(r["engine_only"], 1),
                                "valid": r.get("valid"), "cpu_per_wall": r.get("cpu_per_wall"),
                                "streams": offline_streams, "serial_compute": offline_serial,
-                               "min_duration_s": offline_seconds, "gc_disable": gc_disable,
+                               "min_duration_s": offline_seconds, "gc_disable": r["gc_disable"],
                                # LoadGen's span from its log: the GPU's share of it is in "gpu"
                                "first_completion_ms": _ms(r.get("min_latency_ns")),
                                "timed_span_s": _ms(r.get("max_latency_ns"), 1e9), "gpu": r.get("gpu"),
