@@ -266,9 +266,9 @@ __global__ void __launch_bounds__(kStemThreads, 2) stem_kernel_sm90(const __grid
 #pragma unroll
             for (int i = 0; i < 32; ++i) acc2[0][i] = init2;
             wgmma_fence();
-#pragma unroll
             // Both k32 steps, with no branch between the wgmmas (a branch there makes ptxas fence them): past the
             // stem's channels the weights are zero (trtfuse_next_attach pads K), so the sums are unchanged.
+#pragma unroll
             for (int ks = 0; ks < kStemN / 32; ++ks) {
                 uint64_t const descA = smem_desc(smem_u32(sBox + swz_offset(ks, band_rows, m0, 0)));
                 wgmma_m64n64k32_s8(acc2[0], descA, descW2 + ((ks * kStemN * 32) >> 4), 1);
