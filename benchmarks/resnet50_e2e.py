@@ -99,9 +99,9 @@ def _backend(bundle, name, batch, plugins, streams=2, serial_compute=False):
     return backend, model
 
 
-def _ms(ns, unit: float = 1e6):
-    """A LoadGen latency in ns as ms (``unit`` 1e9: as s), 3 decimals; None where LoadGen logged none."""
-    return round(ns / unit, 3) if ns else None
+def _from_ns(ns, ns_per_unit: float = 1e6):
+    """A LoadGen latency in ns in ms (``ns_per_unit`` 1e9: in s), 3 decimals; None where LoadGen logged none."""
+    return round(ns / ns_per_unit, 3) if ns else None
 
 
 def is_tail_layer(name: str) -> bool:
@@ -272,8 +272,8 @@ def run(bundle: Path, out: Path, stages, batches, seconds: float, server_batch: 
                                "streams": offline_streams, "serial_compute": offline_serial,
                                "min_duration_s": offline_seconds, "gc_disable": r["gc_disable"],
                                # LoadGen's span from its log: the GPU's share of it is in "gpu"
-                               "first_completion_ms": _ms(r.get("min_latency_ns")),
-                               "timed_span_s": _ms(r.get("max_latency_ns"), 1e9), "gpu": r.get("gpu"),
+                               "first_completion_ms": _from_ns(r.get("min_latency_ns")),
+                               "timed_span_s": _from_ns(r.get("max_latency_ns"), 1e9), "gpu": r.get("gpu"),
                                "stalls": r.get("stalls")}
         log(f"offline {res.data['offline']}")
 
@@ -292,8 +292,8 @@ def run(bundle: Path, out: Path, stages, batches, seconds: float, server_batch: 
             "ratio_to_engine_only": round(sps / engine_only, 4) if sps and engine_only else None,
             # LoadGen's clock runs from its issue: its first completion (min latency) is the handover
             # cost inside the timed span; its max latency is the span.
-            "first_completion_ms": _ms(r.get("min_latency_ns")),
-            "timed_span_s": _ms(r.get("max_latency_ns"), 1e9),
+            "first_completion_ms": _from_ns(r.get("min_latency_ns")),
+            "timed_span_s": _from_ns(r.get("max_latency_ns"), 1e9),
             "expected_qps": (r.get("effective_settings") or {}).get("target_qps"),
             "cpu_per_wall": r.get("cpu_per_wall"), "streams": offline_streams,
             "serial_compute": offline_serial,

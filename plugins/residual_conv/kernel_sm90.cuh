@@ -167,8 +167,8 @@ template <class Cfg>
 constexpr int wgw_smem_bytes(int k_tiles) {
     return Cfg::BN * k_tiles * Cfg::BK + Cfg::SMEM;
 }
-// the next conv's K padded to 128, at most (its weight slice, zero padded to this K, takes NEXT_N x this many bytes of
-// shared memory)
+// the largest K a chained next conv may have (its K padded to 128); its weight slice is zero padded to this K and takes
+// NEXT_N x this many bytes of shared memory
 constexpr int kNextMaxK = 256;
 
 // FORM: kResidual, the layer has a residual input (p.r); kPlain, none: the producers only hand the residual
