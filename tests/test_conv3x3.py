@@ -81,6 +81,7 @@ SHAPES = [  # (n, cin, cout, h, w[, stride]): h x w is the input
     (3, 64, 64, 9, 7),  # one tile per image, most padded rows thrown away
     (1, 40, 72, 5, 7),  # channels not multiples of 32 (padded)
     (2, 128, 256, 13, 11),  # two N tiles of 128; H not a multiple of the tile's rows: the last one clipped
+    (2, 96, 64, 10, 12),  # three input slabs: more than the weights-in-registers configuration holds (refused)
     (3, 32, 32, 1, 1),  # a 1x1 image: every tap but the center reads padding
     (2, 16, 64, 6, 5),  # Cin 16: |acc| < 2^22, the accumulators start at the magic bits (Rule.small_acc)
     (1, 64, 64, 3, 120),  # a wide image: Wp 122, two rows per 256-row tile and one per 128-row tile
@@ -101,6 +102,7 @@ MUST_FIT = {
     ("halo_64x128_s4_b2_pp", (128, 128, 28, 28)),
     ("halo_64x128_s4_b2_pp", (256, 256, 14, 14)),
     ("halo_64x128_s4_b2_pp_c3", (64, 64, 56, 56)),
+    ("halo_64x256_s4_b2_pp_wr", (64, 64, 56, 56)),
 }
 
 
@@ -112,7 +114,7 @@ def test_small_auto_config(cuda, shape, relu):
     run_conv3x3(cuda, n, cin, cout, h, w, relu, -1, np.random.default_rng(), *stride)
 
 
-HALO_CONFIGS = 6  # residual_conv.cu's kHaloConfigs
+HALO_CONFIGS = 7  # residual_conv.cu's kHaloConfigs
 
 
 def test_config_count_is_the_librarys():

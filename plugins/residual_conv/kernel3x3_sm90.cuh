@@ -19,6 +19,14 @@
 // 2j, j = 0 .. W), each as rows k * Wp + j (Wp = W + 1). Tap (dy, dx) reads the phase box of (dy odd ? even rows :
 // odd rows, dx likewise) shifted by (dy == 2) Wp + (dx == 2) rows: the same shifted-descriptor trick, 4 boxes a slab.
 //
+// WREG (weights stationary in registers): the GEMM transposed, out^T = w x^T. The weights are wgmma's A operand,
+// held in the consumers' registers for the whole launch (one m64 block of output channels, Cin <= 64: 9 taps x 2
+// slabs x 4 registers), and the halo box is its B operand, 256 padded rows per wgmma m64n256k32 under the same
+// shifted descriptors. Each wgmma then reads only its 8 KB of B from shared memory (the form above reads 4 x (2 +
+// 2) KB for the same 256 x 64 x 32 MACs at Cout 64), and the accumulator rows are channels: a thread holds two of
+// them for 64 pixels, packs four channels of a pixel with its neighbour lane (one shuffle per two pixels) and
+// stores to a staging tile of padded rows (R x Wp, the store's box clips the columns past W).
+//
 // Block: NC + 1 warpgroups. Warpgroups 0 .. NC - 1 are consumers: consumer c takes the block's tiles c, c + NC, ...
 // (with PINGPONG, issuing in turns, in consumer order); per slab it issues 9 taps x MB wgmma m64nBNk32 (one commit
 // group), then rounds its accumulators into a staging tile [BN/32 slabs][R*W rows][32 bytes] in shared memory, which
@@ -47,7 +55,8 @@ namespace rconv {
 struct Conv3Params {
     CUtensorMap in_map;    // x as (32 bytes, W_in, H_in, N * Kc), 32-byte swizzle, zero fill; box (32, Wp, R + 2, 1) at
                            // stride 1, (32, 2 Wp, 2 (R + 1), 1) with element strides (1, 2, 2, 1) at stride 2
-    CUtensorMap out_map;   // out as (32 bytes, W, H, Nc, N), box (32, W, R, BN / 32, 1), 32-byte swizzle
+    CUtensorMap out_map;   // out as (32 bytes, W, H, Nc, N), box (32, W, R, BN / 32, 1), 32-byte swizzle (WREG: box
+                           // (32, Wp, R, ..): its columns past W are clipped)
     Rule rule;             // the layer's rule (no residual: s is 0)
     int8_t const* w_img;   // weight slices of BN rows (tile_layout.h: pack_weight_slices), k = tap * Kc * 32 + ch
     int Kpad;              // weight row bytes (9 * Kc * 32, padded to 128)
@@ -68,10 +77,14 @@ struct Conv3Params {
 // PINGPONG: the consumers take turns issuing their tiles' wgmmas (an mbarrier per consumer), so that one's epilogue
 // runs while the others' wgmmas do; without turns they tend to reach their epilogues together. NC: consumer
 // warpgroups (2 to 4; the producer warpgroup has a warp per consumer).
-template <int BN_, int MB_, int STAGES_, int SBUF_, bool PINGPONG_ = false, int NC_ = 2>
+// WREG: weights stationary in registers (above), for inputs of up to 2 slabs.
+template <int BN_, int MB_, int STAGES_, int SBUF_, bool PINGPONG_ = false, int NC_ = 2, bool WREG_ = false>
 struct HaloConfig {
     static constexpr int BN = BN_, MB = MB_, BM = 64 * MB_, STAGES = STAGES_, SBUF = SBUF_, NC = NC_;
-    static constexpr bool PINGPONG = PINGPONG_;
+    static constexpr bool PINGPONG = PINGPONG_, WREG = WREG_;
+    static constexpr int W_REGS = WREG ? 2 * 9 * 4 : 0;        // A fragments: 9 taps x 2 slabs
+    static constexpr int ACC_BLOCKS = WREG ? 1 : MB;           // accumulator blocks: MB m64nBN, or one m64nBM
+    static constexpr int ACC_REGS = WREG ? BM / 2 : BN / 2;
     static constexpr int THREADS = (NC + 1) * 128;
     // setmaxnreg moves registers from the producers to the consumers within the block's launch allocation
     // (ptx_sm90.cuh: consumer_regs); at most 232 (two consumers)
@@ -80,7 +93,8 @@ struct HaloConfig {
     static constexpr int CONSUMER_REGS_FIT = consumer_regs(THREADS, PRODUCER_REGS);
     static constexpr int CONSUMER_REGS = CONSUMER_REGS_FIT < 232 ? CONSUMER_REGS_FIT : 232;
     static_assert(NC >= 2 && NC <= 4, "consumer warpgroups: one producer warp each");
-    static_assert(MB * BN / 2 + 32 <= CONSUMER_REGS, "accumulators per thread, and room for the rest");
+    static_assert(ACC_BLOCKS * ACC_REGS + W_REGS + 32 <= CONSUMER_REGS, "accumulators (and weights) per thread");
+    static_assert(!WREG || (BN == 64 && BM == 256), "WREG: 64 output channels (A) x 256 padded rows (B) per wgmma");
     static_assert(BN == 64 || BN == 128, "wgmma N tiles of this kernel");
     // a consumer releases a slot once the next slab's wgmmas are issued, which with one slot is the one it waits for
     // (a config with STAGES 1 hung on the H100)
@@ -130,6 +144,49 @@ __device__ __forceinline__ void halo_epilogue(int const (&acc)[Cfg::MB][Cfg::BN 
                                                  lo);
                 *reinterpret_cast<uint32_t*>(stage + swz_row(slab_row0 + dst[mb][h], col & 31)) = q;
             }
+    }
+}
+
+// WREG's epilogue: acc is out^T, rows = 2 channels of this thread (a, b: ab = a0, a1, b0, b1), columns = padded rows
+// 8 j + 2 tig + e. Each thread rounds its 2 x 2 bytes of padded rows 8 j + 2 tig (+1), swaps half of them with lane
+// ^ 4 (which holds the quad's other two channels), and stores a word of four channels: even g for row 8 j + 2 tig,
+// odd g for + 1 (sel). addr0: its word's staging offset at j = 0 (+256 per j: 8 rows, the swizzle bit unchanged);
+// q: its row at j = 0; rows: padded rows in the tile (past them nothing is stored).
+template <int BM, bool SMALL, bool SAT>
+__device__ __forceinline__ void halo_epilogue_t(int const (&acc)[BM / 2], float4 ab, float lo, int8_t* stage,
+                                                uint32_t addr0, int q, int rows, uint32_t sel) {
+    std::integral_constant<bool, SMALL> small;
+#pragma unroll
+    for (int j = 0; j < BM / 8; ++j) {
+        float const c[4] = {acc_bits_to_float(acc[4 * j], small), acc_bits_to_float(acc[4 * j + 1], small),
+                            acc_bits_to_float(acc[4 * j + 2], small), acc_bits_to_float(acc[4 * j + 3], small)};
+        // bytes: (channel 0, row e = 0), (channel 1, e = 0), (channel 0, e = 1), (channel 1, e = 1)
+        uint32_t const word =
+            q_quad_t<SAT>(rule_t_plain<SAT>(c[0], ab.x, ab.z), rule_t_plain<SAT>(c[2], ab.y, ab.w),
+                          rule_t_plain<SAT>(c[1], ab.x, ab.z), rule_t_plain<SAT>(c[3], ab.y, ab.w), lo);
+        uint32_t const other = __shfl_xor_sync(0xffffffffu, word, 4);
+        if (8 * j + q < rows) *reinterpret_cast<uint32_t*>(stage + addr0 + 256 * j) = __byte_perm(word, other, sel);
+    }
+}
+
+// A tap's start in a halo slot, in 16-byte units: dy Wp + dx rows; stride 2: its phase box, then (dy == 2) Wp +
+// (dx == 2) rows
+__device__ __forceinline__ uint32_t halo_tap_shift(Conv3Params const& p, int tap) {
+    int const dy = tap / 3, dx = tap % 3, phase = (dy == 1) * 2 + (dx == 1);
+    return p.stride == 1 ? (dy * p.Wp + dx) * 2 : phase * (p.phase_bytes >> 4) + ((dy == 2) * p.Wp + (dx == 2)) * 2;
+}
+
+// f(sat, small) with the launch's rule form as compile-time constants (the same for every thread: no divergence)
+template <class F>
+__device__ __forceinline__ void with_rule_form(bool sat, bool small, F&& f) {
+    using T = std::true_type;
+    using N = std::false_type;
+    if (sat) {
+        if (small) f(T{}, T{});
+        else f(T{}, N{});
+    } else {
+        if (small) f(N{}, T{});
+        else f(N{}, N{});
     }
 }
 
@@ -210,16 +267,40 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1) conv3x3_kernel_sm90(const __g
     setmaxnreg_inc<Cfg::CONSUMER_REGS>();
     int const c = warp >> 2, t128 = tid & 127, warp_in_wg = warp & 3;
     int const g = lane >> 2, tig = lane & 3;
-    int const rows = p.R * p.W;   // staging rows per slab
+    int const rows = p.R * (Cfg::WREG ? p.Wp : p.W);   // staging rows per slab (WREG: padded rows)
     // the staging rows of this thread's accumulator rows, the same for every tile
-    int dst[MB][2];
+    int dst[MB][2] = {};
+    // WREG: the weight fragments (rows: channels 16 warp + 4 (g >> 1) + 2 (g & 1) + h, so that lanes g and g ^ 1
+    // hold a quad of consecutive channels), this thread's two channels' rule constants, and its staging word
+    uint32_t wfrag[Cfg::WREG ? 2 : 1][9][4] = {};
+    // ldmatrix.x4: lane's matrix m = lane >> 3 (h = m & 1, k bytes 16 (m >> 1) ..), its row i = lane & 7 (= g): the
+    // packed row holding channel 16 warp + 4 (i >> 1) + 2 (i & 1) + h (tile_layout.h: packed_row_channel)
+    uint32_t const w_lane = smem_u32(sW) + swz_offset(0, BN, warp_in_wg * 16 + 8 * (lane & 1) + 2 * ((lane & 7) >> 1) +
+                                                                 ((lane >> 3) & 1), 16 * (lane >> 4));
+    float4 ab_t{};
+    uint32_t st_addr0 = 0, sel = 0;
+    int q = 0;
+    if constexpr (Cfg::WREG) {
+        mbar_wait(w_full(), 0);
 #pragma unroll
-    for (int mb = 0; mb < MB; ++mb)
+        for (int s = 0; s < 2; ++s)   // slab s, tap t: k chunk t * Kc + s (BN x 32 bytes each)
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            int const o = mb * 64 + warp_in_wg * 16 + g + 8 * h, r = o / p.Wp, x = o - r * p.Wp;
-            dst[mb][h] = r < p.R && x < p.W ? r * p.W + x : -1;
-        }
+            for (int tap = 0; tap < 9; ++tap)
+                if (s < p.Kc) ldmatrix_x4(wfrag[s][tap], w_lane + (tap * p.Kc + s) * BN * 32);
+        int const ch = warp_in_wg * 16 + 4 * (g >> 1) + 2 * (g & 1);
+        ab_t = make_float4(sAB[ch], sAB[ch + 1], sAB[BN + ch], sAB[BN + ch + 1]);
+        q = 2 * tig + (g & 1);
+        st_addr0 = swz_row((warp_in_wg >> 1) * rows + q, 16 * (warp_in_wg & 1) + 4 * (g >> 1));
+        sel = g & 1 ? 0x3276u : 0x5410u;
+    } else {
+#pragma unroll
+        for (int mb = 0; mb < MB; ++mb)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                int const o = mb * 64 + warp_in_wg * 16 + g + 8 * h, r = o / p.Wp, x = o - r * p.Wp;
+                dst[mb][h] = r < p.R && x < p.W ? r * p.W + x : -1;
+            }
+    }
     // Descriptors (ptx_sm90.cuh: smem_desc) change only in their start address, the low 32 bits: the taps' and
     // slots' offsets are 32-bit adds to it (as 64-bit adds they were two instructions per wgmma operand).
     uint64_t const descW = smem_desc(smem_u32(sW)), descA = smem_desc(smem_u32(sA + c * STAGES * p.slot_bytes));
@@ -230,50 +311,63 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1) conv3x3_kernel_sm90(const __g
     // Accumulators start at 0 by the first wgmma's scale-d 0 (no moves per tile), or at the magic bits where
     // |acc| < 2^22 (epilogue.cuh: Rule::small_acc), which the wgmmas then add to.
     bool const small = p.rule.small_acc;
-    int acc[MB][BN / 2];
+    int acc[Cfg::ACC_BLOCKS][Cfg::ACC_REGS];
 
     for (int t = c, u = 0; t < my_tiles; t += NC, ++u) {
         int const mt = m_first + t * m_step, img = mt / p.tiles_per_img, y0 = (mt - img * p.tiles_per_img) * p.R;
         if (small) {
 #pragma unroll
-            for (int mb = 0; mb < MB; ++mb)
+            for (int mb = 0; mb < Cfg::ACC_BLOCKS; ++mb)
 #pragma unroll
-                for (int i = 0; i < BN / 2; ++i) acc[mb][i] = kMagicBits;
+                for (int i = 0; i < Cfg::ACC_REGS; ++i) acc[mb][i] = kMagicBits;
         }
         int prev = -1;
         // PINGPONG: tile u of consumers 0, 1, .., NC - 1, then tile u + 1 of consumer 0, ...: consumer c's turn
         // completes one phase per tile of the consumer before it (consumer 0's: of consumer NC - 1's previous tile).
         // Each waits at most one phase ahead: the consumer before it cannot pass a turn it has not been given.
         if (Cfg::PINGPONG && (c > 0 || u > 0)) mbar_wait(mma_turn(c), (c > 0 ? u : u - 1) & 1);
-        for (int s = 0; s < p.Kc; ++s) {
+        // one slab: wait for its halo box, issue its taps' wgmmas (one commit group), release the previous slab's slot
+        // once its wgmmas are done. issue(slot start in 16-byte units, whether the accumulators hold a start)
+        auto slab = [&](int s, auto&& issue) {
             int const fill = u * p.Kc + s, slot = fill % STAGES;
             mbar_wait(full(c, slot), (fill / STAGES) & 1);
-            if (u == 0 && s == 0) mbar_wait(w_full(), 0);
+            if (!Cfg::WREG && u == 0 && s == 0) mbar_wait(w_full(), 0);
             wgmma_fence();
-            uint32_t const a_slot = a_lo + ((slot * p.slot_bytes) >> 4);
-#pragma unroll
-            for (int tap = 0; tap < 9; ++tap) {
-                // the tap's rows in the slot, in 16 bytes: dy Wp + dx; stride 2: its phase box, then (dy == 2) Wp + (dx == 2)
-                int const dy = tap / 3, dx = tap % 3, phase = (dy == 1) * 2 + (dx == 1);
-                uint32_t const shift = p.stride == 1 ? (dy * p.Wp + dx) * 2
-                                                     : phase * (p.phase_bytes >> 4) + ((dy == 2) * p.Wp + (dx == 2)) * 2;
-#ifdef TRTFUSE_HALO_ALIGNED_SHIFT_TIMING  // timing experiment only (wrong results): every start 8-row aligned
-                uint32_t const shift_t = shift & ~15u;
-#define shift shift_t
-#endif
-                uint32_t const w = w_lo + (((tap * p.Kc + s) * BN * 32) >> 4);
-                int const scale_d = small || s > 0 || tap > 0;   // 0: this wgmma starts the accumulators
-#pragma unroll
-                for (int mb = 0; mb < MB; ++mb)
-                    wgmma_m64k32_s8<BN>(acc[mb], desc(a_slot + mb * 128 + shift), desc(w), scale_d);
-            }
+            issue(a_lo + ((slot * p.slot_bytes) >> 4), small || s > 0);
             wgmma_commit();
-            if (prev >= 0) {   // the previous slab's wgmmas are done: release its slot
+            if (prev >= 0) {
                 wgmma_wait<1>();
                 __syncwarp();
                 if (lane == 0) mbar_arrive(empty(c, prev));
             }
             prev = slot;
+        };
+        if constexpr (Cfg::WREG) {
+#pragma unroll
+            for (int s = 0; s < 2; ++s)
+                if (s < p.Kc)
+                    slab(s, [&](uint32_t b_slot, bool started) {
+#pragma unroll
+                        for (int tap = 0; tap < 9; ++tap)
+                            wgmma_m64n256k32_s8_rs(acc[0], wfrag[s][tap], desc(b_slot + halo_tap_shift(p, tap)),
+                                                   started || tap > 0);
+                    });
+        } else {
+            for (int s = 0; s < p.Kc; ++s)
+                slab(s, [&](uint32_t a_slot, bool started) {
+#pragma unroll
+                    for (int tap = 0; tap < 9; ++tap) {
+                        uint32_t shift = halo_tap_shift(p, tap);
+#ifdef TRTFUSE_HALO_ALIGNED_SHIFT_TIMING  // timing experiment only (wrong results): every start 8-row aligned
+                        shift &= ~15u;
+#endif
+                        uint32_t const w = w_lo + (((tap * p.Kc + s) * BN * 32) >> 4);
+                        int const scale_d = started || tap > 0;   // 0: this wgmma starts the accumulators
+#pragma unroll
+                        for (int mb = 0; mb < MB; ++mb)
+                            wgmma_m64k32_s8<BN>(acc[mb], desc(a_slot + mb * 128 + shift), desc(w), scale_d);
+                    }
+                });
         }
         if (Cfg::PINGPONG) mbar_arrive(mma_turn((c + 1) % NC));   // this tile's wgmmas are all issued
         wgmma_wait<0>();
@@ -284,13 +378,13 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1) conv3x3_kernel_sm90(const __g
         int8_t* const stage = stage0 + (u % SBUF) * p.stage_bytes;
         if (t128 == 0) bulk_wait<SBUF - 1, true>();
         named_barrier_sync(1 + c, 128);
-        if (p.rule.sat) {
-            if (small) halo_epilogue<Cfg, true, true>(acc, sAB, p.rule.lo, dst, stage, rows, tig);
-            else halo_epilogue<Cfg, false, true>(acc, sAB, p.rule.lo, dst, stage, rows, tig);
-        } else {
-            if (small) halo_epilogue<Cfg, true, false>(acc, sAB, p.rule.lo, dst, stage, rows, tig);
-            else halo_epilogue<Cfg, false, false>(acc, sAB, p.rule.lo, dst, stage, rows, tig);
-        }
+        with_rule_form(p.rule.sat, small, [&](auto sat, auto small_c) {
+            constexpr bool SAT = decltype(sat)::value, SMALL = decltype(small_c)::value;
+            if constexpr (Cfg::WREG)
+                halo_epilogue_t<Cfg::BM, SMALL, SAT>(acc[0], ab_t, p.rule.lo, stage, st_addr0, q, rows, sel);
+            else
+                halo_epilogue<Cfg, SMALL, SAT>(acc, sAB, p.rule.lo, dst, stage, rows, tig);
+        });
         fence_proxy_async_smem();   // the staging bytes (generic writes) -> the TMA engine's reads
         named_barrier_sync(1 + c, 128);
         if (t128 == 0) {

@@ -549,16 +549,19 @@ using H4 = HaloConfig<128, 1, 2, 2, true>;   // stride 2 on one N block (the inp
 // (0.397, 0.622 against H1's 0.364: shared-memory bound there) were measured and dropped (docs/residual_conv.md,
 // Version 20).
 using H5 = HaloConfig<64, 2, 4, 2, true, 3>;
+// Cout 64 with Cin <= 64 (layer1), weights stationary in registers (kernel3x3_sm90.cuh: WREG): one m64n256k32 per tap
+using H6 = HaloConfig<64, 4, 4, 2, true, 2, true>;
 
 struct HaloInfo {
     char const* name;
     int bn, bm, stages, sbuf, threads;
+    bool wreg;     // WREG: inputs of up to 2 slabs, and its staging tile has padded rows
     void (*kernel)(Conv3Params);
     int (*smem)(int kpad, int slot_bytes, int stage_bytes);
 };
 template <class C>
 constexpr HaloInfo halo_info(char const* name) {
-    return {name, C::BN, C::BM, C::STAGES, C::SBUF, C::THREADS, conv3x3_kernel_sm90<C>, halo_smem_bytes<C>};
+    return {name, C::BN, C::BM, C::STAGES, C::SBUF, C::THREADS, C::WREG, conv3x3_kernel_sm90<C>, halo_smem_bytes<C>};
 }
 HaloInfo const kHaloConfigs[] = {
     halo_info<H0>("halo_64x256_s4_b2_pp"),
@@ -567,12 +570,14 @@ HaloInfo const kHaloConfigs[] = {
     halo_info<H3>("halo_64x128_s2_b2_pp"),
     halo_info<H4>("halo_128x64_s2_b2_pp"),
     halo_info<H5>("halo_64x128_s4_b2_pp_c3"),
+    halo_info<H6>("halo_64x256_s4_b2_pp_wr"),
 };
 constexpr int kNumHaloConfigs = sizeof(kHaloConfigs) / sizeof(kHaloConfigs[0]);
 
 // A launch's tile geometry on config C for an h x w input at L's stride: the output size, a box row (Wp), output rows
 // per tile, and the shared memory of its halo slot (stride 2: of each of its four phase boxes), staging tile and whole
-// block. false: the image is too wide for the tile (Wp > BM, or a TMA box over 256) or the block's shared memory.
+// block. false: the image is too wide for the tile (Wp > BM, or a TMA box over 256), the input too deep for a WREG
+// configuration's registers (over 2 slabs), or the block's shared memory.
 struct HaloGeometry {
     int ho, wo, wp, R, slot_bytes, phase_bytes, stage_bytes, smem;
 };
@@ -580,7 +585,7 @@ bool halo_geometry(HaloInfo const& C, Layer const& L, int h, int w, HaloGeometry
     g->ho = (h - 1) / L.stride + 1;
     g->wo = (w - 1) / L.stride + 1;
     g->wp = L.stride == 1 ? w + 2 : g->wo + 1;
-    if (g->wp > C.bm || L.stride * g->wp > 256) return false;
+    if (g->wp > C.bm || L.stride * g->wp > 256 || (C.wreg && L.kc > 2)) return false;
     g->R = std::min(g->ho, C.bm / g->wp);
     if (L.stride == 1) {   // the farthest row a tap reads, +1
         g->phase_bytes = 0;
@@ -589,7 +594,7 @@ bool halo_geometry(HaloInfo const& C, Layer const& L, int h, int w, HaloGeometry
         g->phase_bytes = round_up((C.bm + g->wp + 1) * 32, 1024);
         g->slot_bytes = 4 * g->phase_bytes;
     }
-    g->stage_bytes = round_up(C.bn * g->R * g->wo, 1024);
+    g->stage_bytes = round_up(C.bn * g->R * (C.wreg ? g->wp : g->wo), 1024);
     g->smem = C.smem(L.kpad, g->slot_bytes, g->stage_bytes);
     return g->smem <= kMaxSmem;
 }
@@ -603,14 +608,16 @@ std::vector<int> halo_configs_by_name(std::initializer_list<char const*> names) 
 }
 
 // The halo configuration for a 3x3 layer on an h x w input, -1 if none holds it: at Cout 64 (layer1) N tiles of 64,
-// at stride 1 by three consumers of 2 x 64-row tiles (H5), else two of 4 x 64 rows; wider, N tiles of 128 where that
+// at stride 1 with the weights in registers where Cin <= 64 (H6: 0.40 ms against H5's 0.48 at layer1, H100 batch
+// 2048), else by three consumers of 2 x 64-row tiles (H5), else two of 4 x 64 rows; wider, N tiles of 128 where that
 // weight slice fits, else of 64. At stride 2 (four phase boxes a slot) only the rings of 2 slots fit; there one N
 // tile of 128 with 64-row tiles reads the input once (layer2.0: 0.66 ms, against 0.80 with two N tiles of 64, H100
 // batch 2048).
 int halo_heuristic(Layer const& L, int h, int w) {
     // the preference orders as indices, looked up once (this runs at every forward that picks)
     static std::vector<int> const narrow_s1 = halo_configs_by_name(
-        {"halo_64x128_s4_b2_pp_c3", "halo_64x256_s4_b2_pp", "halo_64x128_s4_b2_pp", "halo_64x128_s2_b2_pp"});
+        {"halo_64x256_s4_b2_pp_wr", "halo_64x128_s4_b2_pp_c3", "halo_64x256_s4_b2_pp", "halo_64x128_s4_b2_pp",
+         "halo_64x128_s2_b2_pp"});
     static std::vector<int> const narrow = halo_configs_by_name(
         {"halo_64x256_s4_b2_pp", "halo_64x128_s4_b2_pp", "halo_64x128_s2_b2_pp"});
     static std::vector<int> const wide = halo_configs_by_name(
@@ -624,7 +631,7 @@ int halo_heuristic(Layer const& L, int h, int w) {
 
 // The 3x3 conv's input (h x w) and output tensor maps (Conv3Params, with p.H, p.W, p.Wp, p.R, p.stride set); 0 or a
 // cudaError_t.
-int encode_halo_maps(Conv3Params& p, void const* x, void* out, int n, int h, int w, int nc, int bn) {
+int encode_halo_maps(Conv3Params& p, void const* x, void* out, int n, int h, int w, int nc, int bn, bool padded_rows) {
     auto encode = tensor_map_encoder();
     if (!encode) return cudaErrorNotSupported;
     cuuint32_t const ones[5] = {1, 1, 1, 1, 1};
@@ -642,7 +649,8 @@ int encode_halo_maps(Conv3Params& p, void const* x, void* out, int n, int h, int
     cuuint64_t const H = p.H, W = p.W, HW32 = H * W * 32;
     cuuint64_t const out_dims[5] = {32, W, H, static_cast<cuuint64_t>(nc), static_cast<cuuint64_t>(n)};
     cuuint64_t const out_strides[4] = {32, W * 32, HW32, HW32 * nc};
-    cuuint32_t const out_box[5] = {32, static_cast<cuuint32_t>(p.W), static_cast<cuuint32_t>(p.R),
+    // padded_rows (WREG's staging tile): a box row of Wp, whose columns past W the store clips
+    cuuint32_t const out_box[5] = {32, static_cast<cuuint32_t>(padded_rows ? p.Wp : p.W), static_cast<cuuint32_t>(p.R),
                                    static_cast<cuuint32_t>(bn / 32), 1};
     st = encode(&p.out_map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 5, out, out_dims, out_strides, out_box, ones,
                 CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_32B, CU_TENSOR_MAP_L2_PROMOTION_NONE,
@@ -676,7 +684,7 @@ int launch_conv3x3(Layer const& L, void const* x, void* out, int n, int h, int w
     p.slot_bytes = g.slot_bytes;
     p.phase_bytes = g.phase_bytes;
     p.stage_bytes = g.stage_bytes;
-    if (int st = encode_halo_maps(p, x, out, n, h, w, L.nc, C.bn)) return st;
+    if (int st = encode_halo_maps(p, x, out, n, h, w, L.nc, C.bn, C.wreg)) return st;
     int dev = 0, sms = 0;
     TRTFUSE_CUDA_RETURN(cudaGetDevice(&dev));
     if (int st = sm_count(dev, &sms)) return st;
