@@ -118,9 +118,9 @@ MIN_PROJECTION_COUT = 256
 # (256 + 128 -> 384) fit, layer3.0 (512 + 256 -> 768) does not (it keeps a projection node and a tail node).
 MAX_FUSED_K_BYTES = 512
 # Stride-1 3x3 convs go to the halo kernel only up to this many output channels: on the H100 at batch 2048 (random
-# weights, benchmarks/results/conv3x3_h100.json) it is 1.53x TensorRT 8.5 at ResNet-50's layer1 (Cout 64), 1.16x at
-# layer2 (128; under issue 14's 1.3x bar for a replaced layer) and slower at layer3 (256, where TensorRT runs a
-# Hopper kernel).
+# weights, benchmarks/results/conv3x3_h100.json) it is 1.89x TensorRT 8.5 at ResNet-50's layer1 (Cout 64, the weights
+# in registers), 1.14x at layer2 (128; under issue 14's 1.3x bar for a replaced layer) and slower at layer3 (256, where
+# TensorRT runs a Hopper kernel).
 MAX_CONV3X3_COUT = 64
 # A tail computes the next bottleneck's conv1 from its own output tile only where that tile holds whole rows of the
 # tail's output (the conv1 sums over all of its channels): the kernel's N tile is 256 channels, so tails of at most
