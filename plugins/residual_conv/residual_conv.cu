@@ -549,8 +549,9 @@ using H4 = HaloConfig<128, 1, 2, 2, true>;   // stride 2 on one N block (the inp
 // (0.397, 0.622 against H1's 0.364: shared-memory bound there) were measured and dropped (docs/residual_conv.md,
 // Version 20).
 using H5 = HaloConfig<64, 2, 4, 2, true, 3>;
-// Cout 64 with Cin <= 64 (layer1), weights stationary in registers (kernel3x3_sm90.cuh: WREG): one m64n256k32 per tap
-using H6 = HaloConfig<64, 4, 4, 2, true, 2, true>;
+// Cout 64 with Cin <= 64 (layer1), weights stationary in registers (kernel3x3_sm90.cuh: WREG): one m64n256k32 per tap.
+// Without turns: 0.391 ms against 0.398 with them (H100, batch 2048; docs/residual_conv.md, Version 24).
+using H6 = HaloConfig<64, 4, 4, 2, false, 2, true>;
 
 struct HaloInfo {
     char const* name;
@@ -570,7 +571,7 @@ HaloInfo const kHaloConfigs[] = {
     halo_info<H3>("halo_64x128_s2_b2_pp"),
     halo_info<H4>("halo_128x64_s2_b2_pp"),
     halo_info<H5>("halo_64x128_s4_b2_pp_c3"),
-    halo_info<H6>("halo_64x256_s4_b2_pp_wr"),
+    halo_info<H6>("halo_64x256_s4_b2_wr"),
 };
 constexpr int kNumHaloConfigs = sizeof(kHaloConfigs) / sizeof(kHaloConfigs[0]);
 
@@ -608,7 +609,7 @@ std::vector<int> halo_configs_by_name(std::initializer_list<char const*> names) 
 }
 
 // The halo configuration for a 3x3 layer on an h x w input, -1 if none holds it: at Cout 64 (layer1) N tiles of 64,
-// at stride 1 with the weights in registers where Cin <= 64 (H6: 0.40 ms against H5's 0.48 at layer1, H100 batch
+// at stride 1 with the weights in registers where Cin <= 64 (H6: 0.39 ms against H5's 0.48 at layer1, H100 batch
 // 2048), else by three consumers of 2 x 64-row tiles (H5), else two of 4 x 64 rows; wider, N tiles of 128 where that
 // weight slice fits, else of 64. At stride 2 (four phase boxes a slot) only the rings of 2 slots fit; there one N
 // tile of 128 with 64-row tiles reads the input once (layer2.0: 0.66 ms, against 0.80 with two N tiles of 64, H100
@@ -616,7 +617,7 @@ std::vector<int> halo_configs_by_name(std::initializer_list<char const*> names) 
 int halo_heuristic(Layer const& L, int h, int w) {
     // the preference orders as indices, looked up once (this runs at every forward that picks)
     static std::vector<int> const narrow_s1 = halo_configs_by_name(
-        {"halo_64x256_s4_b2_pp_wr", "halo_64x128_s4_b2_pp_c3", "halo_64x256_s4_b2_pp", "halo_64x128_s4_b2_pp",
+        {"halo_64x256_s4_b2_wr", "halo_64x128_s4_b2_pp_c3", "halo_64x256_s4_b2_pp", "halo_64x128_s4_b2_pp",
          "halo_64x128_s2_b2_pp"});
     static std::vector<int> const narrow = halo_configs_by_name(
         {"halo_64x256_s4_b2_pp", "halo_64x128_s4_b2_pp", "halo_64x128_s2_b2_pp"});
