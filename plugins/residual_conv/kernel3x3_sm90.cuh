@@ -273,14 +273,15 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1) conv3x3_kernel_sm90(const __g
     // WREG: the weight fragments (rows: channels 16 warp + 4 (g >> 1) + 2 (g & 1) + h, so that lanes g and g ^ 1
     // hold a quad of consecutive channels), this thread's two channels' rule constants, and its staging word
     uint32_t wfrag[Cfg::WREG ? 2 : 1][9][4] = {};
-    // ldmatrix.x4: lane's matrix m = lane >> 3 (h = m & 1, k bytes 16 (m >> 1) ..), its row i = lane & 7 (= g): the
-    // packed row holding channel 16 warp + 4 (i >> 1) + 2 (i & 1) + h (tile_layout.h: packed_row_channel)
-    uint32_t const w_lane = smem_u32(sW) + swz_offset(0, BN, warp_in_wg * 16 + 8 * (lane & 1) + 2 * ((lane & 7) >> 1) +
-                                                                 ((lane >> 3) & 1), 16 * (lane >> 4));
     float4 ab_t{};
     uint32_t st_addr0 = 0, sel = 0;
     int q = 0;
     if constexpr (Cfg::WREG) {
+        // ldmatrix.x4: lane's matrix m = lane >> 3 (h = m & 1, k bytes 16 (m >> 1) ..), its row i = lane & 7 (= g):
+        // the packed row holding channel 16 warp + 4 (i >> 1) + 2 (i & 1) + h (tile_layout.h: packed_row_channel)
+        int const m = lane >> 3, i = lane & 7;
+        uint32_t const w_lane =
+            smem_u32(sW) + swz_offset(0, BN, warp_in_wg * 16 + 8 * (i & 1) + 2 * (i >> 1) + (m & 1), 16 * (m >> 1));
         mbar_wait(w_full(), 0);
 #pragma unroll
         for (int s = 0; s < 2; ++s)   // slab s, tap t: k chunk t * Kc + s (BN x 32 bytes each)
