@@ -77,12 +77,13 @@ struct Conv3Params {
 // PINGPONG: the consumers take turns issuing their tiles' wgmmas (an mbarrier per consumer), so that one's epilogue
 // runs while the others' wgmmas do; without turns they tend to reach their epilogues together. NC: consumer
 // warpgroups (2 to 4; the producer warpgroup has a warp per consumer).
-// WREG: weights stationary in registers (above), for inputs of up to 2 slabs.
+// WREG: weights stationary in registers (above), for inputs of up to kWregSlabs slabs (the host refuses deeper ones).
+constexpr int kWregSlabs = 2;
 template <int BN_, int MB_, int STAGES_, int SBUF_, bool PINGPONG_ = false, int NC_ = 2, bool WREG_ = false>
 struct HaloConfig {
     static constexpr int BN = BN_, MB = MB_, BM = 64 * MB_, STAGES = STAGES_, SBUF = SBUF_, NC = NC_;
     static constexpr bool PINGPONG = PINGPONG_, WREG = WREG_;
-    static constexpr int W_REGS = WREG ? 2 * 9 * 4 : 0;        // A fragments: 9 taps x 2 slabs
+    static constexpr int W_REGS = WREG ? kWregSlabs * 9 * 4 : 0;   // A fragments: 9 taps x kWregSlabs slabs
     static constexpr int ACC_BLOCKS = WREG ? 1 : MB;           // accumulator blocks: MB m64nBN, or one m64nBM
     static constexpr int ACC_REGS = WREG ? BM / 2 : BN / 2;
     static constexpr int THREADS = (NC + 1) * 128;
@@ -272,7 +273,7 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1) conv3x3_kernel_sm90(const __g
     int dst[MB][2] = {};
     // WREG: the weight fragments (rows: channels 16 warp + 4 (g >> 1) + 2 (g & 1) + h, so that lanes g and g ^ 1
     // hold a quad of consecutive channels), this thread's two channels' rule constants, and its staging word
-    uint32_t wfrag[Cfg::WREG ? 2 : 1][9][4] = {};
+    uint32_t wfrag[Cfg::WREG ? kWregSlabs : 1][9][4] = {};
     float4 ab_t{};
     uint32_t st_addr0 = 0, sel = 0;
     int q = 0;
@@ -284,7 +285,7 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1) conv3x3_kernel_sm90(const __g
             smem_u32(sW) + swz_offset(0, BN, warp_in_wg * 16 + 8 * (i & 1) + 2 * (i >> 1) + (m & 1), 16 * (m >> 1));
         mbar_wait(w_full(), 0);
 #pragma unroll
-        for (int s = 0; s < 2; ++s)   // slab s, tap t: k chunk t * Kc + s (BN x 32 bytes each)
+        for (int s = 0; s < kWregSlabs; ++s)   // slab s, tap t: k chunk t * Kc + s (BN x 32 bytes each)
 #pragma unroll
             for (int tap = 0; tap < 9; ++tap)
                 if (s < p.Kc) ldmatrix_x4(wfrag[s][tap], w_lane + (tap * p.Kc + s) * BN * 32);
@@ -345,7 +346,7 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1) conv3x3_kernel_sm90(const __g
         };
         if constexpr (Cfg::WREG) {
 #pragma unroll
-            for (int s = 0; s < 2; ++s)
+            for (int s = 0; s < kWregSlabs; ++s)
                 if (s < p.Kc)
                     slab(s, [&](uint32_t b_slot, bool started) {
 #pragma unroll

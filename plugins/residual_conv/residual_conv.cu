@@ -556,7 +556,7 @@ using H6 = HaloConfig<64, 4, 4, 2, false, 2, true>;
 struct HaloInfo {
     char const* name;
     int bn, bm, stages, sbuf, threads;
-    bool wreg;     // WREG: inputs of up to 2 slabs, and its staging tile has padded rows
+    bool wreg;     // WREG: inputs of up to kWregSlabs slabs, and its staging tile has padded rows
     void (*kernel)(Conv3Params);
     int (*smem)(int kpad, int slot_bytes, int stage_bytes);
 };
@@ -578,7 +578,7 @@ constexpr int kNumHaloConfigs = sizeof(kHaloConfigs) / sizeof(kHaloConfigs[0]);
 // A launch's tile geometry on config C for an h x w input at L's stride: the output size, a box row (Wp), output rows
 // per tile, and the shared memory of its halo slot (stride 2: of each of its four phase boxes), staging tile and whole
 // block. false: the image is too wide for the tile (Wp > BM, or a TMA box over 256), the input too deep for a WREG
-// configuration's registers (over 2 slabs), or the block's shared memory.
+// configuration's registers (over kWregSlabs slabs), or the block's shared memory.
 struct HaloGeometry {
     int ho, wo, wp, R, slot_bytes, phase_bytes, stage_bytes, smem;
 };
@@ -586,7 +586,7 @@ bool halo_geometry(HaloInfo const& C, Layer const& L, int h, int w, HaloGeometry
     g->ho = (h - 1) / L.stride + 1;
     g->wo = (w - 1) / L.stride + 1;
     g->wp = L.stride == 1 ? w + 2 : g->wo + 1;
-    if (g->wp > C.bm || L.stride * g->wp > 256 || (C.wreg && L.kc > 2)) return false;
+    if (g->wp > C.bm || L.stride * g->wp > 256 || (C.wreg && L.kc > kWregSlabs)) return false;
     g->R = std::min(g->ho, C.bm / g->wp);
     if (L.stride == 1) {   // the farthest row a tap reads, +1
         g->phase_bytes = 0;
