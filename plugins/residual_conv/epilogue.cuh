@@ -166,21 +166,28 @@ __device__ __forceinline__ void epilogue_fragment_form(int const (&acc)[MI][NI *
     }
 }
 
-// The form is chosen per launch (rule.sat, rule.small_acc), the same for every thread: no divergence.
+// f(sat, small) with the launch's rule form (rule.sat, rule.small_acc) as compile-time constants: the same for every
+// thread, so no divergence.
+template <class F>
+__device__ __forceinline__ void with_rule_form(bool sat, bool small, F&& f) {
+    using T = std::true_type;
+    using N = std::false_type;
+    if (sat) {
+        if (small) f(T{}, T{});
+        else f(T{}, N{});
+    } else {
+        if (small) f(N{}, T{});
+        else f(N{}, N{});
+    }
+}
+
 template <int ROWS, int MI, int NI, bool RESIDUAL, bool STORE = true, class Keep = KeepNone>
 __device__ __forceinline__ void epilogue_fragment(int const (&acc)[MI][NI * 4], Rule const& rule, int8_t* tile, int row,
                                                   int tig, int n0, Keep&& keep = Keep{}) {
-    if (rule.sat) {
-        if (rule.small_acc)
-            epilogue_fragment_form<ROWS, MI, NI, RESIDUAL, true, true, STORE>(acc, rule, tile, row, tig, n0, keep);
-        else
-            epilogue_fragment_form<ROWS, MI, NI, RESIDUAL, false, true, STORE>(acc, rule, tile, row, tig, n0, keep);
-    } else {
-        if (rule.small_acc)
-            epilogue_fragment_form<ROWS, MI, NI, RESIDUAL, true, false, STORE>(acc, rule, tile, row, tig, n0, keep);
-        else
-            epilogue_fragment_form<ROWS, MI, NI, RESIDUAL, false, false, STORE>(acc, rule, tile, row, tig, n0, keep);
-    }
+    with_rule_form(rule.sat, rule.small_acc, [&](auto sat, auto small) {
+        epilogue_fragment_form<ROWS, MI, NI, RESIDUAL, decltype(small)::value, decltype(sat)::value, STORE>(
+            acc, rule, tile, row, tig, n0, keep);
+    });
 }
 
 }  // namespace rconv

@@ -177,20 +177,6 @@ __device__ __forceinline__ uint32_t halo_tap_shift(Conv3Params const& p, int tap
     return p.stride == 1 ? (dy * p.Wp + dx) * 2 : phase * (p.phase_bytes >> 4) + ((dy == 2) * p.Wp + (dx == 2)) * 2;
 }
 
-// f(sat, small) with the launch's rule form as compile-time constants (the same for every thread: no divergence)
-template <class F>
-__device__ __forceinline__ void with_rule_form(bool sat, bool small, F&& f) {
-    using T = std::true_type;
-    using N = std::false_type;
-    if (sat) {
-        if (small) f(T{}, T{});
-        else f(T{}, N{});
-    } else {
-        if (small) f(N{}, T{});
-        else f(N{}, N{});
-    }
-}
-
 __device__ __forceinline__ void named_barrier_sync(int id, int threads) {
     asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
