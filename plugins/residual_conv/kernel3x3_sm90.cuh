@@ -345,10 +345,7 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1) conv3x3_kernel_sm90(const __g
                 slab(s, [&](uint32_t a_slot, bool started) {
 #pragma unroll
                     for (int tap = 0; tap < 9; ++tap) {
-                        uint32_t shift = halo_tap_shift(p, tap);
-#ifdef TRTFUSE_HALO_ALIGNED_SHIFT_TIMING  // timing experiment only (wrong results): every start 8-row aligned
-                        shift &= ~15u;
-#endif
+                        uint32_t const shift = halo_tap_shift(p, tap);
                         uint32_t const w = w_lo + (((tap * p.Kc + s) * BN * 32) >> 4);
                         int const scale_d = started || tap > 0;   // 0: this wgmma starts the accumulators
 #pragma unroll
