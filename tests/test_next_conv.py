@@ -155,7 +155,7 @@ def test_next_check_validates_without_gpu():
 
 
 @pytest.mark.tensorrt
-@pytest.mark.parametrize("pair", ["layer1.0+layer1.1.conv1", "layer1.2+layer2.0.conv1"])
+@pytest.mark.parametrize("pair", ["layer1.0+layer1.1.conv1", "layer1.2+layer2.0.conv1", "layer2.1+layer2.2.conv1"])
 def test_plugin_node_with_next_fields_is_exact(cuda, pair):
     """The TrtfuseResidualConv node with next_* fields (two outputs) in a TensorRT engine, next to TensorRT's own two
     layers on the same data (benchmarks/next_conv_trt.py at batch 2): both of the plugin's outputs exact against the
