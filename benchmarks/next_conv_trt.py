@@ -1,9 +1,8 @@
-"""A ResNet-50 layer1 or layer2 tail, or the stem, with the next bottleneck's conv1 chained onto it: our one sm_90a kernel
+"""A ResNet-50 layer1 tail, or the stem, with the next bottleneck's conv1 chained onto it: our one sm_90a kernel
 against TensorRT 8.5's two (the tail's conv + Add + ReLU, or its stem's conv + ReLU + max pool, then the conv1 + ReLU
 reading that output back from memory).
 
-Pairs: the three layer1 tails and layer2.1's and layer2.2's (512 channels: the chained kernel computes each M tile's
-two N tiles in turn) with the next block's conv1 (kind "fused-tail-conv1", int8 kCHW32 inputs), and the stem
+Pairs: the three layer1 tails with the next block's conv1 (kind "fused-tail-conv1", int8 kCHW32 inputs), and the stem
 with layer1.0's conv1 ("stem+layer1.0.conv1", kind "fused-stem-conv1": the int8 LINEAR input [n, 3, 224, 224] as the
 network's, the stem 3 -> 64, the conv1 64 -> 64 1x1 + ReLU on the 56 x 56 pooled output; TensorRT's stem as
 benchmarks/stem_trt.py builds it). For each pair and batch, on identical int8 inputs (device resident), in one process:
@@ -35,13 +34,12 @@ from bench_cuda import DeviceBuffer, ck, compare, cudart, result_header, time_ms
 from trtfuse.ops import residual_conv as op
 from trtfuse.ops import residual_conv_reference as ref
 
-# pair: (tail cin, tail cout, next cout, projection cin or 0, h = w): the tail whose output the next block's conv1 reads
+HW = 56
+# pair: (tail cin, tail cout, next cout, projection cin or 0): the tail whose output the next block's conv1 reads
 PAIRS = {
-    "layer1.0+layer1.1.conv1": (64, 256, 64, 64, 56),  # the stage's first block (projection + tail in one kernel)
-    "layer1.1+layer1.2.conv1": (64, 256, 64, 0, 56),
-    "layer1.2+layer2.0.conv1": (64, 256, 128, 0, 56),  # layer2.0's conv1: 256 -> 128, stride 1 (torchvision v1.5)
-    "layer2.1+layer2.2.conv1": (128, 512, 128, 0, 28),
-    "layer2.2+layer2.3.conv1": (128, 512, 128, 0, 28),
+    "layer1.0+layer1.1.conv1": (64, 256, 64, 64),  # the stage's first block (projection + tail in one kernel)
+    "layer1.1+layer1.2.conv1": (64, 256, 64, 0),
+    "layer1.2+layer2.0.conv1": (64, 256, 128, 0),  # layer2.0's conv1: 256 -> 128, stride 1 (torchvision v1.5)
 }
 # the stem (stem_trt.py's: 3 x 224 x 224 -> 64 x 56 x 56) and layer1.0's conv1 (64 -> STEM_NEXT_COUT, 1x1 + ReLU)
 STEM_PAIR = "stem+layer1.0.conv1"
@@ -60,7 +58,7 @@ def random_pair(rng, cin, cout, next_cout, proj_cin):
     return T, N, P
 
 
-def trt_engine(kind: str, T: dict, N: dict, P: dict | None, n: int, hw: int):
+def trt_engine(kind: str, T: dict, N: dict, P: dict | None, n: int):
     """kind 'trt': TensorRT's own layers (the projection, if any; the tail's conv + Add + ReLU; the conv1 + ReLU),
     both the tail's output and the conv1's marked as outputs; 'plugin': one TrtfuseResidualConv node with the next_*
     (and proj_*) fields. Inputs "x" and "r" (or "xp"), outputs "out" and "next". Returns (engine, layer info)."""
@@ -70,13 +68,13 @@ def trt_engine(kind: str, T: dict, N: dict, P: dict | None, n: int, hw: int):
     builder = trt.Builder(LOGGER)
     network = builder.create_network(1 << int(trt.NetworkDefinitionCreationFlag.EXPLICIT_BATCH))
     cout, cin = T["w"].shape
-    x = network.add_input("x", trt.int8, (n, cin, hw, hw))
+    x = network.add_input("x", trt.int8, (n, cin, HW, HW))
     _int8_io(x, T["x_scale"])
     if P is None:
-        second = network.add_input("r", trt.int8, (n, cout, hw, hw))
+        second = network.add_input("r", trt.int8, (n, cout, HW, HW))
         _int8_io(second, T["r_scale"])
     else:
-        second = network.add_input("xp", trt.int8, (n, P["w"].shape[1], hw, hw))
+        second = network.add_input("xp", trt.int8, (n, P["w"].shape[1], HW, HW))
         _int8_io(second, P["x_scale"])
     more = lambda nxt: ((nxt, "next", N["out_scale"]),)  # noqa: E731
     if kind == "plugin":
@@ -235,39 +233,39 @@ def run_case(name: str, n: int, reps: int, stream, rng, with_trt: bool, config: 
     """One pair at batch n; `config` (>= 0): the tail pair's chained launch on that configuration."""
     if name == STEM_PAIR:
         return run_stem_case(n, reps, stream, rng, with_trt)
-    cin, cout, next_cout, proj_cin, hw = PAIRS[name]
+    cin, cout, next_cout, proj_cin = PAIRS[name]
     T, N, P = random_pair(rng, cin, cout, next_cout, proj_cin)
-    x = rng.integers(-128, 128, size=(n, cin, hw, hw), dtype=np.int8)
-    second = rng.integers(-128, 128, size=(n, proj_cin or cout, hw, hw), dtype=np.int8)
+    x = rng.integers(-128, 128, size=(n, cin, HW, HW), dtype=np.int8)
+    second = rng.integers(-128, 128, size=(n, proj_cin or cout, HW, HW), dtype=np.int8)
     xb, sb = DeviceBuffer(x.nbytes).upload(ref.to_nc32hw32(x)), DeviceBuffer(second.nbytes).upload(
         ref.to_nc32hw32(second))
-    dev = PairOutputs(n, cout, next_cout, hw, hw)
+    dev = PairOutputs(n, cout, next_cout, HW, HW)
     row = {"layer": name, "kind": "fused-tail-conv1", "batch": n, "weights": "random",
            "bytes": int(x.nbytes + second.nbytes + dev.nbytes),
-           "ops": int(2 * n * hw * hw * (cin * cout + proj_cin * cout + cout * next_cout))}
+           "ops": int(2 * n * HW * HW * (cin * cout + proj_cin * cout + cout * next_cout))}
     tail = (T["w"], T["w_scale"], T["bias"], T["x_scale"], T["r_scale"], T["out_scale"], True)
     layer = op.ProjTail(*tail, P["w"], P["w_scale"], P["bias"], P["x_scale"], P["out_scale"], 1) if P else \
         op.ResidualConv(*tail)
     layer.attach_next(N["w"], N["w_scale"], N["bias"], N["x_scale"], N["out_scale"], True)
     conv1 = op.ResidualConv(N["w"], N["w_scale"], N["bias"], N["x_scale"], 0.0, N["out_scale"], True)
-    ws = DeviceBuffer(layer.workspace_size(n, hw, hw) if P else 0)
-    row["ours_chained"] = layer.next_fuses(config, n, hw, hw)
+    ws = DeviceBuffer(layer.workspace_size(n, HW, HW) if P else 0)
+    row["ours_chained"] = layer.next_fuses(config, n, HW, HW)
     if config >= 0:
         row["ours_config"] = op.config_names()[config]
     ob, nb = dev.ob, dev.nb
 
     def ours_chained(_):
-        layer.forward_next(xb.ptr, sb.ptr, ob.ptr, nb.ptr, n, hw, hw, ws.ptr, config, int(stream))
+        layer.forward_next(xb.ptr, sb.ptr, ob.ptr, nb.ptr, n, HW, HW, ws.ptr, config, int(stream))
 
     def ours_separate(_):
         if P:
-            layer.forward(xb.ptr, sb.ptr, ob.ptr, n, hw, hw, ws.ptr, -1, int(stream))
+            layer.forward(xb.ptr, sb.ptr, ob.ptr, n, HW, HW, ws.ptr, -1, int(stream))
         else:
-            layer.forward(xb.ptr, sb.ptr, ob.ptr, n, hw, hw, -1, int(stream))
-        conv1.forward(ob.ptr, 0, nb.ptr, n, hw, hw, -1, int(stream))
+            layer.forward(xb.ptr, sb.ptr, ob.ptr, n, HW, HW, -1, int(stream))
+        conv1.forward(ob.ptr, 0, nb.ptr, n, HW, HW, -1, int(stream))
 
     outs = time_pair(row, f"{name} batch {n}", ours_chained, ours_separate, (layer, conv1),
-                     lambda kind: trt_engine(kind, T, N, P, n, hw), {"x": xb.ptr, "r": sb.ptr, "xp": sb.ptr}, dev, stream,
+                     lambda kind: trt_engine(kind, T, N, P, n), {"x": xb.ptr, "r": sb.ptr, "xp": sb.ptr}, dev, stream,
                      reps, with_trt)
     for b in (xb, sb, ws):
         b.free()

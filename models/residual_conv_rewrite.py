@@ -51,8 +51,7 @@ also computes that conv1 from its own output tile (``MAX_NEXT_TAIL_COUT``, ``MAX
 output, Q(c1)'s, and the conv's fields as ``next_*`` fields (``next_weights`` [next_cout][cout], ``next_w_scale``,
 ``next_bias``, ``next_x_scale``, ``next_out_scale``, ``next_cout``, ``next_relu``); the conv1, its ReLU and its
 QuantizeLinear go, and the conv1 no longer reads the tail's output back from memory. ResNet-50: layer1.0 -> layer1.1,
-layer1.1 -> layer1.2, layer1.2 -> layer2.0, layer2.1 -> layer2.2, layer2.2 -> layer2.3 (layer2.0's fused node and
-layer3.0's conv1, 256 wide, are not chained). A 3x3 node may read the second output directly (layer1.1's and layer1.2's
+layer1.1 -> layer1.2, layer1.2 -> layer2.0. A 3x3 node may read the second output directly (layer1.1's and layer1.2's
 conv2); TensorRT 8.5 builds that only with the plugin's output types pinned (harness/engine.py:
 pin_int8_plugin_outputs).
 
@@ -123,15 +122,13 @@ MAX_FUSED_K_BYTES = 512
 # in registers), 1.14x at layer2 (128; under issue 14's 1.3x bar for a replaced layer) and slower at layer3 (256, where
 # TensorRT runs a Hopper kernel).
 MAX_CONV3X3_COUT = 64
-# A tail computes the next bottleneck's conv1 from its own output tile only where its consumer sees whole rows of the
+# A tail computes the next bottleneck's conv1 from its own output tile only where that tile holds whole rows of the
 # tail's output (the conv1 sums over all of its channels): the kernel's N tile is 256 channels, so tails of at most
-# 256 (ResNet-50's layer1), or, a plain tail (no fused projection), two N tiles computed in turn by one consumer
-# (kernel_sm90.cuh: PAIRS; layer2.1 and layer2.2, 512). The conv1's weights and accumulator sit beside the tail's in
-# the chained sm90 configuration, which has room for at most 128 conv1 output channels (residual_conv.h,
-# trtfuse_next_fuses): layer1's conv1s (64), layer2.0's and layer2.2/2.3's (128). Only 1x1 stride-1 conv1s with a
+# 256 (ResNet-50's layer1; layer2's 512 would need each row from two tiles). The conv1's weights and accumulator sit
+# beside the tail's in the chained sm90 configuration, which has room for at most 128 conv1 output channels
+# (residual_conv.h, trtfuse_next_fuses): layer1's conv1s (64) and layer2.0's (128). Only 1x1 stride-1 conv1s with a
 # ReLU (the conv1 form the kernel chains), reading exactly the tail's channels, are chained.
 MAX_NEXT_TAIL_COUT = 256
-MAX_NEXT_PLAIN_TAIL_COUT = 512
 MAX_NEXT_COUT = 128
 # The stem chains the conv1 that reads its pooled output (1x1 stride 1 + ReLU, cin the stem's cout) only up to the stem
 # kernel's N tile, 64 output channels (residual_conv.h, trtfuse_next_fuses: the first stem configuration, stem_p8):
@@ -570,13 +567,11 @@ class NextConv:
         return self.conv, self.relu, self.q_out
 
 
-def _chainable(g: _Graph, tails: list[Tail], stems: list[Stem] = (), fused: dict | None = None) -> dict[int, NextConv]:
-    """{id(tail or stem): the next conv1 it computes too} for each tail (of at most MAX_NEXT_TAIL_COUT channels, or
-    MAX_NEXT_PLAIN_TAIL_COUT where ``fused`` (id(tail) -> its projection) has no projection for it; a conv1 of at most
-    MAX_NEXT_COUT) and each stem (a conv1 of at most MAX_NEXT_STEM_COUT) that can chain one."""
-    fused = fused or {}
+def _chainable(g: _Graph, tails: list[Tail], stems: list[Stem] = ()) -> dict[int, NextConv]:
+    """{id(tail or stem): the next conv1 it computes too} for each tail (of at most MAX_NEXT_TAIL_COUT channels; a
+    conv1 of at most MAX_NEXT_COUT) and each stem (a conv1 of at most MAX_NEXT_STEM_COUT) that can chain one."""
     found = {id(t): _match_next(g, t.q_out.output[0], t.fields["cout"], MAX_NEXT_COUT) for t in tails
-             if t.fields["cout"] <= (MAX_NEXT_TAIL_COUT if id(t) in fused else MAX_NEXT_PLAIN_TAIL_COUT)}
+             if t.fields["cout"] <= MAX_NEXT_TAIL_COUT}
     found.update({id(s): _match_next(g, s.q_out.output[0], s.fields["cout"], MAX_NEXT_STEM_COUT) for s in stems})
     return {k: n for k, n in found.items() if n is not None}
 
@@ -700,7 +695,7 @@ def rewrite(model: onnx.ModelProto, weight_dtype: str = "int32", projections: bo
     g = _Graph(graph)
     fused = _fusable(g, tails, projs) if fuse else {}   # id(tail) -> its projection: one node
     fused_projs = {id(p) for p in fused.values()}
-    nexts = _chainable(g, tails, stems, fused) if chain_next else {}   # id(tail or stem) -> the conv1 it computes too
+    nexts = _chainable(g, tails, stems) if chain_next else {}   # id(tail or stem) -> the conv1 it computes too
     replace, drop = {}, set()
     # A projection's plugin node takes the place of its output QuantizeLinear (same output name, so the tail that
     # reads the projection as its residual still finds it); its conv goes. A fused one leaves no node of its own: its

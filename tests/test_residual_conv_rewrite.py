@@ -13,7 +13,6 @@ from trtfuse.models.quantize import calibrate, quantize, top1_onnxruntime, weigh
 from trtfuse.models.residual_conv_rewrite import (
     MAX_FUSED_K_BYTES,
     MAX_NEXT_COUT,
-    MAX_NEXT_PLAIN_TAIL_COUT,
     MAX_NEXT_STEM_COUT,
     MAX_NEXT_TAIL_COUT,
     PLUGIN_OP,
@@ -506,9 +505,7 @@ def test_resnet50_fuses_layer1_and_layer2_openings(tmp_path):
     """The real network (random weights; ~15 s): with --plugins all its 16 tails and 3 replaced projections become 14
     tails, layer3.0's projection alone, and layer1.0 + layer2.0 as fused nodes; the fused graph computes exactly what
     the unfused one computes. The three layer1 tails (256 channels) chain the next conv1: layer1.1's, layer1.2's (64)
-    and layer2.0's (128, stride 1 in torchvision's v1.5); so do layer2.1's and layer2.2's plain tails (512 channels,
-    two N tiles): layer2.2's and layer2.3's conv1 (128); not layer2.0's fused node (512) nor layer2.3's tail, whose
-    conv1 (layer3.0's) is 256 wide; the stem chains layer1.0's (64 -> 64)."""
+    and layer2.0's (128, stride 1 in torchvision's v1.5); the stem chains layer1.0's (64 -> 64)."""
     pytest.importorskip("torch")
     from trtfuse.models import prepare
     from trtfuse.models.bn_fold import fold_pad_into_conv
@@ -530,18 +527,17 @@ def test_resnet50_fuses_layer1_and_layer2_openings(tmp_path):
     # --plugins all also takes the 3x3 convs of Cout 64 (MAX_CONV3X3_COUT), layer1's three conv2, and the stem
     every, n_every = rewrite(qdq, projections=True, conv3x3=True, stem=True, chain_next=True)
     assert n_every == 21 and plugin_counts(every) == {"tail": 14, "proj": 1, "fused": 2, "conv3x3": 3, "stem": 1,
-                                                      "next": 6}
+                                                      "next": 4}
     chained = [(plugin_kind(nd), {a.name: a.i for a in nd.attribute}) for nd in every.graph.node
                if nd.op_type == PLUGIN_OP and len(nd.output) == 2]
-    assert [(kind, a["cout"], a["next_cout"]) for kind, a in chained] == [
-        ("stem", 64, 64), ("fused", 256, 64), ("tail", 256, 64), ("tail", 256, 128), ("tail", 512, 128),
-        ("tail", 512, 128)]
+    assert [(kind, a["cout"], a["next_cout"]) for kind, a in chained] == [("stem", 64, 64), ("fused", 256, 64),
+                                                                        ("tail", 256, 64), ("tail", 256, 128)]
     # layer1.0's, layer1.1's and layer1.2's conv2 (3x3 nodes) read the first three chained outputs directly; layer2.0's
-    # stride-2 conv2 and layer2.2's and layer2.3's (TensorRT's) read the others through a DequantizeLinear
+    # stride-2 conv2 (TensorRT's) reads the fourth through a DequantizeLinear
     second = [nd.output[1] for nd in every.graph.node if nd.op_type == PLUGIN_OP and len(nd.output) == 2]
     readers = [[plugin_kind(r) if r.op_type == PLUGIN_OP else r.op_type for r in every.graph.node if o in r.input]
                for o in second]
-    assert readers == [["conv3x3"], ["conv3x3"], ["conv3x3"]] + [["DequantizeLinear"]] * 3
+    assert readers == [["conv3x3"], ["conv3x3"], ["conv3x3"], ["DequantizeLinear"]]
     # the stem's output 0 goes to layer1.0's fused node only (as its xp: the downsample's input), no conv1 left on it
     (stem,) = [nd for nd in every.graph.node if nd.op_type == PLUGIN_OP and plugin_kind(nd) == "stem"]
     assert [plugin_kind(r) for r in every.graph.node if stem.output[0] in r.input] == ["fused"]
@@ -678,28 +674,13 @@ def test_next_output_is_the_1x1_reference_of_the_first():
     np.testing.assert_array_equal(got, want)
 
 
-def test_a_plain_tail_of_two_n_tiles_chains():
-    """A plain tail of 512 channels (two of the kernel's N tiles, MAX_NEXT_PLAIN_TAIL_COUT) chains its conv1 too, and
-    the rewritten graph computes byte for byte what ONNX Runtime computes on the original."""
-    qdq, w1, *_ = _tail_then_conv1(cin=16, cout=512, next_cout=16)
-    out, n = rewrite(qdq, chain_next=True)
-    assert n == 1 and plugin_counts(out)["next"] == 1
-    assert not [m for m in out.graph.node if m.op_type == "Conv"]
-    (nd,) = [m for m in out.graph.node if m.op_type == PLUGIN_OP]
-    np.testing.assert_array_equal(numpy_helper.to_array(next(a.t for a in nd.attribute if a.name == "next_weights")), w1)
-    feeds = _int8_feeds(qdq)
-    for g, w in zip(evaluate_with_reference(out, feeds), _run_ort(qdq, feeds)):
-        np.testing.assert_array_equal(g, w)
-
-
-@pytest.mark.parametrize("kw", [dict(cin=16, cout=544, next_cout=16), dict(stride=2), dict(relu=False),
-                                dict(next_cout=136)], ids=["tail-cout-544", "conv1-stride-2", "no-relu",
+@pytest.mark.parametrize("kw", [dict(cin=16, cout=512, next_cout=16), dict(stride=2), dict(relu=False),
+                                dict(next_cout=136)], ids=["tail-cout-512", "conv1-stride-2", "no-relu",
                                                            "next-cout-136"])
 def test_what_does_not_chain_is_left_alone(kw):
-    """A tail wider than two of the kernel's N tiles (MAX_NEXT_PLAIN_TAIL_COUT), a strided conv1, one without a ReLU
-    or with more than MAX_NEXT_COUT output channels: the tail is replaced as before and the conv1 stays, with the same
-    result."""
-    assert (MAX_NEXT_TAIL_COUT, MAX_NEXT_PLAIN_TAIL_COUT, MAX_NEXT_COUT) == (256, 512, 128)
+    """A tail wider than the kernel's N tile (MAX_NEXT_TAIL_COUT), a strided conv1, one without a ReLU or with more
+    than MAX_NEXT_COUT output channels: the tail is replaced as before and the conv1 stays, with the same result."""
+    assert (MAX_NEXT_TAIL_COUT, MAX_NEXT_COUT) == (256, 128)
     qdq, *_ = _tail_then_conv1(**kw)
     out, n = rewrite(qdq, chain_next=True)
     assert n == 1 and plugin_counts(out)["next"] == 0

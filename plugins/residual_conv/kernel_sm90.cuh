@@ -68,8 +68,7 @@
 // channels 16 j + 4 tig .. + 3, which is exactly its wgmma A fragment of k32 step j / 2 (mma.sync m16n8k32 layout)
 // for the next GEMM, so its A comes from registers (wgmma RS), and its weights (one slice of NEXT_N rows, loaded at
 // block start) from shared memory. The next conv's epilogue writes its words straight to global memory: per warp
-// instruction 8 rows x 16 bytes, two instructions a 256-byte run. A plain tail of two N blocks (ResNet-50 layer2,
-// 512 channels; NEXT_K 512) chains it too: its consumer computes each M tile's two N blocks in turn (PAIRS, below).
+// instruction 8 rows x 16 bytes, two instructions a 256-byte run.
 //
 // Compiled only in the sm_90a pass (ptx_sm90.cuh; kHasWgmma guards the launch).
 #pragma once
@@ -168,16 +167,14 @@ template <class Cfg>
 constexpr int wgw_smem_bytes(int k_tiles) {
     return Cfg::BN * k_tiles * Cfg::BK + Cfg::SMEM;
 }
-// The K a chained next conv runs (its weight slice zero padded to it, NEXT_N x NEXT_K bytes of shared memory): the
-// tail's output when it is one N block (kNextMaxK), or two N blocks (kNextPairK, PAIRS below)
+// the largest K a chained next conv may have (its K padded to 128); its weight slice is zero padded to this K and takes
+// NEXT_N x this many bytes of shared memory
 constexpr int kNextMaxK = 256;
-constexpr int kNextPairK = 512;
 
 // FORM: kResidual, the layer has a residual input (p.r); kPlain, none: the producers only hand the residual
 // buffers on and the epilogue only writes them (they stage the output for its TMA store); kProjResidual, the residual
-// is the projection of p.xp, computed here (see above). NEXT_N: 0, or the chained next conv's N tile (see above);
-// NEXT_K its K (kNextMaxK, or kNextPairK: PAIRS below).
-template <class Cfg, int FORM, int NEXT_N = 0, int NEXT_K = kNextMaxK>
+// is the projection of p.xp, computed here (see above). NEXT_N: 0, or the chained next conv's N tile (see above).
+template <class Cfg, int FORM, int NEXT_N = 0>
 __global__ void __launch_bounds__(Cfg::THREADS, 1)
 conv_kernel_sm90(const __grid_constant__ Params p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -189,16 +186,6 @@ conv_kernel_sm90(const __grid_constant__ Params p) {
     // tile and the two halves' k steps in turn was 1.2-1.7x slower, docs/residual_conv.md Version 21; K split between
     // them, each a partial sum of every column, halves exchanged through shared memory, 1.14-1.43x, Version 22)
     static_assert(NEXT_N == 0 || NH == 1, "a chained next conv needs one consumer warpgroup per tile");
-    // PAIRS: a tail of two N blocks (ResNet-50 layer2: 512 channels) with its next conv chained. The next conv's K is
-    // the whole output row, so a consumer computes an M tile's two N blocks one after the other (tiles u = 2i, 2i + 1
-    // of the consumer: N block 0, then 1, of its i-th M tile) and the block keeps both weight slices. The first half's
-    // output words stay in registers (next_a0, 32 per thread) through the second half, whose epilogue then issues
-    // all NEXT_K / 32 k steps of the next GEMM: the accumulators of the tail and of the next conv are never live at
-    // once (128 + 64 would not fit beside the rest). The schedule is over M tiles only (the host: one N block).
-    // Per-consumer rings only (no SHARED turns, no extra blocks: both walk tiles in the block's global order).
-    constexpr bool PAIRS = NEXT_K == 2 * BN;
-    static_assert(NEXT_K == kNextMaxK || (PAIRS && NEXT_N > 0 && !FUSED && !Cfg::SHARED),
-                  "a chained next conv over two N blocks: a plain tail on per-consumer rings");
 
     // k stages per tile: the projection's k0 (FUSED), then x's. Weight k tile of stage kt: kt for the projection's,
     // x's from w_x0 on (the projection's K is padded to 128 in a weight row). All weight tiles: <= MAX_K_TILES, the
@@ -209,11 +196,10 @@ conv_kernel_sm90(const __grid_constant__ Params p) {
     int const w_tiles = w_x0 + k_tiles - k0;
     auto w_tile_of = [&](int kt) { return kt < k0 ? kt : w_x0 + kt - k0; };
     extern __shared__ __align__(1024) int8_t wg_smem[];
-    int8_t* sW = wg_smem;                          // w_tiles*KCH chunks x [BN][32] (swz_offset); PAIRS: two slices
+    int8_t* sW = wg_smem;                          // w_tiles*KCH chunks x [BN][32] (swz_offset)
     constexpr int XS = Cfg::X_SLOTS;
-    int const w_slice = BN * w_tiles * BK;         // bytes of one weight slice in shared memory
-    int8_t* sW2 = sW + (PAIRS ? 2 : 1) * w_slice;  // NEXT_N: the next conv's weights, [NEXT_K/32][NEXT_N][32]
-    int8_t* sA = sW2 + NEXT_N * NEXT_K;            // [slot]: [KCH][64][32] (swz_offset)
+    int8_t* sW2 = sW + BN * w_tiles * BK;          // NEXT_N: the next conv's weights, [kNextMaxK/32][NEXT_N][32]
+    int8_t* sA = sW2 + NEXT_N * kNextMaxK;   // [slot]: [KCH][64][32] (swz_offset)
     int8_t* sR = sA + XS * Cfg::A_STAGE;           // [consumer][buffer]: 4 warp blocks [BN/32][16][32], residual/output
     uint32_t const bars = smem_u32(sR + 2 * RBUF * Cfg::R_TILE);
     // barriers of x slot s, of consumer c's buffer b (index c * RBUF + b), of weight chunk kt
@@ -240,35 +226,17 @@ conv_kernel_sm90(const __grid_constant__ Params p) {
     // This block's tiles (schedule_sm90.h): a regular block keeps one N block; an extra block's run may
     // cross into the next N blocks, and the consumer of the first tile with a new N block reloads the weight slice
     // (safe only with the PINGPONG turns; the host schedules extra blocks for no other config).
-    // PAIRS: the schedule's tiles are M tiles, each two of this kernel's tiles (see tile_m, tile_n).
-    WgwTiles const tiles(blockIdx.x, gridDim.x, m_blocks, PAIRS ? 1 : p.n_blocks, p.wgw_regular, p.wgw_quota,
-                         p.wgw_rest);
+    WgwTiles const tiles(blockIdx.x, gridDim.x, m_blocks, p.n_blocks, p.wgw_regular, p.wgw_quota, p.wgw_rest);
     if (!Cfg::BALANCE && tiles.extra) __trap();
     int const my_tiles = tiles.count;
-    // The tiles a consumer (or its producers) walks: t = c, c + 2, ... < tiles_end(c), tile t at (tile_m, tile_n).
-    // PAIRS: consumer c's tile u = t / 2 is N block u % 2 of its (u / 2)-th M tile, M tile c + 2 (u / 2) of the block.
-    auto tiles_end = [&](int c) { return PAIRS ? c + 4 * ((my_tiles - c + 1) >> 1) : my_tiles; };
-    auto tile_m = [&](auto extra_tag, int t) {
-        constexpr bool EXTRA = decltype(extra_tag)::value;
-        return PAIRS ? tiles.template m_block<false>((t & 1) + 2 * (t >> 2)) : tiles.template m_block<EXTRA>(t);
-    };
-    auto tile_n = [&](auto extra_tag, int t) {
-        constexpr bool EXTRA = decltype(extra_tag)::value;
-        return PAIRS ? (t >> 1) & 1 : tiles.template n_block<EXTRA>(t);
-    };
     // the weight slice of N block nb: k chunk kt, BN x BK contiguous bytes of the packed image, by one bulk copy on
     // w_full(kt)
-    // (PAIRS: both slices, N blocks 0 and 1, on the same barriers)
     auto load_weights = [&](int nb) {
-        constexpr int SLICES = PAIRS ? 2 : 1;
+        int8_t const* src = p.w_img + static_cast<int64_t>(nb) * BN * p.Kpad;
 #pragma unroll 1
         for (int kt = 0; kt < w_tiles; ++kt) {
-            mbar_arrive_expect_tx(w_full(kt), SLICES * BN * BK);
-#pragma unroll
-            for (int s = 0; s < SLICES; ++s) {
-                int8_t const* src = p.w_img + static_cast<int64_t>(nb + s) * BN * p.Kpad;
-                bulk_load(smem_u32(sW + s * w_slice + kt * BK * BN), src + kt * BK * BN, BN * BK, w_full(kt));
-            }
+            mbar_arrive_expect_tx(w_full(kt), BN * BK);
+            bulk_load(smem_u32(sW + kt * BK * BN), src + kt * BK * BN, BN * BK, w_full(kt));
         }
     };
 
@@ -281,7 +249,7 @@ conv_kernel_sm90(const __grid_constant__ Params p) {
         for (int c = 0; c < 2; ++c) { mbar_init(mma_turn(c), 128 * NH); mbar_init(mma_done(c), 4 * NH); }
         if (NEXT_N > 0) mbar_init(w2_full, 1);
         fence_mbarrier_init();
-        if (my_tiles > 0) load_weights(PAIRS ? 0 : tiles.n_block(0));   // the first slice, ahead of every other load
+        if (my_tiles > 0) load_weights(tiles.n_block(0));   // the first slice, ahead of every other load
         if (NEXT_N > 0 && my_tiles > 0) {   // the next conv's slice, needed only after the first tile's epilogue
             mbar_arrive_expect_tx(w2_full, NEXT_N * p.next_kpad);
             bulk_load(smem_u32(sW2), p.next_w_img, NEXT_N * p.next_kpad, w2_full);
@@ -333,9 +301,8 @@ conv_kernel_sm90(const __grid_constant__ Params p) {
                 off[i] = (x ? x_row_offset(p, *x, m) : out_row_offset(p, m)) + half * 16;
             }
         };
-        for (int t = t0; t < (SH ? my_tiles : tiles_end(t0)); t += t_step) {
-            int const m0 = (PAIRS ? tile_m(std::false_type{}, t) : tiles.m_block(t)) * BM;
-            int const n0 = (PAIRS ? tile_n(std::false_type{}, t) : tiles.n_block(t)) * BN, u = t >> 1;
+        for (int t = t0; t < my_tiles; t += t_step) {
+            int const m0 = tiles.m_block(t) * BM, n0 = tiles.n_block(t) * BN, u = t >> 1;
             auto load_residual = [&] {
                 int const b = (t & 1) * RBUF + u % RBUF;
                 if constexpr (!RESIDUAL) {   // no residual input (or computed here): only hand the free buffer on
@@ -412,13 +379,11 @@ conv_kernel_sm90(const __grid_constant__ Params p) {
         }
     };
     // The chained next conv (NEXT_N > 0, see above) of a tile, in two steps: next_issue starts its wgmmas into acc2
-    // from the A fragments `a` (the tail's output words; PAIRS: a0 the first N block's, a the second's; first: this
-    // consumer's first chained tile, which waits for the next conv's weights), next_finish waits for them and writes
-    // this warp's 16 rows from wm0. The tile's output store is issued in between.
+    // from the A fragments `a` (the tail's output words; first: this consumer's first tile, which waits for the next
+    // conv's weights), next_finish waits for them and writes this warp's 16 rows from wm0. The tile's output store
+    // is issued in between.
     constexpr int HALVES = NEXT_N > 0 ? NEXT_N / 64 : 1;   // m64n64 wgmmas per k32 step
-    constexpr int NEXT_KS = NEXT_K / 32, BLOCK_KS = BN / 32;   // k32 steps of the next GEMM, of one N block's words
-    auto next_issue = [&](uint32_t const (&a0)[NI / 2][2], uint32_t const (&a)[NI / 2][2],
-                          int (&acc2)[HALVES][1][32], bool first) {
+    auto next_issue = [&](uint32_t const (&a)[NI / 2][2], int (&acc2)[HALVES][1][32], bool first) {
         if (first) mbar_wait(w2_full, 0);
         int const init2 = p.next_rule.small_acc ? kMagicBits : 0;
 #pragma unroll
@@ -428,14 +393,12 @@ conv_kernel_sm90(const __grid_constant__ Params p) {
         uint64_t const descW2 = smem_desc(smem_u32(sW2));
         wgmma_fence();   // the A registers and accumulators were just written
         // Every k32 step, with no branch between the wgmmas: past the layer's channels both the words and the
-        // weights are 0 (trtfuse_next_attach pads the slice to NEXT_K). A branch on K here cost 1.5-5.8 % of the
+        // weights are 0 (trtfuse_next_attach pads the slice to kNextMaxK). A branch on K here cost 1.5-5.8 % of the
         // chained layer1 nodes (docs/residual_conv.md, Version 22); under NH 2 one on a warpgroup's half of K made
         // ptxas serialize every wgmma of the kernel (C7520).
 #pragma unroll
-        for (int ks = 0; ks < NEXT_KS; ++ks) {
-            auto const& w = PAIRS && ks < BLOCK_KS ? a0 : a;   // (constant per unrolled step)
-            int const j = 2 * (ks % BLOCK_KS);
-            uint32_t const frag[4] = {w[j][0], w[j][1], w[j + 1][0], w[j + 1][1]};
+        for (int ks = 0; ks < kNextMaxK / 32; ++ks) {
+            uint32_t const frag[4] = {a[2 * ks][0], a[2 * ks][1], a[2 * ks + 1][0], a[2 * ks + 1][1]};
 #pragma unroll
             for (int hh = 0; hh < HALVES; ++hh)
                 wgmma_m64n64k32_s8_rs(acc2[hh][0], frag, descW2 + ((ks * NEXT_N * 32 + hh * 64 * 32) >> 4), 1);
@@ -464,28 +427,18 @@ conv_kernel_sm90(const __grid_constant__ Params p) {
     };
     // an extra block whose run crosses N blocks: the consumers report each tile's wgmmas done (mma_done), so that the
     // consumer that reloads the weight slice knows when the old one is no longer read
-    int const nb_first = my_tiles > 0 && !PAIRS ? tiles.n_block(0) : 0;
-    bool const reloads = !PAIRS && my_tiles > 0 && tiles.n_block(my_tiles - 1) != nb_first;
-    // PAIRS: the first N block's output words of the consumer's current M tile, kept through its second N block
-    [[maybe_unused]] uint32_t next_a0[NI / 2][2];
+    int const nb_first = my_tiles > 0 ? tiles.n_block(0) : 0;
+    bool const reloads = my_tiles > 0 && tiles.n_block(my_tiles - 1) != nb_first;
     // The tile loop, compiled twice: for an extra block (EXTRA: N block per tile, reloads), and for a regular one,
     // whose N block is a constant as before the extra blocks (measured: with it per tile, res4 2048 +3-4 %).
     auto consume = [&](auto extra_tag) {
         constexpr bool EXTRA = decltype(extra_tag)::value;
-        // Tile t, the consumer's u-th. STEP (a compile-time constant, so that no wgmma of the next conv sits under a
-        // run-time branch: ptxas then serialized every wgmma of the kernel, C7520): 0, a tile of its own (the next
-        // conv, if any, chained); PAIRS: 1, an M tile's first N block (its words kept in next_a0), 2, its second
-        // (the next conv chained).
-        auto tile = [&](int t, int u, auto step_tag) {
-            constexpr int STEP = decltype(step_tag)::value;
+        for (int t = c, u = 0; t < my_tiles; t += 2, ++u) {
             int prev = -1;
-            int const nb = PAIRS ? STEP - 1 : tile_n(extra_tag, t), n0 = nb * BN;
+            int const nb = tiles.template n_block<EXTRA>(t), n0 = nb * BN;
             // this consumer's first tile with this weight slice waits for it: w_full completes one phase per slice
-            // (PAIRS: one phase for both)
             bool const wait_w = t < 2 || (EXTRA && nb != tiles.template n_block<EXTRA>(t - 2));
-            uint32_t const w_parity = PAIRS ? 0 : (nb - nb_first) & 1;
-            // PAIRS: the descriptors of N block nb's slice
-            uint32_t const w_off = PAIRS ? nb * w_slice : 0;
+            uint32_t const w_parity = (nb - nb_first) & 1;
             WGW_TRACE(0);
 #ifdef TRTFUSE_WGW_TRACE
             if (t128 == 0 && part == 0 && u < 64) {   // record whether stage 0 of this tile has already landed
@@ -526,7 +479,7 @@ conv_kernel_sm90(const __grid_constant__ Params p) {
                 fence_proxy_async_smem();   // the landed cp.async bytes, visible to this thread's wgmmas
                 wgmma_fence();
                 wgmma_stage<BM, KCH, WN, BN>(acc[0], descA0 + ((slot * Cfg::A_STAGE) >> 4),
-                                             descB0 + ((w_off + wt * KCH * BN * 32 + part * WN * 32) >> 4));
+                                             descB0 + ((wt * KCH * BN * 32 + part * WN * 32) >> 4));
                 wgmma_commit();
                 if (prev >= 0) {   // the previous stage's wgmmas are done: release its slot
                     wgmma_wait<1>();
@@ -557,21 +510,16 @@ conv_kernel_sm90(const __grid_constant__ Params p) {
             }
 
             // ---- epilogue: in registers, written in place over the residual tile, then 16-byte stores ----
-            int const b = c * RBUF + u % RBUF, m0 = tile_m(extra_tag, t) * BM;
+            int const b = c * RBUF + u % RBUF, m0 = tiles.template m_block<EXTRA>(t) * BM;
             int8_t* const w_tile = FUSED ? warp_part(b) : take_buffer(b);
             WGW_TRACE(4);
             // NEXT_N: the output words of 16-channel group j, rows g and g + 8, kept as the next GEMM's A fragments
-            [[maybe_unused]] uint32_t next_a[NI / 2][2];
+            [[maybe_unused]] uint32_t next_a[NEXT_N > 0 ? NI / 2 : 1][2];
             [[maybe_unused]] int acc2[HALVES][1][32];   // the next conv's accumulators
-            // whether this tile's epilogue issues the next conv (PAIRS: the second N block of an M tile)
-            constexpr bool chain = NEXT_N > 0 && STEP != 1;
-            if constexpr (chain) {
+            if constexpr (NEXT_N > 0) {
                 epilogue_fragment<16, 1, NI, RESIDUAL || FUSED>(
                     acc, p.rule, w_tile, g, tig, n0, [&](int j, int, int h, uint32_t word) { next_a[j][h] = word; });
-                next_issue(next_a0, next_a, acc2, u == (PAIRS ? 1 : 0));
-            } else if constexpr (STEP == 1) {
-                epilogue_fragment<16, 1, NI, RESIDUAL>(
-                    acc, p.rule, w_tile, g, tig, n0, [&](int j, int, int h, uint32_t word) { next_a0[j][h] = word; });
+                next_issue(next_a, acc2, u == 0);
             } else {
                 epilogue_fragment<16, 1, WN / 8, RESIDUAL || FUSED>(acc, p.rule, w_tile, g, tig, n0 + part * WN);
             }
@@ -584,7 +532,7 @@ conv_kernel_sm90(const __grid_constant__ Params p) {
                 for (int i = 0; i < WN / 2; ++i)   // stays here
                     asm volatile("mov.b32 %0, %1;\n" : "=r"(acc[0][i]) : "r"(init0));
             };
-            if constexpr (!chain) reset_acc();
+            if constexpr (NEXT_N == 0) reset_acc();
             // Each warp stores its own 16 rows, which only its epilogue wrote: a warp barrier suffices. Rows within
             // one image leave by one TMA store (p.out_map, box 16 rows x WN/32 slabs, this warpgroup's columns, from
             // the block's first row; rows past HW or M and slabs past Nc not written), issued by lane 0, which
@@ -620,20 +568,11 @@ conv_kernel_sm90(const __grid_constant__ Params p) {
                 }
                 mbar_arrive(r_empty(b));
             }
-            if constexpr (chain) {
+            if constexpr (NEXT_N > 0) {
                 next_finish(acc2, wm0);
                 reset_acc();
             }
             WGW_TRACE(6);
-        };
-        using Step0 = std::integral_constant<int, 0>;
-        if constexpr (PAIRS) {   // an M tile's two N blocks, in turn
-            for (int t = c, u = 0; t < tiles_end(c); t += 4, u += 2) {
-                tile(t, u, std::integral_constant<int, 1>{});
-                tile(t + 2, u + 1, std::integral_constant<int, 2>{});
-            }
-        } else {
-            for (int t = c, u = 0; t < my_tiles; t += 2, ++u) tile(t, u, Step0{});
         }
     };
     if constexpr (Cfg::PINGPONG) {   // the only configs with extra blocks

@@ -66,8 +66,6 @@ struct ConfigInfo {
     // sm90 with a chained next conv (kernel_sm90.cuh, NEXT_N): [NEXT_N 64, 128][Form]; null: not compiled for this
     // configuration (see kNextConfig)
     void (*next_kernels[2][kForms])(Params) = {};
-    // the same over two N blocks (kernel_sm90.cuh, PAIRS: a tail of 257-512 channels): [NEXT_N 64, 128], a plain tail
-    void (*next_pair_kernels[2])(Params) = {};
     int wn = 0;   // sm90: the columns of a tile that one consumer warpgroup computes and stores (WgwConfig::WN)
 };
 
@@ -93,14 +91,11 @@ constexpr ConfigInfo info_sm90(char const* name) {
                  sm90_smem<C>,
                  C::BALANCE};
     i.wn = C::WN;
-    if constexpr (NEXT) {   // a chained next conv follows a tail (with or without its projection), or a plain tail of
-                            // two N blocks
+    if constexpr (NEXT) {   // a chained next conv follows a tail (with or without its projection)
         i.next_kernels[0][kResidual] = conv_kernel_sm90<C, kResidual, 64>;
         i.next_kernels[0][kProjResidual] = conv_kernel_sm90<C, kProjResidual, 64>;
         i.next_kernels[1][kResidual] = conv_kernel_sm90<C, kResidual, 128>;
         i.next_kernels[1][kProjResidual] = conv_kernel_sm90<C, kProjResidual, 128>;
-        i.next_pair_kernels[0] = conv_kernel_sm90<C, kResidual, 64, kNextPairK>;
-        i.next_pair_kernels[1] = conv_kernel_sm90<C, kResidual, 128, kNextPairK>;
     }
     return i;
 }
@@ -125,8 +120,6 @@ constexpr int kNumConfigs = sizeof(kConfigs) / sizeof(kConfigs[0]);
 // prefers another (layer1.1 + layer1.2's conv1 at 2048: 1.569 ms, 1.587 with wgw_64x256x128_s2_r3_p2, 1.624 with
 // the turn-taking wgw_64x256x128_s4_r2_p2_pp_sh; layer1.2 + layer2.0's conv1: 1.791, 1.968, 1.861;
 // docs/residual_conv.md, Version 17).
-// Over two N blocks (layer2.1 + layer2.2's conv1) it was as fast as wgw_64x256x128_s2_r2 (0.956-0.962 ms against
-// 0.966-0.977 at batch 2048; docs/residual_conv.md, Version 25).
 char const* const kNextConfig = "wgw_64x256x64_s4_r2";
 
 struct Layer {
@@ -147,10 +140,10 @@ struct Layer {
     bool sat = false;       // the epilogue may use its saturating form (see sat_exact)
     // A tail's chained next conv (trtfuse_next_attach): a layer of its own (its constants, and its launch where the
     // chained kernel cannot run), w_img_next its weights as one slice of next_n rows (the chained kernel's NEXT_N) x
-    // next_k (its NEXT_K: kNextMaxK, or kNextPairK for a tail of two N blocks; K zero padded)
+    // kNextMaxK (K zero padded)
     Layer* next = nullptr;
     int8_t* w_img_next = nullptr;
-    int next_n = 0, next_k = 0;
+    int next_n = 0;
 };
 
 int round_up(int v, int m) { return (v + m - 1) / m * m; }
@@ -454,32 +447,19 @@ bool fuses(Layer const& L, int config) {
            layer_fits(config, layer_k_bytes(L));
 }
 
-// Whether L's chained next conv runs over two N blocks of L's output (kernel_sm90.cuh: PAIRS)
-bool next_pairs(Layer const& L) { return L.next_k == kNextPairK; }
-
-// The shared memory of layer L's launch on `config` in `form`, with its chained next conv when `chained` (its weight
-// slice, and with PAIRS the layer's second one)
+// The shared memory of layer L's launch on `config` in `form`, with its chained next conv when `chained`
 int launch_smem(Layer const& L, Form form, int config, bool chained) {
     int const k_bytes = form == kProjResidual ? layer_k_bytes(L) : L.kc * 32;
-    ConfigInfo const& C = kConfigs[config];
-    int const second_slice = chained && next_pairs(L) ? C.bn * round_up(k_bytes, C.bk) : 0;
-    return config_smem(config, k_bytes) + (chained ? L.next_n * L.next_k + second_slice : 0);
+    return config_smem(config, k_bytes) + (chained ? L.next_n * kNextMaxK : 0);
 }
 
-// The kernel that runs layer L in `form` with its next conv chained on `config`, or null: not compiled
-auto chained_kernel(Layer const& L, int config, Form form) {
-    ConfigInfo const& C = kConfigs[config];
-    if (next_pairs(L)) return form == kResidual ? C.next_pair_kernels[L.next_n == 128] : nullptr;
-    return C.next_kernels[L.next_n == 128][form];
-}
-
-// Whether the chained kernel runs layer L with its next conv on `config`: compiled for it, sm_90a, and it holds the
-// weight slices; L's output is one N block (cout <= 256, the next conv's K) or, a plain tail, two (cout <= 512), and
-// the next conv fits NEXT_N 64 or 128.
+// Whether the chained kernel runs layer L with its next conv on `config`: compiled for it, sm_90a, and it holds both
+// weight slices; L's output is one N block (cout <= 256, the next conv's K) and the next conv fits NEXT_N 64 or 128.
 bool chains(Layer const& L, int config) {
     if (!L.next || config < 0 || L.next_n == 0) return false;
     Form const form = L.proj ? kProjResidual : kResidual;
-    return chained_kernel(L, config, form) && config_supported(config) && launch_smem(L, form, config, true) <= kMaxSmem;
+    return kConfigs[config].next_kernels[L.next_n == 128][form] && config_supported(config) &&
+           launch_smem(L, form, config, true) <= kMaxSmem;
 }
 
 // One launch of layer L on `config` (>= 0) in `form`: x (and, kProjResidual, the projection's xp) in, an output of
@@ -491,7 +471,7 @@ int launch(Layer const& L, Form form, Operand x, Operand xp, void const* r, void
     if (!layer_fits(config, k_bytes)) return TRTFUSE_RCONV_ERR_FIT;
     ConfigInfo const& C = kConfigs[config];
     bool const chained = next_out != nullptr;
-    auto const kernel = chained ? chained_kernel(L, config, form) : C.kernels[form];
+    auto const kernel = chained ? C.next_kernels[L.next_n == 128][form] : C.kernels[form];
     if (!kernel || (chained && !chains(L, config))) return TRTFUSE_RCONV_ERR_ARCH;
     int const smem = launch_smem(L, form, config, chained), hw = ho * wo;
     int64_t const M = static_cast<int64_t>(n) * hw;
@@ -516,7 +496,7 @@ int launch(Layer const& L, Form form, Operand x, Operand xp, void const* r, void
         p.next_out = static_cast<int8_t*>(next_out);
         p.next_w_img = L.w_img_next;
         p.next_nc = L.next->nc;
-        p.next_kpad = L.next_k;
+        p.next_kpad = kNextMaxK;
     }
     p.M = static_cast<int>(M);
     p.HW = hw;
@@ -532,9 +512,7 @@ int launch(Layer const& L, Form form, Operand x, Operand xp, void const* r, void
     // sm80: a persistent grid, every resident block slot gets a block, each walks tiles with a grid stride.
     int64_t blocks = std::min<int64_t>(tiles, resident);
     if (C.sm90) {   // its own schedule (schedule_sm90.h), the packed weight slices, the output tensor map
-        // (PAIRS: a block computes both N blocks of its M tiles, the schedule is over M tiles)
-        int const sched_n = chained && next_pairs(L) ? 1 : p.n_blocks;
-        WgwSchedule const s = wgw_schedule(static_cast<int>((M + C.bm - 1) / C.bm), sched_n, resident, C.balance);
+        WgwSchedule const s = wgw_schedule(static_cast<int>((M + C.bm - 1) / C.bm), p.n_blocks, resident, C.balance);
         blocks = s.grid;
         p.wgw_regular = s.regular;
         p.wgw_quota = s.quota;
@@ -1142,19 +1120,16 @@ extern "C" int trtfuse_next_attach(void* handle, int cout, int8_t const* weights
     std::vector<int8_t> rows;
     int st = build_layer(L->cout, cout, weights, w_scale, bias, x_scale, 0.f, out_scale, relu, 1, N, &rows);
     // the chained kernel's slice: the first next_n packed rows; none where it cannot chain (L's output wider than one
-    // N block, or for a plain tail two; the next conv's wider than 128 channels; a stem's next conv wider than its
-    // kernel's N, 64): next_forward then takes two launches
+    // N block, or the next conv's than 128 channels; a stem's next conv wider than its kernel's N, 64): next_forward
+    // then takes two launches
     int const next_n = N->nc * 32 <= 64 ? 64 : N->nc * 32 <= 128 && !stem ? 128 : 0;
-    int const next_k = L->nc * 32 <= kWeightSliceRows ? kNextMaxK
-                       : L->nc * 32 <= 2 * kWeightSliceRows && !L->proj && !stem ? kNextPairK : 0;
-    if (st == 0 && next_n > 0 && next_k > 0 && N->kpad <= next_k) {
-        // K zero padded to next_k (k32 chunks are the outer dimension: the padding is the image's tail), so that the
-        // chained kernel runs every k32 step with no branch on K between its register-A wgmmas (kernel_sm90.cuh)
-        std::vector<int8_t> img(static_cast<size_t>(next_n) * next_k, 0);
+    if (st == 0 && next_n > 0 && L->nc * 32 <= kWeightSliceRows && N->kpad <= kNextMaxK) {
+        // K zero padded to kNextMaxK (k32 chunks are the outer dimension: the padding is the image's tail), so that
+        // the chained kernel runs every k32 step with no branch on K between its register-A wgmmas (kernel_sm90.cuh)
+        std::vector<int8_t> img(static_cast<size_t>(next_n) * kNextMaxK, 0);
         pack_weight_slices(rows.data(), next_n, N->kpad, next_n, img.data());
         st = upload(img, &L->w_img_next);
         L->next_n = st == 0 ? next_n : 0;
-        L->next_k = next_k;
     }
     if (st) {
         free_layer(N);

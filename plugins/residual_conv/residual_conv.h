@@ -124,8 +124,7 @@ int trtfuse_next_attach(void* handle, int cout, int8_t const* weights, float con
 /* out (the layer's output, as its own forward writes it) and next_out [n, next cout, ho, wo] (the next conv of out),
    int8 kCHW32. second: r for a tail, xp for a projection + tail layer; workspace as trtfuse_proj_tail_forward's (a
    projection + tail layer only; trtfuse_proj_tail_workspace_size). One kernel where an sm90 configuration chains the
-   next conv (trtfuse_next_fuses: the layer's cout <= 256, or <= 512 for a tail without a projection; the next's
-   <= 128), else the layer's own forward and then
+   next conv (trtfuse_next_fuses: the layer's cout <= 256, the next's <= 128), else the layer's own forward and then
    the next conv's launch. config: as the layer's forward (-1 picks). A stem: x, h and w as trtfuse_stem_forward's,
    second and workspace unused (may be NULL), config a stem configuration (trtfuse_stem_config_name). */
 int trtfuse_next_forward(void const* handle, void const* x, void const* second, void* out, void* next_out, int n, int h,
