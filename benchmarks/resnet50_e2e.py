@@ -66,14 +66,15 @@ class Results:
         log(f"stage {name} done in {time.time() - t0:.0f} s")
         self.save()
 
-    def set_engine(self, model: str, batch: int, plugins: str, sps: float) -> None:
-        rows = [r for r in self.data["engine"]
+    def set_engine(self, model: str, batch: int, plugins: str, sps: float, key: str = "engine") -> None:
+        """An engine-alone figure: ``key`` "engine" (input every byte 1), "engine_images" (real images)."""
+        rows = [r for r in self.data.get(key, [])
                 if not (r["model"] == model and r["batch"] == batch and r["plugins"] == plugins)]
         rows.append({"model": model, "batch": batch, "plugins": plugins, "samples_per_s": round(sps, 1)})
-        self.data["engine"] = sorted(rows, key=lambda r: (r["model"], r["batch"], r["plugins"]))
+        self.data[key] = sorted(rows, key=lambda r: (r["model"], r["batch"], r["plugins"]))
 
-    def engine_sps(self, model, batch, plugins):
-        return next((r["samples_per_s"] for r in self.data["engine"]
+    def engine_sps(self, model, batch, plugins, key: str = "engine"):
+        return next((r["samples_per_s"] for r in self.data.get(key, [])
                      if r["model"] == model and r["batch"] == batch and r["plugins"] == plugins), None)
 
 
@@ -145,21 +146,31 @@ def run(bundle: Path, out: Path, stages, batches, seconds: float, server_batch: 
             _engine(bundle, name, b, p)
 
     def engine():
+        # Each engine alone twice: with every input byte 1 (the figure every record has) and with the
+        # bundle's real images, which under the H100's 700 W cap run about 1.5 % slower (the clock
+        # follows the data's switching power; benchmarks/offline_gap.py).
+        data = BundleImages(bundle)
+        images = data.images(np.arange(1024) % len(data))
         for name, b, p in combos:
             backend, _ = _backend(bundle, name, b, p)
             try:
                 sps = backend.engine_throughput(b, seconds)
+                sps_images = backend.engine_throughput(b, seconds, images=images) if name == "resnet50" else None
             finally:
                 backend.close()
             res.set_engine(name, b, p, sps)
-            log(f"engine-only {name} batch {b} plugins {p}: {sps:,.0f} samples/s")
+            if sps_images is not None:
+                res.set_engine(name, b, p, sps_images, key="engine_images")
+            log(f"engine-only {name} batch {b} plugins {p}: {sps:,.0f} samples/s"
+                + (f", {sps_images:,.0f} on images" if sps_images else ""))
             res.save()
-        for b in batches:  # {batch: {mode: samples/s over plugins off's}}
-            off = res.engine_sps("resnet50", b, "off")
-            for m in plugged:
-                on = res.engine_sps("resnet50", b, m)
-                if off and on:
-                    res.data.setdefault("speedup", {}).setdefault(str(b), {})[m] = round(on / off, 3)
+        for key, speedup in (("engine", "speedup"), ("engine_images", "speedup_images")):
+            for b in batches:  # {batch: {mode: samples/s over plugins off's}}
+                off = res.engine_sps("resnet50", b, "off", key)
+                for m in plugged:
+                    on = res.engine_sps("resnet50", b, m, key)
+                    if off and on:
+                        res.data.setdefault(speedup, {}).setdefault(str(b), {})[m] = round(on / off, 3)
 
     def profile():
         """Per-layer GPU time (TensorRT's profiler) of ResNet-50 at the largest batch, per plugin mode: how much

@@ -10,7 +10,7 @@ the two device runs that measure it; nothing is measured here:
   - the network: benchmarks/resnet50_e2e.py run --plugins off,tails,all -> resnet50_fullnet_e2e_h100.json (engines
     off / tails / all at batch 256 and 2048, TensorRT's per-layer profile, agreement, LoadGen Offline and Server);
   - optionally a second network run (--e2e2, e.g. on a machine without Server latency tails): its --e2e2-keys
-    (default server, server_search and accuracy) replace the first's, which stay in the record under "first_run".
+    (default server, server_search, accuracy and offline) replace the first's, which stay in the record under "first_run".
 
     python benchmarks/resnet50_fullnet.py [--layers FILE ...] [--e2e FILE] [--e2e2 FILE] [--e2e2-keys K,..] [--out FILE]
 
@@ -30,7 +30,7 @@ from trtfuse.tuning import RESNET50_STAGES
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
-SECOND_RUN_KEYS = ("server", "server_search", "accuracy")
+SECOND_RUN_KEYS = ("server", "server_search", "accuracy", "offline")
 
 
 def merge_layers(runs: list[dict]) -> dict:
@@ -111,7 +111,8 @@ def compose(layers: dict, e2e: dict, e2e2: dict | None = None, e2e2_keys=SECOND_
         "speedup": e2e.get("speedup"),
         "profile": None if not prof else {k: prof[k] for k in ("batch", "total_ms", "ours_ms", "trt_ms")},
         "offline": None if not offline else {k: offline.get(k) for k in
-                                             ("batch", "plugins", "samples_per_s", "engine_samples_per_s", "valid")},
+                                             ("batch", "plugins", "samples_per_s", "engine_samples_per_s", "valid",
+                                              "min_duration_s")},
         "server": server,
         "agreement": None if not agreement else {k: agreement[k] for k in
                                                  ("n", "top1_agreement", "centered_top1_agreement",

@@ -132,6 +132,40 @@ def test_a_trace_times_every_batch_between_start_and_stop(model_dir, serial_comp
         backend.close()
 
 
+def test_engine_alone_runs_on_the_images_it_is_given(model_dir):  # noqa: F811
+    # engine_throughput(images=...): each slot's input holds the images, repeated to fill the batch (not the
+    # every-byte-1 input); serial=True runs on the first slot only, leaving the others' inputs alone.
+    from trtfuse import cuda_runtime
+    from trtfuse.backends.tensorrt_backend import TensorRTBackend
+    from trtfuse.models import load_prepared
+
+    backend = TensorRTBackend(precision="int8", plugins=False, streams=2, cuda_graphs=True,
+                              input_format="int8", tactic_sources="none")
+    backend.load(load_prepared(model_dir), 8)
+
+    def device_input(slot):
+        slot.host_in.array[:] = 0
+        cuda_runtime.copy_dtoh_async(slot.host_in, slot.dev_in, slot.host_in.array[:8].nbytes, slot.stream)
+        slot.stream.synchronize()
+        return slot.host_in.array[:8].copy()
+
+    try:
+        x = calib_batches(seed=15, n=1)[0][:3]
+        want = np.resize(backend.to_input(x), (8, *x.shape[1:]))
+        assert backend.engine_throughput(8, seconds=0.1) > 0
+        for slot in backend.slots:
+            assert (device_input(slot) == 1).all()  # the default: every byte 1
+        assert backend.engine_throughput(8, seconds=0.1, images=x, serial=True) > 0
+        first, second = backend.slots
+        np.testing.assert_array_equal(device_input(first), want)
+        assert (device_input(second) == 1).all()  # serial: the second slot never ran
+        assert backend.engine_throughput(8, seconds=0.1, images=x) > 0
+        for slot in backend.slots:
+            np.testing.assert_array_equal(device_input(slot), want)
+    finally:
+        backend.close()
+
+
 # -- several GPUs: one backend per device, spread as lanes --------------------------------------
 
 _OPTIONS = {"precision": "int8", "plugins": False, "streams": 2, "cuda_graphs": True,

@@ -11,7 +11,8 @@
 # then TensorRT's own stem vs ours and the plugin node: benchmarks/stem_trt.py), next (a tail or the stem with the
 # next conv1 chained: its GPU tests, then TensorRT's two layers vs ours and the plugin node:
 # benchmarks/next_conv_trt.py), minilm (rewritten MiniLM engine vs PyTorch),
-# probe (benchmarks/serving_probe.py: row copies and the backend loop without LoadGen),
+# probe (benchmarks/serving_probe.py: row copies and the backend loop without LoadGen), gap
+# (benchmarks/offline_gap.py: the engine alone against the Offline path step by step, extra arguments from $GAP_ARGS),
 # e2e-stash (keep a carried e2e bundle part), e2e:STAGES (resnet50_e2e.py run --stages STAGES; extra
 # arguments from $E2E_ARGS, e.g. E2E_ARGS="--server-tries 3"), conf:STAGES (mlperf_conformance.py run
 # --stages STAGES, extra arguments from $CONF_ARGS), conf-bg:STAGES (the same, detached with setsid, for
@@ -87,6 +88,7 @@ for step in "$@"; do
             LD_LIBRARY_PATH=/tmp/cublas11:$LD_LIBRARY_PATH TRTFUSE_TACTIC_SOURCES=cublas \
                 run_step minilm-cublas python3.10 benchmarks/minilm_trt.py check --out "$RESULTS/minilm_trt.json" ;;
         probe) run_step probe python3.10 benchmarks/serving_probe.py --out "$RESULTS/serving_probe.json" ;;
+        gap) run_step gap python3.10 benchmarks/offline_gap.py --out "$RESULTS/offline_gap_h100.json" ${GAP_ARGS:-} ;;
         e2e-stash) run_step e2e-stash python3.10 tools/device_bundle.py stash ;;
         e2e:*) run_step "e2e-${step#e2e:}" python3.10 benchmarks/resnet50_e2e.py run \
                    --out "$RESULTS/resnet50_e2e_h100.json" --stages "${step#e2e:}" ${E2E_ARGS:-} ;;

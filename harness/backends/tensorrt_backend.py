@@ -486,22 +486,33 @@ class TensorRTBackend(Backend):
             return None
         return summarize(spans, (time.perf_counter() - self._trace_host_start) * 1e3)
 
-    def engine_throughput(self, batch: int, seconds: float = 5.0, warmup: int = 10) -> float:
-        """Samples/s of the engine alone, input resident on the device (no copies), all slots busy."""
+    def engine_throughput(self, batch: int, seconds: float = 5.0, warmup: int = 10,
+                          images: np.ndarray | None = None, serial: bool = False) -> float:
+        """Samples/s of the engine alone, its input resident on the device (no copies).
+        ``images``: what each slot's input holds (repeated to fill the batch); None: every byte 1, as
+        every record before benchmarks/offline_gap.py measured it. ``serial``: every run on the first
+        slot's stream, one after another, as an Offline run with serial_compute orders them; else all
+        slots at once, their runs free to overlap."""
         self.cr.set_device(self.device)
-        for slot in self.slots:
-            self.cr.memset(slot.dev_in, 1)
+        slots = self.slots[:1] if serial else self.slots
+        for slot in slots:
+            if images is None:
+                self.cr.memset(slot.dev_in, 1)
+            else:
+                rows = self.to_input(np.asarray(images))
+                slot.host_in.array[:batch] = np.resize(rows, (batch, *rows.shape[1:]))
+                self.cr.copy_htod_async(slot.dev_in, slot.host_in, slot.host_in.array[:batch].nbytes, slot.stream)
             for _ in range(warmup):
                 slot.enqueue(batch, self.cuda_graphs)
             slot.stream.synchronize()
         runs = 0
         start = time.perf_counter()
         while time.perf_counter() - start < seconds:
-            for slot in self.slots:
+            for slot in slots:
                 for _ in range(4):
                     slot.enqueue(batch, self.cuda_graphs)
                 runs += 4
-            for slot in self.slots:
+            for slot in slots:
                 slot.stream.synchronize()
         return runs * batch / (time.perf_counter() - start)
 

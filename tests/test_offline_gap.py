@@ -1,0 +1,52 @@
+"""benchmarks/offline_gap.py's bookkeeping (no GPU): nvidia-smi samples matched to a phase's window, and
+resnet50_e2e.py's engine-alone records kept apart per input (every byte 1, real images)."""
+
+import datetime as dt
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+import offline_gap  # noqa: E402
+import resnet50_e2e  # noqa: E402
+
+
+def power_log(tmp_path, text):
+    path = tmp_path / "smi.csv"
+    path.write_text(text)
+    log = offline_gap.PowerLog.__new__(offline_gap.PowerLog)  # the parsing only: no nvidia-smi here
+    log.path = path
+    return log
+
+
+def test_power_means_take_only_the_samples_inside_the_window(tmp_path):
+    log = power_log(tmp_path, "2026/11/25 17:10:00.100, 1700, 600.0, 50\n"
+                              "2026/11/25 17:10:01.100, 1800, 690.0, 60\n"
+                              "2026/11/25 17:10:01.300, [N/A], 650.0, 61\n"   # a field nvidia-smi could not read
+                              "2026/11/25 17:10:01.500, 1900, 700.0, 62\n"
+                              "2026/11/25 17:10:03.000, 1500, 500.0, 70\n"
+                              "2026/11/25 17:10:0")                            # cut off mid-line
+    means = log.means(dt.datetime(2026, 11, 25, 17, 10, 1), dt.datetime(2026, 11, 25, 17, 10, 2))
+    assert means == {"samples": 2, "sm_mhz": 1850, "power_w": 695.0, "temp_c": 61.0}
+    assert log.means(dt.datetime(2026, 11, 25, 17, 11), dt.datetime(2026, 11, 25, 17, 12)) == {"samples": 0}
+
+
+def test_engine_records_per_input_are_kept_apart(tmp_path):
+    res = resnet50_e2e.Results(tmp_path / "r.json")
+    res.set_engine("resnet50", 2048, "all", 87796.49)
+    res.set_engine("resnet50", 2048, "all", 86116.2, key="engine_images")
+    res.set_engine("resnet50", 2048, "all", 87000.0)  # a later figure replaces the earlier one
+    assert res.engine_sps("resnet50", 2048, "all") == 87000.0
+    assert res.engine_sps("resnet50", 2048, "all", "engine_images") == 86116.2
+    assert res.engine_sps("resnet50", 256, "all", "engine_images") is None
+    res.save()
+    again = resnet50_e2e.Results(tmp_path / "r.json")
+    assert [r["samples_per_s"] for r in again.data["engine"]] == [87000.0]
+    assert again.data["engine_images"] == [{"model": "resnet50", "batch": 2048, "plugins": "all",
+                                            "samples_per_s": 86116.2}]
+
+
+@pytest.mark.parametrize("phase", offline_gap.PHASES)
+def test_every_phase_is_named_in_the_method(phase):
+    assert phase in offline_gap.__doc__
