@@ -28,14 +28,13 @@ import json
 import statistics
 import subprocess
 import sys
-import threading
-import time
 from pathlib import Path
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from resnet50_e2e import BundleImages, _backend, log  # noqa: E402
+from serving_probe import backend_loop  # noqa: E402
 
 PHASES = ("ones_overlap", "images_overlap", "images_serial", "rows_serial", "rows_overlap")
 SMI_FIELDS = "timestamp,clocks.sm,power.draw,temperature.gpu"
@@ -73,27 +72,6 @@ class PowerLog:
                 "temp_c": round(statistics.fmean(r[3] for r in inside), 1)}
 
 
-def rows_loop(backend, store: np.ndarray, batch: int, threads: int, seconds: float) -> float:
-    """Samples/s of ``threads`` threads each calling classify_rows on random store rows (the SUT's
-    workers' call, the engine's TopK answers coming back)."""
-    counts = [0] * threads
-    stop = time.perf_counter() + seconds
-
-    def work(k):
-        rng = np.random.default_rng(k)
-        while time.perf_counter() < stop:
-            backend.classify_rows(store, rng.integers(0, len(store), batch))
-            counts[k] += batch
-
-    workers = [threading.Thread(target=work, args=(k,)) for k in range(threads)]
-    t0 = time.perf_counter()
-    for t in workers:
-        t.start()
-    for t in workers:
-        t.join()
-    return sum(counts) / (time.perf_counter() - t0)
-
-
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--bundle", type=Path, default=Path("/tmp/trtfuse-e2e"))
@@ -120,12 +98,16 @@ def main(argv=None) -> int:
         samples = backend.to_input(images)
         store = backend.host_array(samples.shape, samples.dtype)
         store[:] = samples
+
+        def rows_loop() -> float:  # the SUT's workers without LoadGen: one thread per stream
+            return backend_loop(backend, store, args.batch, args.streams, args.seconds, top=True)["samples_per_s"]
+
         runs = {
             "ones_overlap": lambda: backend.engine_throughput(args.batch, args.seconds),
             "images_overlap": lambda: backend.engine_throughput(args.batch, args.seconds, images=samples),
             "images_serial": lambda: backend.engine_throughput(args.batch, args.seconds, images=samples, serial=True),
-            "rows_serial": lambda: rows_loop(backend, store, args.batch, args.streams, args.seconds),
-            "rows_overlap": lambda: rows_loop(backend, store, args.batch, args.streams, args.seconds),
+            "rows_serial": rows_loop,
+            "rows_overlap": rows_loop,
         }
         for r in range(args.rounds):
             for phase in (PHASES if r % 2 == 0 else PHASES[::-1]):

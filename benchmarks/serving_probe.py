@@ -67,15 +67,17 @@ def copy_rates(cr, store: np.ndarray, n: int, reps: int = 10) -> dict:
     return out
 
 
-def backend_loop(backend, store: np.ndarray, batch: int, threads: int, seconds: float) -> dict:
-    """Samples/s of ``threads`` threads each calling infer_rows on random rows, as the SUT does."""
+def backend_loop(backend, store: np.ndarray, batch: int, threads: int, seconds: float, top: bool = False) -> dict:
+    """Samples/s of ``threads`` threads each calling infer_rows on random rows (``top``: classify_rows, the
+    SUT's call, the engine's TopK answers coming back instead of the scores)."""
     counts = [0] * threads
     stop = time.perf_counter() + seconds
+    call = backend.classify_rows if top else backend.infer_rows
 
     def work(k):
         rng = np.random.default_rng(k)
         while time.perf_counter() < stop:
-            backend.infer_rows(store, rng.integers(0, len(store), batch))
+            call(store, rng.integers(0, len(store), batch))
             counts[k] += batch
 
     ts = [threading.Thread(target=work, args=(k,)) for k in range(threads)]
