@@ -6,7 +6,7 @@ loses to the engine alone"). The engine-alone figure differs from the Offline pa
 every byte 1, not images; no copy runs beside it; the streams' runs overlap, where Offline orders them
 (serial_compute). This script measures each step from one to the other on the same engine, in alternated
 rounds (the GPU sits at its 700 W cap, so its clock drifts with what ran before), with the SM clock and
-board power sampled by nvidia-smi over each phase:
+board power (and the active throttle reasons) sampled by nvidia-smi over each phase:
 
     ones_overlap    the engine alone as every record measured it (memset 1, all slots at once)
     images_overlap  the same with the bundle's real images in the input
@@ -37,7 +37,7 @@ from resnet50_e2e import BundleImages, _backend, log  # noqa: E402
 from serving_probe import backend_loop  # noqa: E402
 
 PHASES = ("ones_overlap", "images_overlap", "images_serial", "rows_serial", "rows_overlap")
-SMI_FIELDS = "timestamp,clocks.sm,power.draw,temperature.gpu"
+SMI_FIELDS = "timestamp,clocks.sm,power.draw,temperature.gpu,clocks_throttle_reasons.active"
 
 
 class PowerLog:
@@ -55,21 +55,24 @@ class PowerLog:
         self._file.close()
 
     def means(self, start: dt.datetime, end: dt.datetime) -> dict:
-        """Mean SM MHz, W and deg C of the samples taken between ``start`` and ``end``."""
+        """Mean SM MHz, W and deg C of the samples taken between ``start`` and ``end``, and the throttle
+        reasons (nvidia-smi's bit masks) that were active in any of them."""
         rows = []
         for line in self.path.read_text().splitlines():
             parts = [p.strip() for p in line.split(",")]
             try:
                 when = dt.datetime.strptime(parts[0], "%Y/%m/%d %H:%M:%S.%f")
-                rows.append((when, float(parts[1]), float(parts[2]), float(parts[3])))
+                rows.append((when, float(parts[1]), float(parts[2]), float(parts[3]), parts[4:5]))
             except (ValueError, IndexError):
                 continue  # a partial last line, or a field nvidia-smi could not read
         inside = [r for r in rows if start <= r[0] <= end]
         if not inside:
             return {"samples": 0}
+        reasons = sorted({r[4][0] for r in inside if r[4]})
         return {"samples": len(inside), "sm_mhz": round(statistics.fmean(r[1] for r in inside)),
                 "power_w": round(statistics.fmean(r[2] for r in inside), 1),
-                "temp_c": round(statistics.fmean(r[3] for r in inside), 1)}
+                "temp_c": round(statistics.fmean(r[3] for r in inside), 1),
+                **({"throttle_reasons": reasons} if reasons else {})}
 
 
 def main(argv=None) -> int:

@@ -32,6 +32,15 @@ def test_power_means_take_only_the_samples_inside_the_window(tmp_path):
     assert log.means(dt.datetime(2026, 11, 25, 17, 11), dt.datetime(2026, 11, 25, 17, 12)) == {"samples": 0}
 
 
+def test_power_means_list_the_throttle_reasons_seen(tmp_path):
+    log = power_log(tmp_path, "2026/11/25 17:10:01.100, 1800, 690.0, 60, 0x0000000000000004\n"
+                              "2026/11/25 17:10:01.300, 1700, 699.0, 61, 0x0000000000000004\n"
+                              "2026/11/25 17:10:01.500, 1980, 400.0, 62, 0x0000000000000000\n")
+    means = log.means(dt.datetime(2026, 11, 25, 17, 10, 1), dt.datetime(2026, 11, 25, 17, 10, 2))
+    assert means["samples"] == 3 and means["sm_mhz"] == 1827
+    assert means["throttle_reasons"] == ["0x0000000000000000", "0x0000000000000004"]
+
+
 def test_engine_records_per_input_are_kept_apart(tmp_path):
     res = resnet50_e2e.Results(tmp_path / "r.json")
     res.set_engine("resnet50", 2048, "all", 87796.49)
