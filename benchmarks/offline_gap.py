@@ -41,7 +41,7 @@ SMI_FIELDS = "timestamp,clocks.sm,power.draw,temperature.gpu,clocks_throttle_rea
 
 
 class PowerLog:
-    """nvidia-smi sampling the SM clock, board power and temperature every ``ms`` into a file."""
+    """nvidia-smi sampling the SM clock, board power, temperature and throttle reasons every ``ms`` into a file."""
 
     def __init__(self, path: Path, ms: int = 200):
         self.path = path

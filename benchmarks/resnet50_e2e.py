@@ -147,8 +147,8 @@ def run(bundle: Path, out: Path, stages, batches, seconds: float, server_batch: 
 
     def engine():
         # Each engine alone twice: with every input byte 1 (the figure every record has) and with the
-        # bundle's real images, which under the H100's 700 W cap run about 1.5 % slower (the clock
-        # follows the data's switching power; benchmarks/offline_gap.py).
+        # bundle's real images. At the H100's 700 W cap the images ran 1.5 % slower, at a 1.7 % lower clock
+        # (benchmarks/offline_gap.py).
         data = BundleImages(bundle)
         images = data.images(np.arange(1024) % len(data))
         for name, b, p in combos:

@@ -495,11 +495,11 @@ class TensorRTBackend(Backend):
         slots at once, their runs free to overlap."""
         self.cr.set_device(self.device)
         slots = self.slots[:1] if serial else self.slots
+        rows = None if images is None else self.to_input(np.asarray(images))
         for slot in slots:
-            if images is None:
+            if rows is None:
                 self.cr.memset(slot.dev_in, 1)
             else:
-                rows = self.to_input(np.asarray(images))
                 slot.host_in.array[:batch] = np.resize(rows, (batch, *rows.shape[1:]))
                 self.cr.copy_htod_async(slot.dev_in, slot.host_in, slot.host_in.array[:batch].nbytes, slot.stream)
             for _ in range(warmup):
