@@ -126,6 +126,7 @@ for step in "$@"; do
                       --out "$RESULTS/triton_h100.json" --stages "${step#triton:}" ${TRITON_ARGS:-} ;;
         switch) run_step switch python3.10 benchmarks/server_switch_interval.py ${SWITCH_ARGS:-} ;;
         multigpu) run_step multigpu python3.10 benchmarks/multigpu.py run --out "$RESULTS/multigpu_h200.json" ${MULTIGPU_ARGS:-} ;;
+        # gpu-test needs pytest and onnxruntime (cp310): a staging made with them, or both on $PYTHONPATH
         gpu-test) run_step gpu-test python3.10 -m pytest -q -m "gpu or tensorrt" -p no:cacheprovider \
                       tests/test_lanes.py tests/test_tensorrt_backend.py tests/test_cuda_runtime.py tests/test_triton_export.py \
                       tests/test_triton_gpu.py ;;
