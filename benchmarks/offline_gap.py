@@ -75,6 +75,24 @@ class PowerLog:
                 **({"throttle_reasons": reasons} if reasons else {})}
 
 
+def summarize(rounds: list[dict]) -> dict:
+    """Per phase: the median samples/s over the rounds, its ratio to ``ones_overlap``'s, and the mean SM clock and
+    power over the rounds that had nvidia-smi samples (None where none had)."""
+    def mean_of(rows, key, digits):
+        values = [r[key] for r in rows if key in r]
+        return round(statistics.fmean(values), digits) if values else None
+
+    summary = {}
+    for phase in PHASES:
+        rows = [r for r in rounds if r["phase"] == phase]
+        summary[phase] = {"samples_per_s": round(statistics.median(r["samples_per_s"] for r in rows), 1),
+                          "sm_mhz": mean_of(rows, "sm_mhz", None), "power_w": mean_of(rows, "power_w", 1)}
+    base = summary["ones_overlap"]["samples_per_s"]
+    for s in summary.values():
+        s["vs_ones_overlap"] = round(s["samples_per_s"] / base, 4)
+    return summary
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--bundle", type=Path, default=Path("/tmp/trtfuse-e2e"))
@@ -124,19 +142,10 @@ def main(argv=None) -> int:
     finally:
         power.stop()
         backend.close()
-    summary = {}
-    for phase in PHASES:
-        rows = [r for r in result["rounds"] if r["phase"] == phase]
-        summary[phase] = {"samples_per_s": round(statistics.median(r["samples_per_s"] for r in rows), 1),
-                          "sm_mhz": round(statistics.fmean(r.get("sm_mhz", 0) for r in rows)),
-                          "power_w": round(statistics.fmean(r.get("power_w", 0) for r in rows), 1)}
-    base = summary["ones_overlap"]["samples_per_s"]
-    for s in summary.values():
-        s["vs_ones_overlap"] = round(s["samples_per_s"] / base, 4)
-    result["summary"] = summary
+    result["summary"] = summary = summarize(result["rounds"])
     print(f"{'phase':16} {'samples/s':>10} {'vs ones':>8} {'SM MHz':>7} {'W':>6}")
     for phase, s in summary.items():
-        print(f"{phase:16} {s['samples_per_s']:>10,.0f} {s['vs_ones_overlap']:>8.4f} {s['sm_mhz']:>7} {s['power_w']:>6}")
+        print(f"{phase:16} {s['samples_per_s']:>10,.0f} {s['vs_ones_overlap']:>8.4f} {s['sm_mhz']!s:>7} {s['power_w']!s:>6}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1) + "\n")
     return 0

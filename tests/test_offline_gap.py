@@ -41,6 +41,19 @@ def test_power_means_list_the_throttle_reasons_seen(tmp_path):
     assert means["throttle_reasons"] == ["0x0000000000000000", "0x0000000000000004"]
 
 
+def test_summary_leaves_out_rounds_without_power_samples():
+    rounds = [{"phase": phase, "samples_per_s": 100.0 - k, "sm_mhz": 1800, "power_w": 690.0}
+              for k, phase in enumerate(offline_gap.PHASES)]
+    rounds += [{"phase": phase, "samples_per_s": 90.0 - k, "samples": 0}  # nvidia-smi gave nothing this round
+               for k, phase in enumerate(offline_gap.PHASES)]
+    summary = offline_gap.summarize(rounds)
+    assert summary["ones_overlap"] == {"samples_per_s": 95.0, "sm_mhz": 1800, "power_w": 690.0, "vs_ones_overlap": 1.0}
+    assert summary["rows_overlap"]["samples_per_s"] == 91.0
+    assert summary["rows_overlap"]["vs_ones_overlap"] == round(91 / 95, 4)
+    no_power = offline_gap.summarize([r for r in rounds if "samples" in r])
+    assert no_power["images_serial"]["sm_mhz"] is None and no_power["images_serial"]["power_w"] is None
+
+
 def test_engine_records_per_input_are_kept_apart(tmp_path):
     res = resnet50_e2e.Results(tmp_path / "r.json")
     res.set_engine("resnet50", 2048, "all", 87796.49)
