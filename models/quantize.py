@@ -192,9 +192,13 @@ def _entropy_bins(hist: np.ndarray, levels: int = 128, start: int = 128) -> int:
     ``levels`` int8 levels and expanded back over P's non-empty bins. Ties go to the most bins
     (the least clipping), as TensorRT's last argmin."""
     kl = _entropy_divergences(hist, levels, start)
-    if not np.isfinite(kl).any():
+    finite = np.isfinite(kl)
+    if not finite.any():
         return len(hist)  # nothing to choose from (no counts): keep the whole range
-    return start + len(kl) - 1 - int(np.argmin(kl[::-1]))
+    # A tie is a tie within rounding: cuts that tie exactly (a sparse histogram whose P equals Q at
+    # several of them) come out 1e-16 apart, on either side depending on the CPU's vector log.
+    ties = np.flatnonzero(kl <= kl[finite].min() + 1e-12)
+    return start + int(ties[-1])
 
 
 def _entropy_divergences(hist: np.ndarray, levels: int = 128, start: int = 128) -> np.ndarray:
