@@ -49,6 +49,10 @@ def _add_run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--mode", dest="run.mode", choices=["performance", "accuracy"])
     p.add_argument("--backend", dest="run.backend", choices=["auto", "onnxruntime", "tensorrt", "triton", "null"],
                    help="what runs the batches (triton: Triton servers at --triton-url)")
+    p.add_argument("--sut", dest="run.sut", choices=["python", "native"],
+                   help="the run loop: python, or native (C++ SUT and LoadGen; --backend tensorrt or null)")
+    p.add_argument("--batch-timeout-us", dest="native.batch_timeout_us", type=float,
+                   help="--sut native: how long a free slot waits after the oldest query for a fuller batch")
     p.add_argument("--batch-size", dest="run.batch_size", type=int)
     p.add_argument("--sample-count", dest="run.sample_count", type=int,
                    help="use the first N images of the dataset (0: all)")
@@ -192,14 +196,14 @@ def _new_run_dir(output_dir: str, model: str, scenario: str, mode: str) -> Path:
 
 
 def open_inputs(settings: dict, weights: str | None = None, progress: bool = True,
-                model=None, dataset=None, backend=None):
+                model=None, dataset=None, backend=None, with_backend: bool = True):
     """(model, dataset, backend) for the settings; what is given ready-made is kept. A backend made
-    here is loaded with the model (the caller closes it)."""
+    here is loaded with the model (the caller closes it); none with ``with_backend`` False."""
     from trtfuse.backends import create_backend
 
     r = settings["run"]
     model = model or resolve_model(r["model"], weights)
-    if backend is None:  # before the dataset: a model the backend rejects should not wait for JPEGs
+    if backend is None and with_backend:  # before the dataset: a model the backend rejects should not wait for JPEGs
         # Each backend's own settings section: [triton] for Triton's client, else [tensorrt] (which
         # onnxruntime and null ignore).
         section = settings["triton" if r["backend"] == "triton" else "tensorrt"]
@@ -229,24 +233,33 @@ def run(settings: dict, progress: bool = True, weights: str | None = None,
     from trtfuse.lg_run import run_loadgen
 
     r = settings["run"]
+    native = r["sut"] == "native"
     own_backend = backend is None
-    model, dataset, backend = open_inputs(settings, weights, progress, model, dataset, backend)
+    model, dataset, backend = open_inputs(settings, weights, progress, model, dataset, backend,
+                                          with_backend=not native)
+    if native:  # the engine lives in the native library: no Python backend is loaded beside it
+        from trtfuse import native_sut
+
+        backend = native_sut.open_engine(settings, model, dataset)
     run_dir = Path(run_dir) if run_dir else _new_run_dir(r["output_dir"], model.name, r["scenario"], r["mode"])
     run_dir.mkdir(parents=True)
     accuracy.write_qsl_labels(run_dir, dataset.names, dataset.labels)
     if progress:
-        print(f"trtfuse: {r['scenario']} {r['mode']} run of {model.name} on {backend.name}, "
+        print(f"trtfuse: {r['scenario']} {r['mode']} run of {model.name} on {backend.name} ({r['sut']} SUT), "
               f"batch {r['batch_size']}, {len(dataset)} images -> {run_dir}", file=sys.stderr)
     try:
-        lg_run = run_loadgen(backend, model, dataset, settings, run_dir, progress=progress)
+        if native:
+            lg_run = native_sut.run_native(backend, model, dataset, settings, run_dir, progress=progress)
+        else:
+            lg_run = run_loadgen(backend, model, dataset, settings, run_dir, progress=progress)
     finally:
-        if own_backend:
+        if own_backend or native:
             backend.close()
     results = report.read_loadgen_results(run_dir)
     mode = results["mode"] or r["mode"]  # LoadGen's effective mode: an audit.config may switch it
     result = {
         "model": model.name, "random_weights": bool(model.random_weights),
-        "backend": backend.name, "scenario": r["scenario"], "mode": mode,
+        "backend": backend.name, "sut": r["sut"], "scenario": r["scenario"], "mode": mode,
         "official": r["official"], "audit_config": r["audit_config"] or None,
         "command": command,
         "sysinfo": sysinfo.probe(),  # the measured machine, for a submission's systems/<system>.json

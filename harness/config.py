@@ -109,6 +109,13 @@ def _check(s: Settings) -> None:
     if run["threads"] < 0:
         raise UserError(f"run.threads must be 0 (one per backend stream) or more, not {run['threads']}",
                         "use --threads 0")
+    if run["sut"] not in ("python", "native"):
+        raise UserError(f"run.sut must be python or native, not {run['sut']!r}", "e.g. --sut native")
+    if run["sut"] == "native" and run["backend"] not in ("tensorrt", "null", "auto"):
+        raise UserError(f"the native SUT runs TensorRT engines and the null engine, not --backend {run['backend']}",
+                        "use --sut python for onnxruntime or triton, or --backend tensorrt / null")
+    if s["native"]["batch_timeout_us"] < 0:
+        raise UserError("native.batch_timeout_us is negative", "use 0 (no waiting) or a positive number of microseconds")
     if run["watchdog_s"] <= 0:
         raise UserError("run.watchdog_s must be positive", "e.g. watchdog_s = 120")
     server = s["server"]

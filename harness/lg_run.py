@@ -118,6 +118,12 @@ def _conf_value(v) -> str:
     return str(int(v)) if float(v).is_integer() else repr(float(v))
 
 
+def write_user_conf(run_dir: Path, settings: dict, ts: lg.TestSettings) -> None:
+    (run_dir / USER_CONF).write_text(
+        "# What this run set on top of LoadGen's built-in mlperf.conf (written by trtfuse).\n"
+        + "\n".join(user_conf_lines(settings, ts)) + "\n")
+
+
 def audit_config_path(run_dir: Path, given: str) -> Path:
     """The audit.config LoadGen gets: a copy of ``given`` in the run folder (a compliance test), or a
     path in the run folder that holds none. A stray ./audit.config is never read, but named."""
@@ -186,9 +192,7 @@ def run_loadgen(backend, model, dataset, settings: dict, run_dir: Path, progress
     measured = warm_up(backend, qsl, run["batch_size"], run["warmup_batches"], threads)
     if scenario == "offline":
         ts.offline_expected_qps = offline_expected_qps(settings["offline"], measured)
-    (run_dir / USER_CONF).write_text(
-        "# What this run set on top of LoadGen's built-in mlperf.conf (written by trtfuse).\n"
-        + "\n".join(user_conf_lines(settings, ts)) + "\n")
+    write_user_conf(run_dir, settings, ts)
 
     common = {"batch_size": run["batch_size"], "threads": threads, "label_offset": model.label_offset}
     if scenario == "offline":

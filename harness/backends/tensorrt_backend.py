@@ -45,6 +45,43 @@ from trtfuse.gpu_trace import BatchSpan, summarize
 _NP = {"FLOAT": np.float32, "HALF": np.float16, "INT8": np.int8, "INT32": np.int32}
 
 
+def engine_file(model, batch_size: int, precision: str = "int8", plugins: str = "off", input_format: str = "float",
+                streams: int = 2, tactic_sources: str | None = None, plugin_lib: str | None = None) -> Path:
+    """The engine for ``model`` with these settings: found in the cache, else built (and cached)."""
+    cfg = BuildConfig(precision=precision, plugins=plugin_mode(plugins), batch=batch_size,
+                      input_format=input_format, profiles=streams)
+    if tactic_sources:
+        cfg.tactic_sources = tactic_sources
+    return Path(build_engine(model.dir, cfg, plugin_lib))
+
+
+def register_plugins(plugins: str, plugin_lib: str | None = None) -> None:
+    """Register trtfuse's plugin creators with TensorRT before an engine is deserialized. An engine
+    built with plugins needs them even when the caller did not say so: with ``plugins`` off the library
+    is loaded if it is built, and quietly skipped if not."""
+    if plugin_mode(plugins) != "off":
+        load_plugin_library(plugin_lib)
+        return
+    try:
+        load_plugin_library(plugin_lib)
+    except UserError:
+        pass
+
+
+def engine_input(images: np.ndarray, in_dtype, scale) -> np.ndarray:
+    """``images`` in the engine's input type. int8 images are already quantized with the input scale
+    (the QuantizeLinear's output): passed through to an int8 engine, dequantized for a float one; float
+    images are quantized for an int8 engine exactly as that QuantizeLinear would."""
+    int8_input = np.dtype(in_dtype) == np.int8
+    if int8_input and images.dtype != np.int8:
+        return np.clip(np.rint(images / scale), -128, 127).astype(np.int8)
+    if not int8_input and images.dtype == np.int8:
+        if scale is None:
+            raise ValueError("int8 input batch for a float engine without a Q/DQ model to scale it")
+        return images.astype(np.float32) * scale
+    return images.astype(in_dtype, copy=False)
+
+
 def parse_devices(spec: str, count: int) -> list[int]:
     """The GPUs that ``spec`` names, of ``count`` visible: "" or "0": GPU 0 (one backend, as before
     devices existed); "all": every one; "0,1,3": those."""
@@ -219,25 +256,14 @@ class TensorRTBackend(Backend):
         if self.engine_path is None and self._engine_of is not None:
             self.engine_path = self._engine_of.engine_path  # built or found once, by the first lane
         if self.engine_path is None:
-            cfg = BuildConfig(precision=self.precision, plugins=self.plugins, batch=batch_size,
-                              input_format=self.input_format, profiles=self.n_streams)
-            if self.tactic_sources:
-                cfg.tactic_sources = self.tactic_sources
-            self.engine_path = str(build_engine(model.dir, cfg, self.plugin_lib))
+            self.engine_path = str(engine_file(model, batch_size, self.precision, self.plugins, self.input_format,
+                                               self.n_streams, self.tactic_sources, self.plugin_lib))
         path = Path(self.engine_path)
         if not path.is_file():
             raise UserError(f"engine file {path} does not exist", "build one with `trtfuse build`")
         self.logger = trt.Logger(trt.Logger.WARNING)
         trt.init_libnvinfer_plugins(self.logger, "")
-        if self.plugins != "off":
-            load_plugin_library(self.plugin_lib)
-        else:
-            # An engine built with plugins needs their creators registered to deserialize, even when
-            # the caller did not say so: load the library if it is built, quietly skip it if not.
-            try:
-                load_plugin_library(self.plugin_lib)
-            except UserError:
-                pass
+        register_plugins(self.plugins, self.plugin_lib)
         runtime = trt.Runtime(self.logger)
         self.engine = runtime.deserialize_cuda_engine(path.read_bytes())
         if self.engine is None:
@@ -295,16 +321,7 @@ class TensorRTBackend(Backend):
         return next(b for b in self._buckets if b >= n)
 
     def to_input(self, images: np.ndarray) -> np.ndarray:
-        """``images`` in the engine's input type. int8 images are already quantized with the input
-        scale (the QuantizeLinear's output): passed through to an int8 engine, dequantized for a
-        float one; float images are quantized for an int8 engine exactly as that QuantizeLinear would."""
-        if self._int8_input and images.dtype != np.int8:
-            return np.clip(np.rint(images / self._scale), -128, 127).astype(np.int8)
-        if not self._int8_input and images.dtype == np.int8:
-            if self._scale is None:
-                raise ValueError("int8 input batch for a float engine without a Q/DQ model to scale it")
-            return images.astype(np.float32) * self._scale
-        return images.astype(self._in_dtype, copy=False)
+        return engine_input(images, self._in_dtype, self._scale)
 
     def host_array(self, shape, dtype) -> np.ndarray:
         self.cr.set_device(self.device)
