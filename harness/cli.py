@@ -240,7 +240,11 @@ def run(settings: dict, progress: bool = True, weights: str | None = None,
     if native:  # the engine lives in the native library: no Python backend is loaded beside it
         from trtfuse import native_sut
 
-        backend = native_sut.open_engine(settings, model, dataset)
+        if backend is None:
+            backend = native_sut.open_engine(settings, model, dataset)
+        elif not isinstance(backend, native_sut.NativeEngine):
+            raise UserError(f"--sut native runs a native engine, not the {backend.name} backend given",
+                            "pass a native_sut engine, or use --sut python")
     run_dir = Path(run_dir) if run_dir else _new_run_dir(r["output_dir"], model.name, r["scenario"], r["mode"])
     run_dir.mkdir(parents=True)
     accuracy.write_qsl_labels(run_dir, dataset.names, dataset.labels)
@@ -253,7 +257,7 @@ def run(settings: dict, progress: bool = True, weights: str | None = None,
         else:
             lg_run = run_loadgen(backend, model, dataset, settings, run_dir, progress=progress)
     finally:
-        if own_backend or native:
+        if own_backend:
             backend.close()
     results = report.read_loadgen_results(run_dir)
     mode = results["mode"] or r["mode"]  # LoadGen's effective mode: an audit.config may switch it
@@ -271,6 +275,7 @@ def run(settings: dict, progress: bool = True, weights: str | None = None,
                     "qsl_loaded_samples": lg_run.qsl_loaded_samples, "wall_s": lg_run.wall_s,
                     "cpu_s": lg_run.cpu_s, "mean_batch": lg_run.mean_batch,
                     "effective": lg_run.effective, "stalls": lg_run.stalls, "gpu": lg_run.gpu,
+                    "energy": lg_run.energy,
                     "timeline": {"t_s": [t for t, _ in lg_run.timeline],
                                  "completed": [n for _, n in lg_run.timeline]}},
     }

@@ -97,7 +97,13 @@ def run_compliance(test: str, settings: dict, out: str | Path | None = None,
             shutil.copytree(run_dir, ref_dirs[mode])
 
     own_backend = backend is None
-    model, dataset, backend = cli.open_inputs(settings, weights, progress, model, dataset, backend)
+    native = r["sut"] == "native"
+    model, dataset, backend = cli.open_inputs(settings, weights, progress, model, dataset, backend,
+                                              with_backend=not native)
+    if native and backend is None:  # one native engine for the reference and audited runs
+        from trtfuse import native_sut
+
+        backend = native_sut.open_engine(settings, model, dataset)
     try:
         for mode, d in ref_dirs.items():
             if d.exists():

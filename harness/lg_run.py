@@ -25,6 +25,7 @@ from pathlib import Path
 import mlperf_loadgen as lg
 from trtfuse import run_stalls
 from trtfuse.errors import UserError
+from trtfuse.gpu_energy import EnergySpan
 from trtfuse.lg_monitor import RunMonitor
 from trtfuse.lg_qsl import SampleLibrary
 from trtfuse.lg_sut import OfflineSUT, ServerSUT
@@ -50,6 +51,7 @@ class LoadGenRun:
     timeline: list = field(default_factory=list)  # (s since StartTest, samples completed), every 0.5 s
     stalls: dict = field(default_factory=dict)  # what took the CPU away during StartTest (run_stalls)
     gpu: dict | None = None  # the backend's trace of StartTest's batches (gpu_trace), where it keeps one
+    energy: dict | None = None  # the GPUs' energy over StartTest (gpu_energy), on a GPU backend
 
 
 def loadgen_settings(settings: dict, total_count: int, measured_qps: float | None) -> lg.TestSettings:
@@ -233,7 +235,7 @@ def run_loadgen(backend, model, dataset, settings: dict, run_dir: Path, progress
     if run["gc_disable"]:
         gc.disable()
     try:
-        with monitor, run_stalls.watch() as stalls:
+        with monitor, run_stalls.watch() as stalls, EnergySpan(on=backend.name == "tensorrt") as energy:
             lg.StartTestWithLogSettings(lg_sut, lg_qsl, ts, log_settings, str(audit_config))
     finally:
         if gc_was_enabled:
@@ -259,6 +261,7 @@ def run_loadgen(backend, model, dataset, settings: dict, run_dir: Path, progress
         completed=sut.ledger.completed, qsl_load_calls=len(qsl.load_calls), mean_batch=sut.mean_batch(),
         qsl_loaded_samples=sum(len(c) for c in qsl.load_calls), wall_s=wall, cpu_s=cpu,
         timeline=monitor.timeline + [(round(wall, 3), sut.ledger.completed)], stalls=stalls, gpu=gpu,
+        energy=energy.result(sut.ledger.completed),
         effective={"offline_expected_qps": ts.offline_expected_qps,
                    "performance_sample_count": ts.performance_sample_count_override,
                    "min_duration_ms": ts.min_duration_ms, "min_query_count": ts.min_query_count,

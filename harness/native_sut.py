@@ -112,6 +112,7 @@ class NativeEngine:
     lanes: int
     slots: int
     engine_path: str | None = None
+    hung: bool = False  # a session abandoned batches inside it: a slot may still be in there
 
     def to_input(self, images: np.ndarray) -> np.ndarray:
         from trtfuse.backends.tensorrt_backend import engine_input
@@ -119,9 +120,9 @@ class NativeEngine:
         return np.ascontiguousarray(engine_input(images, self.in_dtype, self.scale))
 
     def close(self) -> None:
-        if self.handle:
+        if self.handle and not self.hung:
             self.lib.tf_engine_free(self.handle)
-            self.handle = 0
+        self.handle = 0
 
 
 def _engine(lib, handle, name: str, scale, engine_path=None) -> NativeEngine:
@@ -133,7 +134,8 @@ def _engine(lib, handle, name: str, scale, engine_path=None) -> NativeEngine:
 
 def null_engine(sample: np.ndarray, classes: int, batch: int, lanes: int = 1, slots_per_lane: int = 2,
                 us_per_batch: float = 0.0, us_per_sample: float = 0.0) -> NativeEngine:
-    """The host-only engine for samples like ``sample`` (one sample, C x H x W)."""
+    """The host-only engine for samples like ``sample`` (one sample, C x H x W). ``us_per_batch`` +
+    n x ``us_per_sample``: an emulated device's run time, one batch at a time (0: none)."""
     lib = library()
     sample = np.ascontiguousarray(sample)
     code = _DTYPE_CODES.get(sample.dtype)
@@ -303,6 +305,7 @@ class NativeSession:
 
     def abandon(self) -> int:
         """RunMonitor's watchdog: stop, and answer what the slots hold (a hung engine)."""
+        self.engine.hung = True
         return int(self.engine.lib.tf_session_abandon(self._handle, b"the engine hung"))
 
     def close(self) -> None:
@@ -350,6 +353,7 @@ def run_native(engine: NativeEngine, model, dataset, settings: dict, run_dir: Pa
     """``lg_run.run_loadgen`` with the native SUT: the same settings, run folder, user.conf, warm-up
     and monitor; the test itself in C++. Returns an ``lg_run.LoadGenRun``."""
     from trtfuse import run_stalls
+    from trtfuse.gpu_energy import EnergySpan
     from trtfuse.lg_monitor import RunMonitor
     from trtfuse.lg_run import (LoadGenRun, _cpu_seconds, audit_config_path, loadgen_settings,
                                 offline_expected_qps, write_user_conf)
@@ -375,13 +379,19 @@ def run_native(engine: NativeEngine, model, dataset, settings: dict, run_dir: Pa
         expected_s = max(ts.min_duration_ms / 1e3, 0) if scenario == "offline" and not accuracy else None
         monitor = RunMonitor(session, stall_s=run["watchdog_s"], expected_s=expected_s, progress=progress)
         start, cpu_start = time.perf_counter(), _cpu_seconds()
-        with monitor, run_stalls.watch() as stalls:
-            session.run(run["mlperf_model"], LOADGEN_SCENARIO_NAMES[scenario], settings_lines(ts), run_dir,
-                        audit_config)
+        failure = None
+        with monitor, run_stalls.watch() as stalls, EnergySpan(on=engine.name == "tensorrt") as energy:
+            try:
+                session.run(run["mlperf_model"], LOADGEN_SCENARIO_NAMES[scenario], settings_lines(ts), run_dir,
+                            audit_config)
+            except RuntimeError as e:
+                failure = e
         wall, cpu = time.perf_counter() - start, _cpu_seconds() - cpu_start
         if monitor.stalled:
             raise UserError(f"the run failed: {monitor.stalled}",
                             f"LoadGen's logs are in {run_dir}; check the engine, or raise run.watchdog_s")
+        if failure is not None:
+            raise failure
         if session.errors:
             raise session._error("the sample loader failed")
         st = session.stats()
@@ -391,6 +401,7 @@ def run_native(engine: NativeEngine, model, dataset, settings: dict, run_dir: Pa
             cpu_s=cpu, mean_batch=st.batch_samples / st.batches if st.batches else None,
             timeline=monitor.timeline + [(round(wall, 3), st.completed)], stalls=stalls,
             gpu={"busy_ms": st.gpu_busy_ms} if engine.name == "tensorrt" else None,
+            energy=energy.result(st.completed),
             effective={"offline_expected_qps": ts.offline_expected_qps,
                        "performance_sample_count": ts.performance_sample_count_override,
                        "min_duration_ms": ts.min_duration_ms, "min_query_count": ts.min_query_count,

@@ -229,7 +229,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--build-dir", help=f"output folder (default {default_build_dir()})")
     p.add_argument("--debug", action="store_true", help="-O0 -g")
     p.add_argument("-j", "--jobs", type=int)
+    p.add_argument("--native", action="store_true",
+                   help="the native run loop instead (`trtfuse run --sut native`): LoadGen from its source "
+                        "distribution + the C++ SUT, with the TensorRT engine where TensorRT's headers are given")
     args = p.parse_args(argv)
+    if args.native:
+        from trtfuse import native_build
+
+        root = args.tensorrt_root or os.environ.get("TENSORRT_ROOT")
+        archs = tuple(a.strip() for a in args.archs.split(",") if a.strip() and a.strip() != "90a")
+        native_build.build(Path(args.build_dir) if args.build_dir else None,
+                           tensorrt_root=None if args.kernels_only else root, archs=archs or ("90",), jobs=args.jobs)
+        return 0
     plan = BuildPlan(
         source_dir=plugins_source_dir(args.source),
         build_dir=Path(args.build_dir) if args.build_dir else default_build_dir(),

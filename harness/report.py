@@ -108,7 +108,7 @@ def format_table(report: dict) -> str:
     """The report as aligned `name  value` lines."""
     rows: list[tuple[str, str]] = [
         ("model", report["model"] + (f"  ({RANDOM_WEIGHTS_NOTE})" if report.get("random_weights") else "")),
-        ("backend", report["backend"]),
+        ("backend", report["backend"] + (f"  ({report['sut']} SUT)" if report.get("sut") == "native" else "")),
         ("scenario / mode", f"{report['scenario']} / {report['mode']}"),
         ("batch size", str(report["batch_size"])),
         ("dataset", f"{report['dataset']} ({report['dataset_size']} images)"),
@@ -132,6 +132,10 @@ def format_table(report: dict) -> str:
             line = describe(trace)
             if line:
                 rows.append(("GPU" + (f" {lane}" if "lanes" in gpu else ""), line))
+        energy = (report.get("harness") or {}).get("energy")
+        if energy:
+            rows.append(("GPU energy", f"{energy['avg_watts']:,.0f} W average, {energy['samples_per_joule']:,.1f} "
+                         "samples/J (the GPU's own counter, not MLPerf Power)"))
         eff, req = lg.get("effective_settings", {}), lg.get("requested_settings", {})
         if "min_duration_ms" in eff:
             rows.append(("LoadGen settings", f"min duration {eff['min_duration_ms'] / 1000:,.0f} s, min query count "

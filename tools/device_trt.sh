@@ -28,7 +28,9 @@
 # multigpu (benchmarks/multigpu.py: engine-only per GPU, LoadGen on 1..N GPUs, extra arguments from
 # $MULTIGPU_ARGS), gpu-test (the GPU/TensorRT tests of the lanes, the TensorRT backend, the Triton export
 # and trtfuse serve with TensorRT over each transport), switch (benchmarks/server_switch_interval.py: Server
-# p50/p99 against Python's GIL switch interval; extra arguments from $SWITCH_ARGS).
+# p50/p99 against Python's GIL switch interval; extra arguments from $SWITCH_ARGS), native-build (the native SUT with
+# TensorRT), native:STAGES (benchmarks/native_sut.py: the native SUT against the Python one; extra arguments from
+# $NATIVE_ARGS).
 # A failing step does not stop the next. Logs and results accumulate in /tmp/trtfuse-results (outside
 # the work tree, which each call replaces); $OUT gets the JSON results and logs.tgz (at most 8 files come back).
 # Exit status: the number of failed steps.
@@ -46,6 +48,7 @@ mkdir -p "$OUT" "$RESULTS/logs"
 export PYTHONUNBUFFERED=1
 export TRTFUSE_BUILD_DIR=/tmp/trtfuse-build   # kept between calls on a warm machine
 export TRTFUSE_PLUGIN_LIB=$TRTFUSE_BUILD_DIR/libtrtfuse_plugins.so
+export TRTFUSE_NATIVE_BUILD_DIR=/tmp/trtfuse-native   # the native SUT's build, kept between calls too
 # This machine's TensorRT 8.5 has no cuBLAS/cuDNN to load: every engine build leaves their tactics out.
 export TRTFUSE_TACTIC_SOURCES=none
 # The fused conv's tile choice: this machine's fresh tuning if a conv-kernel step ran, else the committed one.
@@ -130,6 +133,12 @@ for step in "$@"; do
         gpu-test) run_step gpu-test python3.10 -m pytest -q -m "gpu or tensorrt" -p no:cacheprovider \
                       tests/test_lanes.py tests/test_tensorrt_backend.py tests/test_cuda_runtime.py tests/test_triton_export.py \
                       tests/test_triton_gpu.py ;;
+        native-build)  # the native SUT with TensorRT: LoadGen's sdist and nvidia-ml-py carried in .devcache/native
+            for w in .devcache/native/*.whl; do [ -f "$w" ] && python3.10 -m zipfile -e "$w" "$TRT85/site-packages/"; done
+            TRTFUSE_LOADGEN_SDIST=$(ls .devcache/native/mlcommons_loadgen-*.tar.gz 2>/dev/null | head -1) \
+                run_step native-build python3.10 -m trtfuse.plugin_build build --native --tensorrt-root "$TENSORRT_ROOT" ;;
+        native:*) run_step "native-${step#native:}" python3.10 benchmarks/native_sut.py run \
+                      --out "$RESULTS/native_sut_h100.json" --stages "${step#native:}" ${NATIVE_ARGS:-} ;;
         *) echo "unknown step $step"; failed=$((failed + 1)) ;;
     esac
 done

@@ -1,9 +1,13 @@
 // The null engine: the native SUT's host path alone. Each sample's classes come from a hash of its
 // bytes, so answers are deterministic per sample (TEST01 compares the two LoadGen modes) and cost a
-// few nanoseconds; an optional sleep per batch stands in for a device's run time.
+// few nanoseconds. An optional run time per batch stands in for a device that runs one batch at a time:
+// a batch finishes no sooner than that long after the previous one finished, on a schedule (not a
+// sleep per batch), so the rate is the device's and not the host's as long as the host keeps up.
 #include <chrono>
 #include <cstring>
+#include <algorithm>
 #include <memory>
+#include <mutex>
 #include <thread>
 #include <vector>
 
@@ -49,7 +53,17 @@ class NullEngine final : public Engine {
     auto& out = answers_[slot];
     for (int i = 0; i < n; ++i) classify(&store_[size_t(rows[i]) * info_.sample_bytes], &out[size_t(i) * info_.top_k]);
     double us = us_batch_ + us_sample_ * n;
-    if (us > 0) std::this_thread::sleep_for(std::chrono::duration<double, std::micro>(us));
+    if (us > 0) {
+      Clock::time_point finish;
+      {
+        std::lock_guard<std::mutex> lock(device_);
+        finish = std::max(last_finish_ + std::chrono::duration_cast<Clock::duration>(
+                                              std::chrono::duration<double, std::micro>(us)),
+                          Clock::now());
+        last_finish_ = finish;
+      }
+      std::this_thread::sleep_until(finish);
+    }
     return out.data();
   }
 
@@ -67,6 +81,10 @@ class NullEngine final : public Engine {
     for (size_t b = words * 8; b < size_t(info_.sample_bytes); ++b) h = (h ^ sample[b]) * 1099511628211ull;
     for (int k = 0; k < info_.top_k; ++k) top[k] = int32_t((h + uint64_t(k)) % uint64_t(classes_));
   }
+
+  using Clock = std::chrono::steady_clock;
+  std::mutex device_;                // the emulated device: one batch at a time
+  Clock::time_point last_finish_{};
 
   tf_engine_info info_;
   int classes_;

@@ -68,15 +68,21 @@ class Session final : public mlperf::QuerySampleLibrary, public mlperf::SystemUn
 
   // -- SUT ----------------------------------------------------------------------------------------
   void IssueQuery(const std::vector<mlperf::QuerySample>& samples) override {
-    Chunk c;
-    c.samples = samples;
-    c.arrived = Clock::now();
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (stats_.issued == stats_.completed) touch();  // the stall clock starts when there is work
       stats_.issued += int64_t(samples.size());
-      waiting_ += samples.size();
-      queue_.push_back(std::move(c));
+      if (!abandoned_) {
+        Chunk c;
+        c.samples = samples;
+        c.arrived = Clock::now();
+        waiting_ += samples.size();
+        queue_.push_back(std::move(c));
+      }
+    }
+    if (abandoned_) {
+      complete(samples, nullptr);  // no slot may ever come back: answered here, on LoadGen's thread
+      return;
     }
     cv_.notify_one();
   }
@@ -212,15 +218,21 @@ class Session final : public mlperf::QuerySampleLibrary, public mlperf::SystemUn
   // answered and drops it. Returns the samples completed here.
   int64_t abandon(const std::string& reason) {
     stop(reason);
-    abandoned_ = true;
     std::vector<std::vector<mlperf::QuerySample>> taken;
     {
       std::lock_guard<std::mutex> lock(mu_);
+      abandoned_ = true;
       for (auto& f : inflight_)
         if (f.owned) {
           f.owned = false;
           taken.push_back(f.samples);
         }
+      // and what waits in the queue: the slots that would answer it may never return
+      std::vector<mlperf::QuerySample> queued;
+      while (waiting_ > 0) {
+        take(&queued);
+        taken.push_back(queued);
+      }
     }
     int64_t n = 0;
     for (auto& batch : taken) {
@@ -229,6 +241,8 @@ class Session final : public mlperf::QuerySampleLibrary, public mlperf::SystemUn
     }
     return n;
   }
+
+  bool abandoned() const { return abandoned_; }
 
   tf_stats stats() const {
     tf_stats out{};
@@ -446,7 +460,8 @@ int64_t tf_session_abandon(tf_session* s, const char* reason) {
 
 void tf_session_free(tf_session* s) {
   if (!s) return;
-  delete s->impl;
+  // A slot may still be inside a hung engine with this session's state: leave it to the process's end.
+  if (!s->impl->abandoned()) delete s->impl;
   delete s;
 }
 

@@ -1,0 +1,212 @@
+"""The native run loop against the Python SUT on one GPU lease: ResNet-50 int8 with the plugins (random weights:
+performance only), the engine alone, LoadGen Offline and Server, each SUT on the same engine and inputs.
+
+    python3.10 benchmarks/native_sut.py run --stages engines,engine,offline,server [--seconds 60]   # GPU machine
+
+Stages add to one JSON (--out) so that they can spread over several device calls on one warm machine:
+  engines   build the engines (plugins all, int8 input, 2 optimization profiles) at batch 2048 and 256
+  engine    the 2048 engine alone on the run's inputs (TensorRTBackend.engine_throughput), the Offline bar's denominator
+  offline   LoadGen Offline at batch 2048, native then Python, --seconds each
+  server    LoadGen Server at batch 256: native at each --server-qps, then Python at the first
+Inputs: --images N random int8 images (seeded), the same bytes for every run: the bundle's photos are not needed
+for a throughput A/B of two run loops. GPU energy: NVML's counter over LoadGen's span (not MLPerf Power).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parent.parent
+BUNDLE = Path("/tmp/trtfuse-e2e")
+STAGES = ("engines", "engine", "offline", "server")
+
+
+def log(msg: str) -> None:
+    print(f"[native {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def cpu_model() -> str:
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return platform.processor() or "unknown"
+
+
+class RandomImages:
+    """``n`` int8 images 3 x 224 x 224 from a fixed seed, as a dataset (names, labels, images)."""
+
+    def __init__(self, n: int, seed: int = 0):
+        self.array = np.random.default_rng(seed).integers(-128, 128, size=(n, 3, 224, 224), dtype=np.int8)
+        self.labels = np.zeros(n, dtype=np.int64)
+        self.names = [f"random_{i:05d}" for i in range(n)]
+
+    def __len__(self) -> int:
+        return len(self.array)
+
+    def images(self, indices) -> np.ndarray:
+        return self.array[np.asarray(indices, dtype=np.int64).reshape(-1)]
+
+
+def engine_path(model_dir: Path, batch: int) -> Path:
+    from trtfuse.engine import BuildConfig, build_engine
+
+    cfg = BuildConfig(precision="int8", plugins="all", batch=batch, input_format="int8", profiles=2)
+    return Path(build_engine(model_dir, cfg))
+
+
+def settings_for(scenario: str, sut: str, engine: Path, batch: int, seconds: float, **extra) -> dict:
+    from trtfuse import config
+
+    overrides = {"run.scenario": scenario, "run.sut": sut, "run.backend": "tensorrt", "run.batch_size": batch,
+                 "run.threads": 2, "run.warmup_batches": 5, "run.mlperf_model": "resnet50",
+                 "run.output_dir": "/tmp/trtfuse-native-runs", "tensorrt.engine": str(engine),
+                 "tensorrt.plugins": "all", "tensorrt.input_format": "int8", "tensorrt.streams": 2,
+                 f"{scenario}.min_duration_ms": round(seconds * 1000)}
+    overrides.update(extra)
+    return config.load(None, overrides)
+
+
+def loadgen_run(model, data, scenario: str, sut: str, engine: Path, batch: int, seconds: float, **extra) -> dict:
+    from trtfuse import cli, native_sut
+    from trtfuse.backends.tensorrt_backend import TensorRTBackend
+
+    s = settings_for(scenario, sut, engine, batch, seconds, **extra)
+    if sut == "native":
+        backend = native_sut.tensorrt_engine(model, s, progress=log)
+    else:
+        backend = TensorRTBackend(engine=str(engine), plugins="all", streams=2, serial_compute=True,
+                                  input_format="int8")
+        backend.load(model, batch)
+    try:
+        report = cli.run(s, progress=False, model=model, dataset=data, backend=backend)
+    finally:
+        backend.close()
+    lg, h = report["loadgen"], report["harness"]
+    energy = h.get("energy") or {}
+    row = {"sut": sut, "valid": bool(lg.get("valid")), "min_duration_ms": round(seconds * 1000),
+           "batch": batch, "mean_batch": h.get("mean_batch"), "invalid_reasons": lg.get("invalid_reasons"),
+           "avg_watts": energy.get("avg_watts"), "samples_per_joule": energy.get("samples_per_joule"),
+           "cpu_per_wall": round(h["cpu_s"] / h["wall_s"], 2) if h.get("wall_s") else None,
+           "run_dir": report["run_dir"]}
+    if scenario == "offline":
+        row["samples_per_s"] = lg.get("samples_per_s")
+    else:
+        lat = lg.get("latency_ns") or {}
+        row.update(target_qps=extra.get("server.target_qps"), completed_samples_per_s=lg.get("completed_samples_per_s"),
+                   p50_ms=round(lat.get("50.00", 0) / 1e6, 3), p99_ms=round(lat.get("99.00", 0) / 1e6, 3),
+                   batch_timeout_us=s["native"]["batch_timeout_us"] if sut == "native" else None)
+    log(f"{scenario} {sut}: {row}")
+    return row
+
+
+def run(args) -> int:
+    import tensorrt as trt
+    from trtfuse import cuda_runtime, native_sut
+    from trtfuse.backends.tensorrt_backend import TensorRTBackend
+    from trtfuse.models import load_prepared
+
+    out = Path(args.out)
+    data = json.loads(out.read_text()) if out.is_file() else {}
+    data.setdefault("errors", {})
+    data.update(gpu=cuda_runtime.device_name(), trt_version=trt.__version__,
+                loadgen_version=native_sut.loadgen_version(), weights="random: performance only",
+                how="benchmarks/native_sut.py (tools/device_trt.sh native:STAGES)")
+    lease = data.setdefault("leases", [])
+    if not lease or lease[-1].get("lease") != args.lease:
+        lease.append({"lease": args.lease, "cpu_model": cpu_model(), "offline": [], "server": []})
+    this = lease[-1]
+    model = load_prepared(BUNDLE / "models" / "resnet50")
+    images = RandomImages(args.images)
+    this["inputs"] = f"{args.images} random int8 images (seed 0), the same for every run"
+
+    def save():
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(data, indent=1) + "\n")
+
+    def stage(name, fn):
+        if name not in args.stages:
+            return
+        t0 = time.time()
+        try:
+            fn()
+            data["errors"].pop(name, None)
+        except BaseException as e:  # noqa: BLE001 - record it, go on with the next stage
+            traceback.print_exc()
+            data["errors"][name] = f"{type(e).__name__}: {e}"
+        log(f"stage {name} done in {time.time() - t0:.0f} s")
+        save()
+
+    def engines():
+        for b in (2048, 256):
+            log(f"engine {b}: {engine_path(model.dir, b)}")
+
+    def engine():
+        b = TensorRTBackend(engine=str(engine_path(model.dir, 2048)), plugins="all", streams=2, input_format="int8")
+        b.load(model, 2048)
+        try:
+            this["engine_samples_per_s"] = round(b.engine_throughput(2048, 8.0, images=images.images(range(256)),
+                                                                     serial=True), 1)
+        finally:
+            b.close()
+        log(f"engine alone: {this['engine_samples_per_s']:,.0f} samples/s")
+
+    def offline():
+        eng = engine_path(model.dir, 2048)
+        target = 1.1 * (this.get("engine_samples_per_s") or 90000.0)
+        for sut in args.suts:
+            this["offline"].append(loadgen_run(model, images, "offline", sut, eng, 2048, args.seconds,
+                                               **{"offline.target_qps": target}))
+            save()
+        alone = this.get("engine_samples_per_s")
+        for row in this["offline"]:
+            if alone and row.get("samples_per_s"):
+                row["of_engine_alone"] = round(row["samples_per_s"] / alone, 4)
+
+    def server():
+        eng = engine_path(model.dir, 256)
+        runs = [("native", q) for q in args.server_qps] + [(s, args.server_qps[0]) for s in args.suts if s != "native"]
+        for sut, qps in runs:
+            extra = {"server.target_qps": qps, "server.target_latency_ms": 15.0, "server.min_query_count": 100,
+                     "native.batch_timeout_us": args.batch_timeout_us}
+            row = loadgen_run(model, images, "server", sut, eng, 256, args.seconds, **extra)
+            this["server"].append(row)
+            save()
+        native_rows = [r for r in this["server"] if r["sut"] == "native" and r.get("target_qps")]
+        if native_rows:
+            lowest = min(native_rows, key=lambda r: r["target_qps"])
+            this["server_half_load"] = {"sut": "native", "target_qps": lowest["target_qps"], "p99_ms": lowest["p99_ms"]}
+
+    for name, fn in (("engines", engines), ("engine", engine), ("offline", offline), ("server", server)):
+        stage(name, fn)
+    return 1 if data["errors"] else 0
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("run")
+    r.add_argument("--out", default="/tmp/trtfuse-results/native_sut_h100.json")
+    r.add_argument("--stages", default=",".join(STAGES))
+    r.add_argument("--lease", default=time.strftime("%Y-%m-%d"), help="names this machine's lease in the record")
+    r.add_argument("--seconds", type=float, default=60.0)
+    r.add_argument("--images", type=int, default=1024)
+    r.add_argument("--suts", default="native,python")
+    r.add_argument("--server-qps", default="73500,36750")
+    r.add_argument("--batch-timeout-us", type=float, default=0.0)
+    args = p.parse_args(argv)
+    args.stages = [s for s in args.stages.split(",") if s]
+    args.suts = [s for s in args.suts.split(",") if s]
+    args.server_qps = [float(q) for q in args.server_qps.split(",") if q]
+    return run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

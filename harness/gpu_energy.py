@@ -1,0 +1,66 @@
+"""The GPUs' energy over a span, from NVML's total-energy counter (nvidia-ml-py).
+
+This is the GPU's own counter (board power as the driver integrates it, in mJ), not MLPerf Power's
+external analyzer at the wall: reports say so. Where NVML or the counter is missing (no GPU, an old
+driver, the null engine on a CPU) the span reads as None and nothing else changes.
+"""
+
+from __future__ import annotations
+
+import time
+
+NOTE = "the GPUs' own energy counter (NVML), not an MLPerf Power measurement at the wall"
+
+
+class EnergySpan:
+    """``with EnergySpan(devices) as span: ...`` then ``span.result(samples)``."""
+
+    def __init__(self, devices: list[int] | None = None, on: bool = True):
+        self._devices, self._on = devices, on
+        self._nvml = None
+        self._handles: list = []
+        self._start_mj: list[int] = []
+        self._t0 = self._t1 = 0.0
+        self._end_mj: list[int] = []
+
+    def __enter__(self):
+        self._t0 = time.perf_counter()
+        if not self._on:
+            return self
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            count = pynvml.nvmlDeviceGetCount()
+            indices = self._devices if self._devices else range(count)
+            self._handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in indices]
+            self._start_mj = [pynvml.nvmlDeviceGetTotalEnergyConsumption(h) for h in self._handles]
+            self._nvml = pynvml
+        except Exception:  # noqa: BLE001 - no NVML, no GPU, no counter: the span has no energy
+            self._nvml = None
+        self._t0 = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc):
+        self._t1 = time.perf_counter()
+        if self._nvml is not None:
+            try:
+                self._end_mj = [self._nvml.nvmlDeviceGetTotalEnergyConsumption(h) for h in self._handles]
+            except Exception:  # noqa: BLE001
+                self._end_mj = []
+            finally:
+                try:
+                    self._nvml.nvmlShutdown()
+                except Exception:  # noqa: BLE001
+                    pass
+
+    def result(self, samples: int) -> dict | None:
+        """Joules, average watts and samples per joule over the span (None without a counter)."""
+        if not self._end_mj or len(self._end_mj) != len(self._start_mj):
+            return None
+        joules = sum(e - s for s, e in zip(self._start_mj, self._end_mj)) / 1000.0
+        seconds = self._t1 - self._t0
+        if joules <= 0 or seconds <= 0:
+            return None
+        return {"joules": round(joules, 1), "seconds": round(seconds, 3), "avg_watts": round(joules / seconds, 1),
+                "samples_per_joule": round(samples / joules, 2), "gpus": len(self._start_mj), "source": NOTE}
