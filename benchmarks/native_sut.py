@@ -74,6 +74,7 @@ def settings_for(scenario: str, sut: str, engine: Path, batch: int, seconds: flo
     return config.load(None, overrides)
 
 
+
 def loadgen_run(model, data, scenario: str, sut: str, engine: Path, batch: int, seconds: float, **extra) -> dict:
     from trtfuse import cli, native_sut
     from trtfuse.backends.tensorrt_backend import TensorRTBackend
@@ -95,7 +96,7 @@ def loadgen_run(model, data, scenario: str, sut: str, engine: Path, batch: int, 
            "batch": batch, "mean_batch": h.get("mean_batch"), "invalid_reasons": lg.get("invalid_reasons"),
            "avg_watts": energy.get("avg_watts"), "samples_per_joule": energy.get("samples_per_joule"),
            "cpu_per_wall": round(h["cpu_s"] / h["wall_s"], 2) if h.get("wall_s") else None,
-           "run_dir": report["run_dir"]}
+           "run_dir": report["run_dir"], "samples": s["native"]["samples"] if sut == "native" else "host"}
     if scenario == "offline":
         row["samples_per_s"] = lg.get("samples_per_s")
     else:
@@ -163,7 +164,7 @@ def run(args) -> int:
         target = 1.1 * (this.get("engine_samples_per_s") or 90000.0)
         for sut in args.suts:
             this["offline"].append(loadgen_run(model, images, "offline", sut, eng, 2048, args.seconds,
-                                               **{"offline.target_qps": target}))
+                                               **{"offline.target_qps": target, "native.samples": args.samples}))
             save()
         alone = this.get("engine_samples_per_s")
         for row in this["offline"]:
@@ -175,7 +176,7 @@ def run(args) -> int:
         runs = [("native", q) for q in args.server_qps] + [(s, args.server_qps[0]) for s in args.suts if s != "native"]
         for sut, qps in runs:
             extra = {"server.target_qps": qps, "server.target_latency_ms": 15.0, "server.min_query_count": 100,
-                     "native.batch_timeout_us": args.batch_timeout_us}
+                     "native.batch_timeout_us": args.batch_timeout_us, "native.samples": args.samples}
             row = loadgen_run(model, images, "server", sut, eng, 256, args.seconds, **extra)
             this["server"].append(row)
             save()
@@ -201,6 +202,7 @@ def main(argv=None) -> int:
     r.add_argument("--suts", default="native,python")
     r.add_argument("--server-qps", default="73500,36750")
     r.add_argument("--batch-timeout-us", type=float, default=0.0)
+    r.add_argument("--samples", default="host", help="native.samples of the native runs: host or device")
     args = p.parse_args(argv)
     args.stages = [s for s in args.stages.split(",") if s]
     args.suts = [s for s in args.suts.split(",") if s]

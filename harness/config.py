@@ -114,6 +114,8 @@ def _check(s: Settings) -> None:
     if run["sut"] == "native" and run["backend"] not in ("tensorrt", "null", "auto"):
         raise UserError(f"the native SUT runs TensorRT engines and the null engine, not --backend {run['backend']}",
                         "use --sut python for onnxruntime or triton, or --backend tensorrt / null")
+    if s["native"]["samples"] not in ("host", "device"):
+        raise UserError(f"native.samples must be host or device, not {s['native']['samples']!r}", 'e.g. samples = "host"')
     if s["native"]["batch_timeout_us"] < 0:
         raise UserError("native.batch_timeout_us is negative", "use 0 (no waiting) or a positive number of microseconds")
     if run["watchdog_s"] <= 0:

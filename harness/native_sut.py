@@ -54,7 +54,7 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     s, sz = ctypes.c_char_p, ctypes.c_size_t
     sig = {
         "tf_engine_null": (P, [i64, i32, i32, i32, i32, i32, i32, i32, i32, i32, dbl, dbl]),
-        "tf_engine_tensorrt": (P, [s, ctypes.POINTER(i32), i32, i32, i32, i32, s, s, sz]),
+        "tf_engine_tensorrt": (P, [s, ctypes.POINTER(i32), i32, i32, i32, i32, i32, s, s, sz]),
         "tf_engine_get_info": (ctypes.c_int, [P, ctypes.POINTER(_Info)]),
         "tf_engine_free": (None, [P]),
         "tf_has_tensorrt": (ctypes.c_int, []),
@@ -170,8 +170,9 @@ def tensorrt_engine(model, settings: dict, progress=print) -> NativeEngine:
     arr = (ctypes.c_int32 * len(devices))(*devices)
     buckets = int(trt_opts["graph_buckets"]) if trt_opts["cuda_graphs"] else 0
     err = ctypes.create_string_buffer(_ERR_LEN)
+    on_device = settings["native"]["samples"] == "device"
     handle = lib.tf_engine_tensorrt(str(path).encode(), arr, len(devices), batch, int(trt_opts["streams"]), buckets,
-                                    TOP_CLASSES.encode(), err, _ERR_LEN)
+                                    int(on_device), TOP_CLASSES.encode(), err, _ERR_LEN)
     if not handle:
         raise UserError(f"the native SUT could not open {path}: {err.value.decode()}",
                         "rebuild the engine with this TensorRT (`trtfuse build`), and build the plugin library")

@@ -208,5 +208,5 @@ def test_tensorrt_engine_without_tensorrt_is_one_clear_error(lib):
     import ctypes
 
     err = ctypes.create_string_buffer(256)
-    assert not lib.tf_engine_tensorrt(b"x.plan", None, 0, 8, 2, 0, b"top_classes", err, 256)
+    assert not lib.tf_engine_tensorrt(b"x.plan", None, 0, 8, 2, 0, 0, b"top_classes", err, 256)
     assert b"without TensorRT" in err.value

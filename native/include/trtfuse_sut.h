@@ -47,11 +47,14 @@ TF_API tf_engine* tf_engine_null(int64_t sample_bytes, int32_t c, int32_t h, int
                                  int32_t top_k, int32_t classes, int32_t max_batch, int32_t lanes,
                                  int32_t slots_per_lane, double us_per_batch, double us_per_sample);
 // A TensorRT plan on each of `devices` (one lane each), `streams` slots per lane, CUDA graphs per
-// batch bucket (`graph_buckets` sizes, 0: none). Plugins the plan uses must be registered already.
-// Returns NULL with the reason in err when the library was built without TensorRT or the plan fails.
+// batch bucket (`graph_buckets` sizes, 0: none). Samples in page-locked host memory, copied per batch
+// by the copy engines; `samples_on_device`: resident on each GPU and gathered by a kernel instead.
+// Plugins the plan uses must be registered already. Returns NULL with the reason in err when the
+// library was built without TensorRT or the plan fails.
 TF_API tf_engine* tf_engine_tensorrt(const char* plan_path, const int32_t* devices, int32_t n_devices,
                                      int32_t max_batch, int32_t streams, int32_t graph_buckets,
-                                     const char* top_output, char* err, size_t err_len);
+                                     int32_t samples_on_device, const char* top_output, char* err,
+                                     size_t err_len);
 TF_API int tf_engine_get_info(const tf_engine* e, tf_engine_info* out);
 TF_API void tf_engine_free(tf_engine* e);
 TF_API int tf_has_tensorrt(void);

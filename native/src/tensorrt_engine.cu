@@ -1,7 +1,9 @@
 // The TensorRT engine behind the native SUT: one lane per GPU, `streams` slots per lane.
 //
-// Samples stay on the device: the store is one device array per lane, filled when LoadGen loads them,
-// and a batch is a gather of its rows into the slot's input (one small kernel) instead of host copies.
+// The sample store: page-locked host memory (default), each batch's rows copied to the slot's input by the
+// copy engines in one batched copy, off the SMs; or (samples_on_device) one device array per lane and a
+// gather kernel per batch, which takes SM time and DRAM bandwidth from the engine run it overlaps
+// (H100, ResNet-50 Offline at the power cap: 98.7 % of the engine alone against 99.x % from the host).
 // A lane's engine runs go one at a time in launch order (each waits on the previous run's event), the
 // gathers and the k int32 per sample coming back overlap them: measured faster than overlapping runs in
 // the Python backend (tensorrt.serial_compute). Each slot replays a CUDA graph of its context per batch
@@ -55,6 +57,9 @@ __global__ void gather_rows(const uint4* __restrict__ store, const int32_t* __re
 
 struct Slot {
   int profile = 0;
+  std::vector<void*> copy_dst;        // the batched host -> device copy's operands
+  std::vector<const void*> copy_src;
+  std::vector<size_t> copy_size;
   cudaStream_t stream = nullptr;
   cudaEvent_t started = nullptr, computed = nullptr;
   nvinfer1::IExecutionContext* context = nullptr;
@@ -68,7 +73,7 @@ struct Lane {
   int device = 0;
   nvinfer1::IRuntime* runtime = nullptr;
   nvinfer1::ICudaEngine* engine = nullptr;
-  uint8_t* store = nullptr;
+  uint8_t* store = nullptr;  // samples_on_device: this lane's device copy of the store
   int64_t capacity = 0;
   std::vector<Slot> slots;
   std::mutex order;                  // launch order = run order
@@ -81,7 +86,8 @@ class TensorRTEngine final : public Engine {
   ~TensorRTEngine() override { release(); }
 
   bool open(const std::string& plan_path, const std::vector<int>& devices, int max_batch, int streams,
-            int graph_buckets, const std::string& top_name, std::string* err) {
+            int graph_buckets, const std::string& top_name, bool samples_on_device, std::string* err) {
+    on_device_ = samples_on_device;
     std::ifstream f(plan_path, std::ios::binary);
     if (!f) {
       *err = "cannot read the engine file " + plan_path;
@@ -101,6 +107,19 @@ class TensorRTEngine final : public Engine {
   tf_engine_info info() const override { return info_; }
 
   bool reserve(int64_t rows, std::string* err) override {
+    if (!on_device_) {
+      if (rows <= host_capacity_) return true;
+      uint8_t* bigger = nullptr;
+      TF_CUDA(cudaHostAlloc(reinterpret_cast<void**>(&bigger), size_t(rows) * info_.sample_bytes, cudaHostAllocPortable),
+              "allocating the page-locked sample store");
+      if (host_store_) {
+        std::memcpy(bigger, host_store_, size_t(host_capacity_) * info_.sample_bytes);
+        cudaFreeHost(host_store_);
+      }
+      host_store_ = bigger;
+      host_capacity_ = rows;
+      return true;
+    }
     for (auto& lane : lanes_) {
       if (rows <= lane->capacity) continue;
       TF_CUDA(cudaSetDevice(lane->device), "cudaSetDevice");
@@ -119,6 +138,17 @@ class TensorRTEngine final : public Engine {
 
   bool store(const int64_t* rows, size_t n, const void* host, std::string* err) override {
     const auto* src = static_cast<const uint8_t*>(host);
+    const size_t bytes = size_t(info_.sample_bytes);
+    if (!on_device_) {
+      for (size_t i = 0; i < n; ++i) {
+        if (rows[i] < 0 || rows[i] >= host_capacity_) {
+          *err = "store row out of range";
+          return false;
+        }
+        std::memcpy(host_store_ + size_t(rows[i]) * bytes, src + i * bytes, bytes);
+      }
+      return true;
+    }
     for (auto& lane : lanes_) {
       TF_CUDA(cudaSetDevice(lane->device), "cudaSetDevice");
       for (size_t i = 0; i < n; ++i) {
@@ -126,8 +156,7 @@ class TensorRTEngine final : public Engine {
           *err = "store row out of range";
           return false;
         }
-        TF_CUDA(cudaMemcpy(lane->store + size_t(rows[i]) * info_.sample_bytes, src + i * info_.sample_bytes,
-                           info_.sample_bytes, cudaMemcpyHostToDevice),
+        TF_CUDA(cudaMemcpy(lane->store + size_t(rows[i]) * bytes, src + i * bytes, bytes, cudaMemcpyHostToDevice),
                 "copying samples to the device");
       }
     }
@@ -299,14 +328,31 @@ class TensorRTEngine final : public Engine {
 
   bool enqueue_and_wait(Lane& lane, Slot& s, const int32_t* rows, int n, std::string* err) {
     TF_CUDA(cudaSetDevice(lane.device), "cudaSetDevice");
-    std::memcpy(s.host_rows, rows, size_t(n) * sizeof(int32_t));
-    TF_CUDA(cudaMemcpyAsync(s.dev_rows, s.host_rows, size_t(n) * sizeof(int32_t), cudaMemcpyHostToDevice, s.stream),
-            "copying the batch's rows");
-    const int64_t words = info_.sample_bytes / 16;
-    dim3 grid(unsigned(std::min<int64_t>((words + 255) / 256, 16)), unsigned(n));
-    gather_rows<<<grid, 256, 0, s.stream>>>(reinterpret_cast<const uint4*>(lane.store), s.dev_rows, words,
-                                              reinterpret_cast<uint4*>(s.dev_in));
-    TF_CUDA(cudaGetLastError(), "the gather kernel");
+    if (on_device_) {
+      std::memcpy(s.host_rows, rows, size_t(n) * sizeof(int32_t));
+      TF_CUDA(cudaMemcpyAsync(s.dev_rows, s.host_rows, size_t(n) * sizeof(int32_t), cudaMemcpyHostToDevice, s.stream),
+              "copying the batch's rows");
+      const int64_t words = info_.sample_bytes / 16;
+      dim3 grid(unsigned(std::min<int64_t>((words + 255) / 256, 16)), unsigned(n));
+      gather_rows<<<grid, 256, 0, s.stream>>>(reinterpret_cast<const uint4*>(lane.store), s.dev_rows, words,
+                                                reinterpret_cast<uint4*>(s.dev_in));
+      TF_CUDA(cudaGetLastError(), "the gather kernel");
+    } else {
+      const size_t bytes = size_t(info_.sample_bytes);
+      s.copy_dst.resize(size_t(n));
+      s.copy_src.resize(size_t(n));
+      s.copy_size.assign(size_t(n), bytes);
+      for (int i = 0; i < n; ++i) {
+        s.copy_dst[size_t(i)] = static_cast<uint8_t*>(s.dev_in) + size_t(i) * bytes;
+        s.copy_src[size_t(i)] = host_store_ + size_t(rows[i]) * bytes;
+      }
+      cudaMemcpyAttributes attr{};
+      attr.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
+      size_t attr_index = 0;
+      TF_CUDA(cudaMemcpyBatchAsync(s.copy_dst.data(), s.copy_src.data(), s.copy_size.data(), size_t(n), &attr,
+                                   &attr_index, 1, s.stream),
+              "copying the batch's samples to the device");
+    }
     cudaGraphExec_t graph = nullptr;
     for (auto& g : s.graphs)
       if (g.first >= n) {
@@ -364,9 +410,14 @@ class TensorRTEngine final : public Engine {
       delete lane->runtime;
     }
     lanes_.clear();
+    if (host_store_) cudaFreeHost(host_store_);
+    host_store_ = nullptr;
   }
 
   std::vector<std::unique_ptr<Lane>> lanes_;
+  bool on_device_ = false;
+  uint8_t* host_store_ = nullptr;  // page-locked, shared by the lanes (portable)
+  int64_t host_capacity_ = 0;
   tf_engine_info info_{};
   std::string top_name_, in_name_;
 };
@@ -376,13 +427,14 @@ class TensorRTEngine final : public Engine {
 
 extern "C" tf_engine* tf_engine_tensorrt(const char* plan_path, const int32_t* devices, int32_t n_devices,
                                          int32_t max_batch, int32_t streams, int32_t graph_buckets,
-                                         const char* top_output, char* err, size_t err_len) {
+                                         int32_t samples_on_device, const char* top_output, char* err,
+                                         size_t err_len) {
   std::string e;
   auto* engine = new tf::TensorRTEngine();
   std::vector<int> devs(devices, devices + std::max(0, n_devices));
   if (devs.empty()) devs.push_back(0);
   if (!engine->open(plan_path, devs, max_batch, std::max(1, streams), graph_buckets,
-                    top_output ? top_output : "top_classes", &e)) {
+                    top_output ? top_output : "top_classes", samples_on_device != 0, &e)) {
     delete engine;
     if (err && err_len) {
       std::strncpy(err, e.c_str(), err_len - 1);

@@ -3,7 +3,7 @@
 
 #include "engine.h"
 
-extern "C" tf_engine* tf_engine_tensorrt(const char*, const int32_t*, int32_t, int32_t, int32_t, int32_t,
+extern "C" tf_engine* tf_engine_tensorrt(const char*, const int32_t*, int32_t, int32_t, int32_t, int32_t, int32_t,
                                          const char*, char* err, size_t err_len) {
   if (err && err_len) {
     std::strncpy(err, "this native library was built without TensorRT", err_len - 1);
