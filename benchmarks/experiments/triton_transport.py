@@ -8,7 +8,7 @@ samples/s of 600 kB since `serve` runs the model in Triton's own Python backend,
 through PyTriton's proxy before (triton_transport_cpu.json). (On the GPU machine, transport cuda
 leaves the host out of the pixels' way altogether: triton_h100.json.)
 
-    python benchmarks/triton_transport.py [--seconds 4] [--out benchmarks/results/triton_transport_cpu.json]
+    python benchmarks/experiments/triton_transport.py [--seconds 4] [--out benchmarks/results/triton_transport_cpu.json]
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 def rate(backend, store: np.ndarray, batch: int, threads: int, seconds: float) -> float:

@@ -9,7 +9,7 @@ p99 19-58 ms) with no garbage collection, no CPU quota and little steal during t
 harness.stalls). Each CUDA call gives the GIL up and takes it back; a thread coming back waits for
 the holder to let go, up to the switch interval (5 ms by default) each time, several times a batch.
 
-    python3.10 benchmarks/server_switch_interval.py [--intervals-ms 5,1,0.2] [--targets 14000,30000]
+    python3.10 benchmarks/experiments/server_switch_interval.py [--intervals-ms 5,1,0.2] [--targets 14000,30000]
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import json
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(REPO / "tools"), str(REPO / "benchmarks")]
 from bench_runs import BOUND_MS, loadgen_row  # noqa: E402
 from device_bundle import STASH, BundleImages, log  # noqa: E402

@@ -1,7 +1,7 @@
 """Launches one of our kernels three times on a ResNet-50 shape, for Nsight Compute to profile the third:
 
   ncu --launch-skip 2 --launch-count 1 -k regex:"conv|stem" --section WarpStateStats ... \\
-      python3 benchmarks/ncu_kernel.py fused1
+      python3 benchmarks/experiments/ncu_kernel.py fused1
 
 Kinds (batch 512, the configuration forward picks): fused1, layer1.0's projection + tail; fused0, the same with
 layer1.1's conv1 chained (the network's node); stem0, the stem with layer1.0's conv1 chained; halo1, a layer1 3x3
@@ -11,8 +11,10 @@ Inputs are constant bytes (what ncu counts does not depend on them)."""
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
-from bench_cuda import DeviceBuffer, ck, cudart
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # bench_cuda, beside the product benchmarks
+from bench_cuda import DeviceBuffer, ck, cudart  # noqa: E402
 
 KINDS = ("fused1", "fused0", "stem0", "halo1")
 

@@ -2,7 +2,7 @@
 // WGW_TRACE hook, compiled in only here), averaged over tiles 1.. of every block, for the offered wgw configs at
 // the four ResNet-50 conv3 shapes, batch 2048. Timing only: constant inputs, zero epilogue constants; the
 // outputs are not checked (tests/test_residual_conv.py does that).
-//   nvcc -std=c++17 -O3 -arch=sm_90a -Iplugins -o /tmp/wgw_phases benchmarks/residual_conv_wgw_phases.cu
+//   nvcc -std=c++17 -O3 -arch=sm_90a -Iplugins -o /tmp/wgw_phases benchmarks/experiments/residual_conv_wgw_phases.cu
 //   /tmp/wgw_phases            (on an H100; one line per config and shape)
 #define TRTFUSE_WGW_TRACE
 #include <cstdio>

@@ -1,7 +1,7 @@
 // Microbenchmark: int8 wgmma m64n256k32 rate from shared memory by operand swizzle mode (32/64/128 B), with 1 or 2
 // warpgroups per SM and no loads (zeroed operands; only the rate matters). Shows whether the kernels' 32-byte
-// swizzle limits the tensor cores (docs/residual_conv.md, Version 9; output in results/logs/wgmma_rate_h100.log).
-//   nvcc -std=c++17 -O3 -arch=sm_90a -Iplugins -o /tmp/wgmma_rate benchmarks/wgmma_rate.cu && /tmp/wgmma_rate
+// swizzle limits the tensor cores (docs/residual_conv.md, Version 9; output: `git show 74e77f2:benchmarks/results/logs/wgmma_rate_h100.log`).
+//   nvcc -std=c++17 -O3 -arch=sm_90a -Iplugins -o /tmp/wgmma_rate benchmarks/experiments/wgmma_rate.cu && /tmp/wgmma_rate
 #include <cstdio>
 #include <cstdint>
 #include "residual_conv/ptx_sm90.cuh"

@@ -3,9 +3,9 @@
 # old and new interleaved (old, new, old, new per stage; per config the minimum of the two repeats), plus the GPU
 # tests (and optionally a sanitizer) of the new one. Results under $OUT (ab.log and a per-shape summary on stdout).
 #   OLD_LIB=path/old.so NEW_LIB=path/new.so [OLD_TREE=checkout of the old library's code] [K=pytest-k] \
-#     [SAN=racecheck SANK=pytest-k] [STAGES="res2 res5"] [CFGS=wgw_] [REPS=30] bash benchmarks/residual_conv_ab.sh
+#     [SAN=racecheck SANK=pytest-k] [STAGES="res2 res5"] [CFGS=wgw_] [REPS=30] bash benchmarks/experiments/residual_conv_ab.sh
 # (build each library here with `python -m trtfuse.plugin_build build --kernels-only --archs 90a` and carry both;
-# the iteration log of stop 10 is results/logs/residual_conv_wgw_v10_ab.log)
+# the iteration log of stop 10: `git show 74e77f2:benchmarks/results/logs/residual_conv_wgw_v10_ab.log`)
 set -u
 source tools/dev_env.sh
 export PYTHONUNBUFFERED=1 TRTFUSE_EXPECT_WGMMA=1

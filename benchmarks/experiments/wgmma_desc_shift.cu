@@ -6,7 +6,7 @@
 //   1: 32-byte swizzle, base offset (start >> 7) & 7
 //   2: no swizzle, the tile as two 16-byte planes (LBO = plane size, SBO = 128)
 // Prints the mismatching outputs per shift (0 everywhere = reads right).
-//   nvcc -gencode arch=compute_90a,code=sm_90a -O2 -I plugins -o wgmma_desc_shift benchmarks/wgmma_desc_shift.cu
+//   nvcc -gencode arch=compute_90a,code=sm_90a -O2 -I plugins -o wgmma_desc_shift benchmarks/experiments/wgmma_desc_shift.cu
 // H100 (2026-11-24): variant 0 and 2 exact at every shift; variant 1 wrong at shifts 4-7 and 12-15.
 #include <cstdio>
 #include <cstdint>
