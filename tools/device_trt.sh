@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # TensorRT 8.5 work on the lent GPU machine, once /opt/trt85 is staged (../shared/device/README.md).
+# Every step, the record it writes, and the device suites beside this one: benchmarks/README.md.
 #
 #   bash tools/device_trt.sh STEP [STEP ...]
 #
