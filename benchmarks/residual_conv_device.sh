@@ -55,8 +55,8 @@ python3 -m trtfuse.tuning --out "$OUT/residual_conv_tuning_h100.json" ${1:+--rep
 grep -q MISMATCH "$OUT/tune.log" && { echo "tuner: MISMATCH (see tune.log)"; status=1; }
 
 step phases
-# where a wgw consumer tile's time goes (clock64 per phase; benchmarks/residual_conv_wgw_phases.cu)
-nvcc -std=c++17 -O3 -arch=sm_90a -Iplugins -o /tmp/wgw_phases benchmarks/residual_conv_wgw_phases.cu \
+# where a wgw consumer tile's time goes (clock64 per phase; benchmarks/experiments/residual_conv_wgw_phases.cu)
+nvcc -std=c++17 -O3 -arch=sm_90a -Iplugins -o /tmp/wgw_phases benchmarks/experiments/residual_conv_wgw_phases.cu \
   && timeout -s KILL 120 /tmp/wgw_phases > "$OUT/wgw_phases.log" 2>&1; echo "phases rc=$?"; cut -c1-200 "$OUT/wgw_phases.log"
 
 step bench

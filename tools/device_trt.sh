@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # TensorRT 8.5 work on the lent GPU machine, once /opt/trt85 is staged (../shared/device/README.md).
+# Every step, the record it writes, and the device suites beside this one: benchmarks/README.md.
 #
 #   bash tools/device_trt.sh STEP [STEP ...]
 #
@@ -27,7 +28,7 @@
 # triton:STAGES (benchmarks/triton_h100.py run --stages STAGES, extra arguments from $TRITON_ARGS),
 # multigpu (benchmarks/multigpu.py: engine-only per GPU, LoadGen on 1..N GPUs, extra arguments from
 # $MULTIGPU_ARGS), gpu-test (the GPU/TensorRT tests of the lanes, the TensorRT backend, the Triton export
-# and trtfuse serve with TensorRT over each transport), switch (benchmarks/server_switch_interval.py: Server
+# and trtfuse serve with TensorRT over each transport), switch (benchmarks/experiments/server_switch_interval.py: Server
 # p50/p99 against Python's GIL switch interval; extra arguments from $SWITCH_ARGS), native-build (the native SUT with
 # TensorRT), native:STAGES (benchmarks/native_sut.py: the native SUT against the Python one; extra arguments from
 # $NATIVE_ARGS).
@@ -127,7 +128,7 @@ for step in "$@"; do
             [ -d "$p" ] && chmod +x "$p"/bin/* "$p"/python_backend_stubs/*/* 2>/dev/null ;;
         triton:*) run_step "triton-${step#triton:}" python3.10 benchmarks/triton_h100.py run \
                       --out "$RESULTS/triton_h100.json" --stages "${step#triton:}" ${TRITON_ARGS:-} ;;
-        switch) run_step switch python3.10 benchmarks/server_switch_interval.py ${SWITCH_ARGS:-} ;;
+        switch) run_step switch python3.10 benchmarks/experiments/server_switch_interval.py ${SWITCH_ARGS:-} ;;
         multigpu) run_step multigpu python3.10 benchmarks/multigpu.py run --out "$RESULTS/multigpu_h200.json" ${MULTIGPU_ARGS:-} ;;
         # gpu-test needs pytest and onnxruntime (cp310): a staging made with them, or both on $PYTHONPATH
         gpu-test) run_step gpu-test python3.10 -m pytest -q -m "gpu or tensorrt" -p no:cacheprovider \

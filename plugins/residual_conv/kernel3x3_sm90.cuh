@@ -11,7 +11,7 @@
 //   -1 .. W (TMA fills what lies outside the image with zeros) as rows q = yy * Wp + xx of 32 bytes. Output row o
 //   reads tap (dy, dx) from box row o + dy * Wp + dx: each tap's A operand is the box itself, its wgmma descriptor
 //   started dy * Wp + dx rows further. With the 32-byte swizzle the hardware swizzles by address bits, so a start
-//   at any row reads right, with base offset 0 (benchmarks/wgmma_desc_shift.cu, run on the H100: every shift
+//   at any row reads right, with base offset 0 (benchmarks/experiments/wgmma_desc_shift.cu, run on the H100: every shift
 //   0..19 exact), and the box's rows need no rearranging.
 //
 // Stride 2: output (y, x) reads input (2y + dy - 1, 2x + dx - 1). A slot holds four phase boxes, loaded with TMA

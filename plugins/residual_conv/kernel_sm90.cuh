@@ -25,7 +25,7 @@
 // image by one TMA store (Params::out_map), rows that straddle two images by 16-byte stores.
 // Measured on the H100 against TensorRT 8.5 (docs/residual_conv.md, Version 11), batch 2048: res2 1.26 ms, res3
 // 0.64, res4 0.37, res5 0.26 (Version 9: 1.30 / 0.72 / 0.43 / 0.33); res5 batch 256 0.042. Per-tile phases (clock64,
-// benchmarks/residual_conv_wgw_phases.cu): the epilogue, 3.3-4.1k cycles, is the largest at every stage.
+// benchmarks/experiments/residual_conv_wgw_phases.cu): the epilogue, 3.3-4.1k cycles, is the largest at every stage.
 // Variants measured and not kept: one x and one residual warp for both consumers, without turns (1.3-1.5x slower
 // than the earlier kernel with independent warpgroups and no producers); the residual by bulk copies into linear buffers (res5 0.41 ms, res2 1.75 ms); 8 x slots and 1 residual buffer
 // (res5 0.361); the output stores by the residual warp instead of the consumers (res2 1.83 vs 1.55 ms); SPLIT
