@@ -1203,6 +1203,44 @@ def evaluate_with_reference(model: onnx.ModelProto, feeds: dict[str, np.ndarray]
     return [values[o] for o in graph_out]
 
 
+def node_agreement(qdq: onnx.ModelProto, rewritten: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> dict:
+    """Each TrtfuseResidualConv node of ``rewritten`` (a rewrite of ``qdq``) against the Q/DQ graph, node by node: its
+    reference (the plugin's rounding rule) on the int8 tensors ONNX Runtime computes for its inputs in ``qdq``, against
+    the int8 tensor(s) ``qdq`` computes for its outputs (a chained node's second output from ORT's first). ORT sums in
+    fp32 in its own order, so a value may round to the neighbouring int8 step. Returns {kind: {"nodes", "values",
+    "exact" (fraction equal), "max_lsb"}}."""
+    import onnxruntime as ort
+
+    nodes = [n for n in rewritten.graph.node if n.op_type == PLUGIN_OP and n.domain == PLUGIN_DOMAIN]
+    names = list(dict.fromkeys(t for n in nodes for t in [*n.input, *n.output]))
+    probe = onnx.ModelProto.FromString(qdq.SerializeToString())
+    have = {o.name for o in probe.graph.output}
+    probe.graph.output.extend(helper.make_tensor_value_info(t, TensorProto.INT8, None) for t in names
+                              if t not in have)
+    opts = ort.SessionOptions()
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    sess = ort.InferenceSession(probe.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+    v = dict(zip(names, sess.run(names, feeds)))
+    out: dict = {}
+    for n in nodes:
+        kind = plugin_kind(n)
+        second = v[n.input[1]] if len(n.input) > 1 else None
+        pairs = [(plugin_reference(v[n.input[0]], None, n, xp=second) if kind == "fused"
+                  else plugin_reference(v[n.input[0]], second, n), v[n.output[0]])]
+        if len(n.output) > 1:
+            pairs.append((next_reference(v[n.output[0]], n), v[n.output[1]]))
+        for got, want in pairs:
+            d = np.abs(got.astype(np.int16) - want.astype(np.int16))
+            r = out.setdefault(kind, {"nodes": 0, "values": 0, "equal": 0, "max_lsb": 0})
+            r["values"] += d.size
+            r["equal"] += int((d == 0).sum())
+            r["max_lsb"] = max(r["max_lsb"], int(d.max()))
+        out[kind]["nodes"] += 1
+    for r in out.values():
+        r["exact"] = r.pop("equal") / max(r["values"], 1)
+    return out
+
+
 def compare_logits(a: np.ndarray, b: np.ndarray) -> dict:
     """Top-1 agreement and the largest logit difference between two runs of one network.
 
