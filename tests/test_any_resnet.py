@@ -58,7 +58,10 @@ def _qdq(model, shape, seed=0):
 
 def _check_reference(qdq, out, feeds):
     """The rewrite's CPU reference equals ONNX Runtime on the Q/DQ graph to the plugin's rounding rule: node by node
-    (on ORT's own int8 inputs) at most 1 LSB off and >= 99 % equal; through the network the logits stay close."""
+    (on ORT's own int8 inputs) at most 1 LSB off and >= 99 % equal. Through the network the logits stay close: a
+    1-LSB step is carried on by every later layer of a random network (Wide ResNet-50-2: one value of 270k a step
+    apart, node by node, moved the logits by 6.4 % of the largest), so this only says the graph is wired right (a
+    wrong input or field gives differences the size of the logits)."""
     for kind, r in node_agreement(qdq, out, feeds).items():
         assert r["max_lsb"] <= 1 and r["exact"] >= 0.99, (kind, r)
     import onnxruntime as ort
@@ -68,7 +71,7 @@ def _check_reference(qdq, out, feeds):
     want = ort.InferenceSession(qdq.SerializeToString(), opts, providers=["CPUExecutionProvider"]).run(None, feeds)
     got = evaluate_with_reference(out, feeds)
     cmp = compare_logits(want[0].reshape(len(want[0]), -1), got[0].reshape(len(got[0]), -1))
-    assert cmp["max_abs_logit_diff"] < 0.05 * cmp["max_abs_logit"], cmp
+    assert cmp["max_abs_logit_diff"] < 0.15 * cmp["max_abs_logit"], cmp
     return got
 
 
@@ -251,3 +254,30 @@ def test_pad_between_dequantize_and_conv_is_folded_by_the_matchers():
     assert sum(n.op_type == "Pad" for n in out.graph.node) == 3
     assert sum(n.op_type == PLUGIN_OP for n in out.graph.node) == 6
     _check_reference(qdq, out, {"input_tensor": x})
+
+
+# ----------------------------------------------------------------------------- the GPU benchmark's bundle
+def test_benchmark_bundle_weights_travel_without_bytes_and_come_back_the_same():
+    """benchmarks/any_resnet.py carries each Q/DQ graph without its large initializers' bytes and refills them from a
+    seed on the device: the refilled graph gets the same fusions, and two refills give the same bytes (the engine
+    cache is keyed by them)."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+    import any_resnet
+
+    qdq, _ = _qdq(_tf_style(), (32, 32, 3))
+    stripped = onnx.ModelProto.FromString(qdq.SerializeToString())
+    names = any_resnet.strip_weights(stripped)
+    assert names and len(stripped.SerializeToString()) < len(qdq.SerializeToString()) / 4
+    a, b = (onnx.ModelProto.FromString(stripped.SerializeToString()) for _ in range(2))
+    any_resnet.fill_weights(a, names)
+    any_resnet.fill_weights(b, names)
+    assert a.SerializeToString() == b.SerializeToString()
+    onnx.checker.check_model(a)
+    counts = any_resnet.fusion_counts(a)
+    assert counts["all"] == any_resnet.fusion_counts(qdq)["all"]
+    assert counts["tails_found"] == counts["tails_fused"] == 4
+    w = {t.name: numpy_helper.to_array(t) for t in a.graph.initializer if t.name in names}
+    assert all(v.dtype == np.int8 and np.abs(v).max() <= 127 for k, v in w.items() if k.endswith("_int8"))
