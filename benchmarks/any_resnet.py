@@ -173,7 +173,6 @@ def _materialize(bundle: Path, name: str) -> dict:
 
 def run(bundle: Path, out: Path, stages, models=MODELS, batch: int = 2048, seconds: float = 5.0,
         streams: int = 2) -> int:
-    from trtfuse import cuda_runtime
     from trtfuse.engine import BuildConfig, build_engine
 
     data = json.loads(out.read_text()) if out.is_file() else {}
@@ -181,6 +180,7 @@ def run(bundle: Path, out: Path, stages, models=MODELS, batch: int = 2048, secon
     data.setdefault("errors", {})
     try:
         import tensorrt as trt
+        from trtfuse import cuda_runtime
         data["trt_version"] = trt.__version__
         data["gpu"] = cuda_runtime.device_name()
     except Exception as e:  # noqa: BLE001 - keep the JSON going; the stages say why they fail

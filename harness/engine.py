@@ -112,9 +112,9 @@ def quantize_model_dir(model_dir: Path, calibration: str, method: str = "auto", 
     calib, held_apart = calibration_split(dataset.names, every)
     print(f"trtfuse: calibrating {prepared.name} on {len(calib)} of {len(dataset)} images "
           f"(sorted index % {every} == 0), method {method}", file=sys.stderr)
-    from trtfuse.models.canonical import inline_constants
+    from trtfuse.models.canonical import canonicalize
 
-    model, pads = fold_pad_into_conv(inline_constants(onnx.load(prepared.onnx_path))[0])
+    model, pads = fold_pad_into_conv(canonicalize(onnx.load(prepared.onnx_path)))
     images = dataset.images(calib)
     batches = [images[i:i + batch] for i in range(0, len(images), batch)]
     stats = calibrate(model, batches)

@@ -28,7 +28,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 from trtfuse.errors import UserError
 from trtfuse.models.bn_fold import fold_batchnorm
-from trtfuse.models.canonical import inline_constants, is_relu
+from trtfuse.models.canonical import canonicalize, is_relu
 
 HIST_BINS = 2048
 METHODS = ("max", "percentile", "entropy")
@@ -395,8 +395,9 @@ class QuantizeResult:
 def quantize(model: onnx.ModelProto, stats: dict[str, TensorStats], method: str,
              percentile: float = 99.99) -> QuantizeResult:
     """BN-fold ``model`` (if not done) and insert Q/DQ with amax from ``stats`` by ``method``. Constants an exporter
-    wrote as nodes (``Constant``, ``Identity`` of an initializer) become initializers first (canonical.py)."""
-    folded, n_bn = fold_batchnorm(inline_constants(model)[0])
+    wrote as nodes (``Constant``, ``Identity`` of an initializer) become initializers first, and an opset-18 graph
+    opset 17 where it means the same (canonical.py)."""
+    folded, n_bn = fold_batchnorm(canonicalize(model))
     plan = plan_quantization(folded)
     amax = {name: amax_from_stats(stats[name], method, percentile) for name in plan.activations}
     out = insert_qdq(folded, plan, amax)
@@ -407,7 +408,7 @@ def quantize(model: onnx.ModelProto, stats: dict[str, TensorStats], method: str,
 
 def calibrate(model: onnx.ModelProto, batches, progress: bool = True) -> dict[str, TensorStats]:
     """Statistics of every tensor ``plan_quantization`` picks, from the fp32 model on ``batches``."""
-    folded, _ = fold_batchnorm(inline_constants(model)[0])
+    folded, _ = fold_batchnorm(canonicalize(model))
     plan = plan_quantization(folded)
     return collect_stats(folded, batches, list(plan.activations), progress)
 

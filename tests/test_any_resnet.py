@@ -96,6 +96,9 @@ def test_torchvision_resnets_get_what_their_shapes_allow(arch, dynamo, hw):
     module, _ = tvr.build(arch)
     qdq, x = _qdq(tvr.export(module, hw, dynamo=dynamo), (3, hw, hw))
     feeds = {qdq.graph.input[0].name: x}
+    # the dynamo exporter's opset 18 goes back to 17 (TensorRT 8.5 parses up to 17), ReduceMean's axes an attribute
+    assert [o.version for o in qdq.opset_import if o.domain in ("", "ai.onnx")] == [17]
+    assert all(len(n.input) == 1 for n in qdq.graph.node if n.op_type == "ReduceMean")
     stages = tvr.stage_shapes(arch)
     tails, n, report = rewrite_report(qdq)
     assert plugin_counts(tails) == {"tail": sum(s["blocks"] for s in stages), "proj": 0, "fused": 0, "conv3x3": 0,
@@ -281,3 +284,59 @@ def test_benchmark_bundle_weights_travel_without_bytes_and_come_back_the_same():
     assert counts["tails_found"] == counts["tails_fused"] == 4
     w = {t.name: numpy_helper.to_array(t) for t in a.graph.initializer if t.name in names}
     assert all(v.dtype == np.int8 and np.abs(v).max() <= 127 for k, v in w.items() if k.endswith("_int8"))
+
+
+# ----------------------------------------------------------------------------- canonical spellings
+def _run(model, feeds):
+    import onnxruntime as ort
+
+    return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+
+
+def test_opset18_reduce_mean_goes_back_to_opset17_and_computes_the_same():
+    from trtfuse.models.canonical import canonicalize, to_opset17
+
+    nodes = [helper.make_node("Constant", [], ["axes"], value=numpy_helper.from_array(np.array([2, 3], np.int64))),
+             helper.make_node("ReduceMean", ["x", "axes"], ["m"], keepdims=1, noop_with_empty_axes=0),
+             helper.make_node("Relu", ["m"], ["y"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 4, 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3, 1, 1])])
+    m18 = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    x = {"x": np.random.default_rng(0).normal(size=(2, 3, 4, 4)).astype(np.float32)}
+    for m17 in (to_opset17(m18)[0], canonicalize(m18)):
+        onnx.checker.check_model(m17)
+        assert m17.opset_import[0].version == 17 and [n.op_type for n in m17.graph.node] == ["ReduceMean", "Relu"]
+        np.testing.assert_array_equal(_run(m17, x)[0], _run(m18, x)[0])
+    # a node whose opset-18 meaning has no opset-17 spelling here keeps the model at 18, and says which
+    split = helper.make_model(helper.make_graph(
+        [helper.make_node("Split", ["x"], ["a", "b"], name="split", axis=1, num_outputs=2)], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])],
+        [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in "ab"]),
+        opset_imports=[helper.make_opsetid("", 18)])
+    same, why = to_opset17(split)
+    assert same is split and why == "split: Split with num_outputs"
+
+
+def test_identity_constants_and_clip_relu_are_seen_through():
+    """Constants behind Identity / Constant nodes become initializers (the graph computes the same); Clip(0) and
+    Clip(0, inf) are ReLUs, Clip(0, 6) is not."""
+    from trtfuse.models.canonical import inline_constants, is_relu
+
+    w = numpy_helper.from_array(np.ones((4, 3, 1, 1), np.float32), "w")
+    nodes = [helper.make_node("Identity", ["w"], ["w2"]),
+             helper.make_node("Constant", [], ["b"], value=numpy_helper.from_array(np.arange(4, dtype=np.float32))),
+             helper.make_node("Conv", ["x", "w2", "b"], ["y"], kernel_shape=[1, 1])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 2, 2])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], [w])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    inlined, n = inline_constants(model)
+    assert n == 2 and [nd.op_type for nd in inlined.graph.node] == ["Conv"]
+    assert {t.name for t in inlined.graph.initializer} == {"w2", "b"}
+    x = {"x": np.random.default_rng(0).normal(size=(1, 3, 2, 2)).astype(np.float32)}
+    np.testing.assert_array_equal(_run(inlined, x)[0], _run(model, x)[0])
+    consts = {"zero": np.array(0, np.float32), "inf": np.array(np.inf, np.float32), "six": np.array(6, np.float32)}
+    assert is_relu(helper.make_node("Relu", ["x"], ["y"]), consts.get)
+    assert is_relu(helper.make_node("Clip", ["x", "zero"], ["y"]), consts.get)
+    assert is_relu(helper.make_node("Clip", ["x", "zero", "inf"], ["y"]), consts.get)
+    assert not is_relu(helper.make_node("Clip", ["x", "zero", "six"], ["y"]), consts.get)
+    assert not is_relu(helper.make_node("Clip", ["x"], ["y"]), consts.get)
