@@ -84,6 +84,13 @@ agreement with the stock engine fell from 0.836 to 0.648 and the largest logit d
 888.5). The new nodes are named after the plugin's (``TrtfuseAvgPool_<k>_...``; benchmarks/resnet50_fullnet.py:
 pool_head_row).
 
+Each fusion kind (KINDS) has its own section below: its pattern (a dataclass), ``find_*`` and ``_match_*``; a matcher
+answers a match, None (not a candidate) or ``Refused(reason)``, and ``rewrite_report`` returns, with the rewritten
+model, a FusionReport (per kind: candidates found, fused, the first refusal) that ``trtfuse build`` prints. The
+matchers read the math, not one exporter's spelling: constants through Identity / Constant nodes, ReLU or Clip(0, inf),
+a zero Pad between a DequantizeLinear and its conv as the conv's padding, GlobalAveragePool or ReduceMean heads
+(docs/int8_pipeline.md, "Any ResNet a user brings").
+
 Fields follow docs/ARCHITECTURE.md exactly; the activation scales are copied from the neighbouring
 Q/DQ nodes because TensorRT passes no scales to plugins in explicitly quantized networks.
 ``evaluate_with_reference`` runs a rewritten graph on CPU (ONNX Runtime between plugin nodes, the
@@ -149,7 +156,7 @@ class Refused(str):
 
 @dataclass
 class KindReport:
-    found: int = 0      # candidates: nodes shaped like the pattern (a residual Add, a 1x1 conv quantized on its own ...)
+    found: int = 0      # candidates: nodes shaped like the pattern (a residual Add, a 1x1 conv quantized alone ...)
     fused: int = 0      # of them, replaced by a plugin node (or merged into one)
     refused: int = 0
     first_node: str = ""

@@ -153,12 +153,12 @@ def test_build_prints_the_refusal_table(tmp_path, capsys):
 
 
 # ----------------------------------------------------------------------------- a TensorFlow-style graph
-def _tf_style(widths=((64, 1, 256), (128, 2, 512)), classes=1001, clip_stage=1, group=1, seed=0):
+def _tf_style(widths=((64, 1, 256), (128, 2, 512)), classes=1001, clip_stage=1, group=1, seed=0, squeeze=True):
     """MLPerf resnet50_v1.onnx's layout, small: input [N, 32, 32, 3] -> Transpose -> Pad 3 -> Conv 7x7/2 (bias) ->
     Relu -> MaxPool 3x3/2 pads [0, 0, 1, 1] (TF's SAME) -> per stage (width, stride, cout) two v1 bottlenecks (the
     stride on conv1, the 3x3 behind an explicit Pad, the shortcut first in the Add; stage ``clip_stage``'s block ReLUs
     are Clip(0, inf)) -> ReduceMean [2, 3] -> Squeeze -> MatMul + Add (``classes``) -> Softmax and ArgMax. BN already
-    folded into the conv biases."""
+    folded into the conv biases. ``squeeze`` False: ReduceMean with keepdims 0 instead of the Squeeze."""
     rng = np.random.default_rng(seed)
     nodes, inits = [], []
 
@@ -198,8 +198,9 @@ def _tf_style(widths=((64, 1, 256), (128, 2, 512)), classes=1001, clip_stage=1, 
             y = conv(y, width, cout, 1, 1, f"{name}_c3")
             x = relu(node("Add", [short, y], f"{name}_add"), f"{name}_out", clip=s == clip_stage)
             cin = cout
-    x = node("ReduceMean", [x], "mean", axes=[2, 3], keepdims=1)
-    x = node("Squeeze", [x, init(np.array([2, 3], np.int64), "squeeze_axes")], "squeeze")
+    x = node("ReduceMean", [x], "mean", axes=[2, 3], keepdims=int(squeeze))
+    if squeeze:
+        x = node("Squeeze", [x, init(np.array([2, 3], np.int64), "squeeze_axes")], "squeeze")
     x = node("MatMul", [x, init(rng.normal(0, 0.05, (cin, classes)).astype(np.float32), "fc_w")], "fc")
     x = node("Add", [x, init(rng.normal(0, 0.1, classes).astype(np.float32), "fc_b")], "logits")
     node("Softmax", [x], "softmax_tensor", axis=-1)
@@ -211,13 +212,16 @@ def _tf_style(widths=((64, 1, 256), (128, 2, 512)), classes=1001, clip_stage=1, 
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
 
 
-def test_tensorflow_style_graph_gets_what_its_shapes_allow():
+@pytest.mark.parametrize("squeeze", [True, False], ids=["reducemean-squeeze", "reducemean-keepdims0"])
+def test_tensorflow_style_graph_gets_what_its_shapes_allow(squeeze):
     """The TF-style graph: 4 tails (2 per stage); both projections (64 -> 256 stride 1, 256 -> 512 stride 2), each
     fused with the tail reading it (K bytes 192 and 384); the two 3x3 convs of 64 channels (stage 1; 128 is over
     MAX_CONV3X3_COUT); one next conv1 (stage 1's first tail -> its second block's conv1; stage 2's conv1 is strided in
     v1, stage 2's tails have 512 channels); the stem refused for its max pool's TF padding [0, 0, 1, 1]; the
-    ReduceMean head. Clip(0, inf) block outputs are ReLUs to the quantizer and the matchers alike."""
-    qdq, x = _qdq(_tf_style(), (32, 32, 3))
+    ReduceMean head (with keepdims 0 the plugin's [N, C, 1, 1] goes through a Flatten). Clip(0, inf) block outputs
+    are ReLUs to the quantizer and the matchers alike."""
+    qdq, x = _qdq(_tf_style(squeeze=squeeze), (32, 32, 3))
+    assert sum(n.op_type == "Clip" for n in qdq.graph.node) == 2
     assert sum(n.op_type == "Pad" for n in qdq.graph.node) == 0   # folded into the convs by the quantize step
     out, n, report = rewrite_report(qdq, **ALL)
     assert plugin_counts(out) == {"tail": 2, "proj": 0, "fused": 2, "conv3x3": 2, "stem": 0, "next": 1}
@@ -226,6 +230,7 @@ def test_tensorflow_style_graph_gets_what_its_shapes_allow():
     assert "max pool pads [0, 0, 1, 1]" in rows["stem"]["first_reason"]
     assert rows["next"]["found"] == 3 and "stride 2" in rows["next"]["first_reason"]
     assert rows["pool"]["fused"] == 1
+    assert sum(n.op_type == "Flatten" for n in out.graph.node) == (not squeeze)
     got = _check_reference(qdq, out, {"input_tensor": x})
     assert got[0].shape == (2, 1001) and got[1].shape == (2,)
 
