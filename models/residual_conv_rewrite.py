@@ -396,11 +396,6 @@ def _geom_refusal(geom: ConvGeom | Refused, kernel: int, strides: set, pad: int)
     return None
 
 
-def _is_pointwise(g: _Graph, conv, strides=frozenset({1})) -> bool:
-    """A 1x1 conv without padding, dilation or groups whose stride (the same along H and W) is in ``strides``."""
-    return _geom_refusal(_conv_geom(g, conv), 1, strides, 0) is None
-
-
 def _stem_pool_refusal(pool) -> Refused | None:
     """Why ``pool`` is not a 3x3 max pool with padding 1 on every side, stride 2, floor mode, no dilation."""
     if pool is None or pool.op_type != "MaxPool" or len(pool.output) != 1:
