@@ -95,6 +95,7 @@ def quantize_model_dir(model_dir: Path, calibration: str, method: str = "auto", 
     from trtfuse.data import open_dataset
     from trtfuse.models import load_prepared
     from trtfuse.models.bn_fold import fold_pad_into_conv
+    from trtfuse.models.canonical import canonicalize
     from trtfuse.models.quantize import calibrate, calibration_split, choose_method, method_label, quantize
 
     if method not in CALIBRATION_METHODS:
@@ -112,8 +113,6 @@ def quantize_model_dir(model_dir: Path, calibration: str, method: str = "auto", 
     calib, held_apart = calibration_split(dataset.names, every)
     print(f"trtfuse: calibrating {prepared.name} on {len(calib)} of {len(dataset)} images "
           f"(sorted index % {every} == 0), method {method}", file=sys.stderr)
-    from trtfuse.models.canonical import canonicalize
-
     model, pads = fold_pad_into_conv(canonicalize(onnx.load(prepared.onnx_path)))
     images = dataset.images(calib)
     batches = [images[i:i + batch] for i in range(0, len(images), batch)]
