@@ -95,6 +95,7 @@ def quantize_model_dir(model_dir: Path, calibration: str, method: str = "auto", 
     from trtfuse.data import open_dataset
     from trtfuse.models import load_prepared
     from trtfuse.models.bn_fold import fold_pad_into_conv
+    from trtfuse.models.canonical import canonicalize
     from trtfuse.models.quantize import calibrate, calibration_split, choose_method, method_label, quantize
 
     if method not in CALIBRATION_METHODS:
@@ -112,7 +113,7 @@ def quantize_model_dir(model_dir: Path, calibration: str, method: str = "auto", 
     calib, held_apart = calibration_split(dataset.names, every)
     print(f"trtfuse: calibrating {prepared.name} on {len(calib)} of {len(dataset)} images "
           f"(sorted index % {every} == 0), method {method}", file=sys.stderr)
-    model, pads = fold_pad_into_conv(onnx.load(prepared.onnx_path))
+    model, pads = fold_pad_into_conv(canonicalize(onnx.load(prepared.onnx_path)))
     images = dataset.images(calib)
     batches = [images[i:i + batch] for i in range(0, len(images), batch)]
     stats = calibrate(model, batches)
@@ -146,7 +147,7 @@ def onnx_for_build(model_dir: Path, cfg: BuildConfig) -> bytes:
     import onnx
     from trtfuse.models import load_prepared
     from trtfuse.models.quantize import weights_as_float_qdq
-    from trtfuse.models.residual_conv_rewrite import PLUGIN_DOMAIN, POOL_OP, plugin_counts, rewrite
+    from trtfuse.models.residual_conv_rewrite import PLUGIN_DOMAIN, POOL_OP, plugin_counts, rewrite_report
 
     if cfg.precision != "int8":
         if cfg.plugins != "off":
@@ -161,8 +162,9 @@ def onnx_for_build(model_dir: Path, cfg: BuildConfig) -> bytes:
     model = onnx.load(qdq)
     if cfg.plugins != "off":
         everything = cfg.plugins == "all"
-        model, n = rewrite(model, cfg.weight_dtype, projections=everything, conv3x3=everything, stem=everything,
-                           chain_next=everything, pool_head=everything and POOL_HEAD_IN_ALL)
+        model, n, report = rewrite_report(model, cfg.weight_dtype, projections=everything, conv3x3=everything,
+                                          stem=everything, chain_next=everything,
+                                          pool_head=everything and POOL_HEAD_IN_ALL)
         counts = plugin_counts(model)
         pools = sum(nd.op_type == POOL_OP and nd.domain == PLUGIN_DOMAIN for nd in model.graph.node)
         def n_of(n: int, what: str) -> str:
@@ -176,6 +178,9 @@ def onnx_for_build(model_dir: Path, cfg: BuildConfig) -> bytes:
               f"{n_of(counts['proj'], 'projection')}, {n_of(counts['fused'], 'projection + tail pair')} (one node "
               f"each), {n_of(counts['conv3x3'], '3x3 conv')} and {n_of(counts['stem'], 'stem')}; "
               f"{n_of(counts['next'], 'next conv1')} computed by the tail or stem before it{head}", file=sys.stderr)
+        if report.any_refused():   # what the plugin did not take, and the first reason per kind
+            print("trtfuse: not fused (candidates per kind; the first refusal):\n  "
+                  + report.table().replace("\n", "\n  "), file=sys.stderr)
         if n == 0:
             raise UserError(f"--plugins {cfg.plugins} found no layer to fuse in this model",
                             "use --plugins off for it")

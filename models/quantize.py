@@ -28,6 +28,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 from trtfuse.errors import UserError
 from trtfuse.models.bn_fold import fold_batchnorm
+from trtfuse.models.canonical import canonicalize, is_relu
 
 HIST_BINS = 2048
 METHODS = ("max", "percentile", "entropy")
@@ -98,9 +99,14 @@ def plan_quantization(model: onnx.ModelProto) -> QuantPlan:
     """Find the tensors to quantize in a BN-folded fp32 graph (see the module docstring)."""
     graph = model.graph
     inits = {t.name for t in graph.initializer}
+    values = {t.name: t for t in graph.initializer}
     producer = {out: node for node in graph.node for out in node.output}
     users = _users(graph)
     plan = QuantPlan()
+
+    def const(name):
+        return numpy_helper.to_array(values[name]) if name in values else None
+
     for node in graph.node:
         if node.op_type == "Conv":
             if len(node.input) < 2 or node.input[1] not in inits:
@@ -115,10 +121,10 @@ def plan_quantization(model: onnx.ModelProto) -> QuantPlan:
         _, ident = branches
         plan.add(node.input[ident], node, ident)
         plan.identity_adds += 1
-        # The block output: after the ReLU that follows the Add, if one does.
+        # The block output: after the ReLU (or Clip(0, inf)) that follows the Add, if one does.
         out = node.output[0]
         after = users[out]
-        if len(after) == 1 and after[0].op_type == "Relu":
+        if len(after) == 1 and is_relu(after[0], const):
             out = after[0].output[0]
         plan.add(out)
     return plan
@@ -388,8 +394,10 @@ class QuantizeResult:
 
 def quantize(model: onnx.ModelProto, stats: dict[str, TensorStats], method: str,
              percentile: float = 99.99) -> QuantizeResult:
-    """BN-fold ``model`` (if not done) and insert Q/DQ with amax from ``stats`` by ``method``."""
-    folded, n_bn = fold_batchnorm(model)
+    """BN-fold ``model`` (if not done) and insert Q/DQ with amax from ``stats`` by ``method``. Constants an exporter
+    wrote as nodes (``Constant``, ``Identity`` of an initializer) become initializers first, and an opset-18 graph
+    opset 17 where it means the same (canonical.py)."""
+    folded, n_bn = fold_batchnorm(canonicalize(model))
     plan = plan_quantization(folded)
     amax = {name: amax_from_stats(stats[name], method, percentile) for name in plan.activations}
     out = insert_qdq(folded, plan, amax)
@@ -400,7 +408,7 @@ def quantize(model: onnx.ModelProto, stats: dict[str, TensorStats], method: str,
 
 def calibrate(model: onnx.ModelProto, batches, progress: bool = True) -> dict[str, TensorStats]:
     """Statistics of every tensor ``plan_quantization`` picks, from the fp32 model on ``batches``."""
-    folded, _ = fold_batchnorm(model)
+    folded, _ = fold_batchnorm(canonicalize(model))
     plan = plan_quantization(folded)
     return collect_stats(folded, batches, list(plan.activations), progress)
 

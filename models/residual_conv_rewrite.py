@@ -84,6 +84,13 @@ agreement with the stock engine fell from 0.836 to 0.648 and the largest logit d
 888.5). The new nodes are named after the plugin's (``TrtfuseAvgPool_<k>_...``; benchmarks/resnet50_fullnet.py:
 pool_head_row).
 
+Each fusion kind (KINDS) has its own section below: its pattern (a dataclass), ``find_*`` and ``_match_*``; a matcher
+answers a match, None (not a candidate) or ``Refused(reason)``, and ``rewrite_report`` returns, with the rewritten
+model, a FusionReport (per kind: candidates found, fused, the first refusal) that ``trtfuse build`` prints. The
+matchers read the math, not one exporter's spelling: constants through Identity / Constant nodes, ReLU or Clip(0, inf),
+a zero Pad between a DequantizeLinear and its conv as the conv's padding, GlobalAveragePool or ReduceMean heads
+(docs/int8_pipeline.md, "Any ResNet a user brings").
+
 Fields follow docs/ARCHITECTURE.md exactly; the activation scales are copied from the neighbouring
 Q/DQ nodes because TensorRT passes no scales to plugins in explicitly quantized networks.
 ``evaluate_with_reference`` runs a rewritten graph on CPU (ONNX Runtime between plugin nodes, the
@@ -99,6 +106,7 @@ from dataclasses import dataclass
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
+from trtfuse.models.canonical import constant_value, is_relu
 
 PLUGIN_OP = "TrtfuseResidualConv"
 POOL_OP = "TrtfuseAvgPool"
@@ -136,6 +144,70 @@ MAX_NEXT_COUT = 128
 MAX_NEXT_STEM_COUT = 64
 
 
+# ----------------------------------------------------------------------------- what was fused, what was not, and why
+# The fusion kinds, in the order the report lists them: a residual tail, a projection, a projection fused with the
+# tail that reads it, a stride-1 3x3 conv, the stem, a next conv1 computed by the layer before it, the pool head.
+KINDS = ("tail", "proj", "fused", "conv3x3", "stem", "next", "pool")
+
+
+class Refused(str):
+    """Why a candidate of a fusion kind was not taken (a matcher's answer; tell it from a match by its type)."""
+
+
+@dataclass
+class KindReport:
+    found: int = 0      # candidates: nodes shaped like the pattern (a residual Add, a 1x1 conv quantized alone ...)
+    fused: int = 0      # of them, replaced by a plugin node (or merged into one)
+    refused: int = 0
+    first_node: str = ""
+    first_reason: str = ""
+
+
+@dataclass
+class FusionReport:
+    """Per fusion kind (KINDS): how many candidates the rewrite found, how many it fused, and the first refusal (node,
+    reason). ``rows()`` is the data, ``table()`` what ``trtfuse build`` prints where something was refused."""
+    kinds: dict = None
+
+    def __post_init__(self):
+        self.kinds = {k: KindReport() for k in KINDS} if self.kinds is None else self.kinds
+
+    def found(self, kind: str) -> None:
+        self.kinds[kind].found += 1
+
+    def refuse(self, kind: str, node, reason: str) -> None:
+        r = self.kinds[kind]
+        r.refused += 1
+        if not r.first_reason:
+            r.first_node = node if isinstance(node, str) else (node.name or node.output[0])
+            r.first_reason = str(reason)
+
+    def rows(self) -> list[dict]:
+        """One dict per kind asked for or found: kind, found, fused, refused, first_node, first_reason."""
+        return [{"kind": k, "found": r.found, "fused": r.fused, "refused": r.refused, "first_node": r.first_node,
+                 "first_reason": r.first_reason} for k, r in self.kinds.items() if r.found or r.fused]
+
+    def any_refused(self) -> bool:
+        return any(r.refused for r in self.kinds.values())
+
+    def table(self) -> str:
+        rows = self.rows()
+        head = ("kind", "found", "fused", "first refusal")
+        body = [(r["kind"], str(r["found"]), str(r["fused"]),
+                 f"{r['first_node']}: {r['first_reason']}" if r["first_reason"] else "-") for r in rows]
+        widths = [max(len(x[i]) for x in [head, *body]) for i in range(3)]
+        return "\n".join(f"{a:<{widths[0]}}  {b:>{widths[1]}}  {c:>{widths[2]}}  {d}" for a, b, c, d in [head, *body])
+
+
+def _record(report: FusionReport | None, kind: str, node, result):
+    """Count a matcher's answer for ``node`` in ``report``: None (not a candidate), a Refused reason, or a match."""
+    if report is not None and result is not None:
+        report.found(kind)
+        if isinstance(result, Refused):
+            report.refuse(kind, node, result)
+    return result if result is not None and not isinstance(result, Refused) else None
+
+
 def _roundup(v: int, m: int) -> int:
     return -(-v // m) * m
 
@@ -170,12 +242,20 @@ class _Graph:
         self.outputs = {o.name for o in graph.output}
 
     def const(self, name) -> np.ndarray | None:
+        """The value of tensor ``name`` if it is constant: an initializer, a Constant node's, or an Identity of one
+        (the TorchScript exporter reads equal tensors through Identity nodes)."""
         if name in self.inits:
             return numpy_helper.to_array(self.inits[name])
         node = self.producer.get(name)
         if node is not None and node.op_type == "Constant":
-            return numpy_helper.to_array(node.attribute[0].t)
+            return constant_value(node)
+        if node is not None and node.op_type == "Identity":
+            return self.const(node.input[0])
         return None
+
+    def relu(self, node) -> bool:
+        """``node`` is max(x, 0): Relu, or Clip(0) / Clip(0, inf)."""
+        return is_relu(node, self.const)
 
     def only_reader(self, name):
         """The one node that reads tensor ``name``, or None (several readers, or a graph output)."""
@@ -199,23 +279,34 @@ class _Graph:
             return None
         return q.output[0], float(s_q.item())
 
-    def int8_weight(self, name) -> tuple[np.ndarray, np.ndarray] | None:
-        """(int8 [Cout, Cin, kh, kw], scales [Cout]) of a per-channel weight DQ, either form."""
+    def int8_weight(self, name) -> tuple[np.ndarray, np.ndarray] | Refused:
+        """(int8 [Cout, Cin, kh, kw], scales [Cout]) of a per-channel weight DQ, either form; else why not."""
         dq = self.op(name, "DequantizeLinear")
-        if dq is None or _axis(dq) != 0 or not _zero(self, dq):
-            return None
+        if dq is None:
+            return Refused("weights not quantized (no DequantizeLinear)")
+        if _axis(dq) != 0 or not _zero(self, dq):
+            return Refused("weights not per output channel (axis 0) with zero point 0")
         scale = self.const(dq.input[1])
         w = self.const(dq.input[0])
         if w is None:  # float weights behind a QuantizeLinear (TensorRT 8.5 form)
             q = self.op(dq.input[0], "QuantizeLinear")
             wf = q and self.const(q.input[0])
             if wf is None or _axis(q) != 0:
-                return None
+                return Refused("weights not constant int8 (nor constant float behind a QuantizeLinear)")
             s = scale.reshape(-1, *([1] * (wf.ndim - 1)))
             w = np.clip(np.rint(wf / s), -128, 127).astype(np.int8)
         if w.dtype != np.int8 or scale is None:
-            return None
+            return Refused(f"weights are {w.dtype}, not int8" if scale is not None else "weight scale not constant")
         return w, np.asarray(scale, np.float32).reshape(-1)
+
+    def weight_shape(self, name) -> tuple | None:
+        """The shape of a conv's weight (an initializer, or behind its DequantizeLinear / QuantizeLinear)."""
+        v = self.const(name)
+        node = self.producer.get(name)
+        while v is None and node is not None and node.op_type in ("DequantizeLinear", "QuantizeLinear"):
+            v = self.const(node.input[0])
+            node = self.producer.get(node.input[0])
+        return None if v is None else v.shape
 
 
 def _zero(g: _Graph, node) -> bool:
@@ -236,99 +327,172 @@ def _attr(node, name, default):
     return default
 
 
-def _is_pointwise(conv, strides=frozenset({1})) -> bool:
-    """A 1x1 conv without padding, dilation or groups whose stride (the same along H and W) is in ``strides``."""
-    s = _attr(conv, "strides", [1, 1])
-    return (_attr(conv, "kernel_shape", [1, 1]) == [1, 1] and len(set(s)) == 1 and s[0] in strides
-            and set(_attr(conv, "pads", [0])) == {0} and set(_attr(conv, "dilations", [1])) == {1}
-            and _attr(conv, "group", 1) == 1)
+@dataclass
+class ConvGeom:
+    """A conv's geometry as computed: ``src`` is the tensor it reads, before a zero spatial Pad in front of it (folded
+    into ``pads``: [top, left, bottom, right])."""
+    src: str
+    kernel: list
+    strides: list
+    pads: list
+    dilations: list
+    group: int
 
 
-def _is_conv3x3(conv) -> bool:
-    """A 3x3 conv with padding 1 on every side, stride 1, no dilation or groups."""
-    return (_attr(conv, "kernel_shape", None) == [3, 3] and set(_attr(conv, "strides", [1])) == {1}
-            and _attr(conv, "pads", None) == [1, 1, 1, 1] and set(_attr(conv, "dilations", [1])) == {1}
-            and _attr(conv, "group", 1) == 1)
+def _zero_pad(g: _Graph, pad) -> list | None:
+    """[top, left, bottom, right] of a constant zero Pad of an NCHW tensor's H and W only, else None."""
+    if pad is None or pad.op_type != "Pad":
+        return None
+    attrs = {a.name: a for a in pad.attribute}
+    if attrs.get("mode") is not None and attrs["mode"].s.decode() != "constant":
+        return None
+    if "pads" in attrs:   # opset < 11
+        pads, value = list(attrs["pads"].ints), attrs["value"].f if "value" in attrs else 0.0
+    else:
+        p = g.const(pad.input[1]) if len(pad.input) > 1 else None
+        v = g.const(pad.input[2]) if len(pad.input) > 2 and pad.input[2] else np.zeros(1)
+        if p is None or v is None or (len(pad.input) > 3 and pad.input[3]):
+            return None
+        pads, value = [int(x) for x in p.reshape(-1)], float(v.reshape(-1)[0]) if v.size else 0.0
+    if len(pads) != 8 or value != 0.0 or any(x < 0 for x in pads) or any(pads[i] for i in (0, 1, 4, 5)):
+        return None
+    return [pads[2], pads[3], pads[6], pads[7]]
 
 
-def _is_stem_conv(conv) -> bool:
-    """A 7x7 conv with padding 3 on every side, stride 2, no dilation or groups."""
-    return (_attr(conv, "kernel_shape", None) == [7, 7] and _attr(conv, "strides", None) == [2, 2]
-            and _attr(conv, "pads", None) == [3, 3, 3, 3] and set(_attr(conv, "dilations", [1])) == {1}
-            and _attr(conv, "group", 1) == 1)
+def _conv_geom(g: _Graph, conv) -> ConvGeom | Refused:
+    auto = next((a.s.decode() for a in conv.attribute if a.name == "auto_pad"), "NOTSET")
+    if auto not in ("NOTSET", ""):
+        return Refused(f"auto_pad {auto} (explicit pads expected)")
+    shape = g.weight_shape(conv.input[1])
+    kernel = _attr(conv, "kernel_shape", None) or (list(shape[2:]) if shape is not None else None)
+    if kernel is None or len(kernel) != 2:
+        return Refused("not a 2-D conv with a known kernel")
+    pads = _attr(conv, "pads", [0, 0, 0, 0])
+    src = conv.input[0]
+    extra = _zero_pad(g, g.producer.get(src))
+    if extra is not None:
+        src = g.producer[src].input[0]
+        pads = [p + e for p, e in zip(pads, extra)]
+    return ConvGeom(src, list(kernel), _attr(conv, "strides", [1, 1]), list(pads), _attr(conv, "dilations", [1, 1]),
+                    _attr(conv, "group", 1))
 
 
-def _is_stem_pool(pool) -> bool:
-    """A 3x3 max pool with padding 1 on every side, stride 2, floor mode, no dilation."""
-    return (pool.op_type == "MaxPool" and _attr(pool, "kernel_shape", None) == [3, 3]
-            and _attr(pool, "strides", None) == [2, 2] and _attr(pool, "pads", None) == [1, 1, 1, 1]
-            and _attr(pool, "ceil_mode", 0) == 0 and set(_attr(pool, "dilations", [1])) == {1}
-            and _attr(pool, "storage_order", 0) == 0 and len(pool.output) == 1)
+def _geom_refusal(geom: ConvGeom | Refused, kernel: int, strides: set, pad: int) -> Refused | None:
+    """Why a conv is not a ``kernel`` x ``kernel`` conv with padding ``pad`` on every side, a stride (the same along H
+    and W) in ``strides``, no dilation and no groups; None if it is."""
+    if isinstance(geom, Refused):
+        return geom
+    if geom.group != 1:
+        return Refused(f"grouped conv (group {geom.group}): stays with TensorRT")
+    if geom.kernel != [kernel, kernel]:
+        return Refused(f"kernel {geom.kernel[0]}x{geom.kernel[1]}, not {kernel}x{kernel}")
+    if set(geom.dilations) != {1}:
+        return Refused(f"dilations {geom.dilations}")
+    if len(set(geom.strides)) != 1 or geom.strides[0] not in strides:
+        return Refused(f"stride {geom.strides[0] if len(set(geom.strides)) == 1 else geom.strides} "
+                       f"(the kernel takes {' or '.join(map(str, sorted(strides)))})")
+    if geom.pads != [pad] * 4:
+        return Refused(f"pads {geom.pads} (the kernel takes {[pad] * 4})")
+    return None
 
 
-def find_tails(model: onnx.ModelProto) -> list[Tail]:
-    """Every residual tail of a Q/DQ graph that the plugin can compute."""
+def _stem_pool_refusal(pool) -> Refused | None:
+    """Why ``pool`` is not a 3x3 max pool with padding 1 on every side, stride 2, floor mode, no dilation."""
+    if pool is None or pool.op_type != "MaxPool" or len(pool.output) != 1:
+        return Refused("the conv's ReLU is not read by a MaxPool alone")
+    got = dict(kernel_shape=_attr(pool, "kernel_shape", None), strides=_attr(pool, "strides", None),
+               pads=_attr(pool, "pads", [0, 0, 0, 0]), ceil_mode=_attr(pool, "ceil_mode", 0),
+               dilations=_attr(pool, "dilations", [1, 1]), storage_order=_attr(pool, "storage_order", 0))
+    want = dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1], ceil_mode=0, dilations=[1, 1],
+                storage_order=0)
+    bad = [f"{k} {got[k]}" for k in want if got[k] != want[k] and not (k == "dilations" and set(got[k]) == {1})]
+    return Refused(f"max pool {', '.join(bad)} (the stem kernel's pool is 3x3/2, pads 1)") if bad else None
+
+
+# ----------------------------------------------------------------------------- kind "tail": conv 1x1 + Add (+ ReLU)
+def _residual_add(g: _Graph, add) -> bool:
+    """A candidate residual Add: two activation inputs, at least one of them a Conv's output."""
+    if add.op_type != "Add" or len(add.input) != 2 or any(g.const(i) is not None for i in add.input):
+        return False
+    return any(g.op(i, "Conv") is not None for i in add.input)
+
+
+def find_tails(model: onnx.ModelProto, report: FusionReport | None = None) -> list[Tail]:
+    """Every residual tail of a Q/DQ graph that the plugin can compute (``report``: counted, refusals with reasons)."""
     g = _Graph(model.graph)
     tails = []
     for add in model.graph.node:
-        if add.op_type != "Add" or len(add.input) != 2:
+        if not _residual_add(g, add):
             continue
-        for main, ident in ((0, 1), (1, 0)):
-            tail = _match(g, add, add.input[main], add.input[ident])
-            if tail is not None:
-                tails.append(tail)
-                break
+        found = [_match(g, add, add.input[m], add.input[1 - m]) for m in (0, 1)]
+        tail = next((t for t in found if isinstance(t, Tail)), None) or next(
+            (t for t in found if isinstance(t, Refused)), Refused("no input is a conv's output"))
+        if _record(report, "tail", add, tail) is not None:
+            tails.append(tail)
     return tails
 
 
-def _conv_fields(g: _Graph, conv, q_out) -> tuple[str, dict] | None:
+def _conv_fields(g: _Graph, conv, q_out) -> tuple[str, dict] | Refused:
     """(x's QuantizeLinear output, the plugin fields a conv brings: weights, w_scale, bias, x_scale, out_scale, cin,
-    cout) when its input is DQ(Q(x)), its weights per-channel int8 and ``q_out`` quantizes per tensor; else None."""
+    cout) when its input is DQ(Q(x)) (through a zero Pad folded into the conv), its weights per-channel int8 and
+    ``q_out`` quantizes per tensor; else why not."""
     s_out = g.const(q_out.input[1])
     if s_out is None or s_out.size != 1 or not _zero(g, q_out):
-        return None
-    x = g.quantized_source(conv.input[0])
+        return Refused("the output's QuantizeLinear is not per tensor with zero point 0")
+    geom = _conv_geom(g, conv)
+    if isinstance(geom, Refused):
+        return geom
+    x = g.quantized_source(geom.src)
+    if x is None:
+        return Refused("input is not DQ(Q(x)) with one per-tensor scale and zero point 0")
     weight = g.int8_weight(conv.input[1])
-    if x is None or weight is None:
-        return None
+    if isinstance(weight, Refused):
+        return weight
     w, w_scale = weight
     cout, cin = w.shape[:2]
     bias = g.const(conv.input[2]) if len(conv.input) > 2 and conv.input[2] else np.zeros(cout)
     if bias is None:
-        return None
+        return Refused("bias not constant")
     return x[0], dict(weights=w.reshape(cout, -1), w_scale=w_scale, bias=np.asarray(bias, np.float32),
                       x_scale=x[1], out_scale=float(s_out.item()), cin=int(cin), cout=int(cout))
 
 
-def _match(g: _Graph, add, main: str, ident: str) -> Tail | None:
+def _match(g: _Graph, add, main: str, ident: str) -> Tail | Refused | None:
+    """The tail whose conv writes Add input ``main``, the identity being ``ident``; None if ``main`` is no conv's."""
     conv = g.op(main, "Conv")
-    if conv is None or not _is_pointwise(conv) or len(g.users[main]) != 1 or main in g.outputs:
+    if conv is None:
         return None
+    bad = _geom_refusal(_conv_geom(g, conv), 1, {1}, 0)
+    if bad:
+        return Refused(f"the conv before the Add: {bad}")
+    if len(g.users[main]) != 1 or main in g.outputs:
+        return Refused("the conv's output has readers other than the Add")
     r = g.quantized_source(ident)
     if r is None:
-        return None
+        return Refused("the identity input is not DQ(Q(t)) with one per-tensor scale and zero point 0")
     out, relu = add.output[0], None
     after = g.users[out]
-    if len(after) == 1 and after[0].op_type == "Relu" and out not in g.outputs:
+    if len(after) == 1 and g.relu(after[0]) and out not in g.outputs:
         relu = after[0]
         out = relu.output[0]
     if out in g.outputs:
-        return None
+        return Refused("the block output is a graph output, not quantized")
     q_outs = [n for n in g.users[out] if n.op_type == "QuantizeLinear"]
     if len(q_outs) != 1:
-        return None
+        return Refused(f"the block output has {len(q_outs)} QuantizeLinear readers (1 expected)")
     q_out = q_outs[0]
     conv_fields = _conv_fields(g, conv, q_out)
-    if conv_fields is None:
-        return None
+    if isinstance(conv_fields, Refused):
+        return conv_fields
     # Everything else reading the float block output must be able to read the dequantized one.
     dq_outs = [n for n in g.users[q_out.output[0]] if n.op_type == "DequantizeLinear"]
     if len(g.users[out]) > 1 and not dq_outs:
-        return None
+        return Refused("the float block output has other readers and no DequantizeLinear to read instead")
     x_q, fields = conv_fields
     return Tail(conv, add, relu, q_out, x_q, r[0], {**fields, "r_scale": r[1], "relu": int(relu is not None)})
 
 
+# ----------------------------------------------------------------------------- kind "proj": conv 1x1 -> Q
 @dataclass
 class Projection:
     conv: onnx.NodeProto
@@ -338,35 +502,41 @@ class Projection:
 
 
 def find_projections(model: onnx.ModelProto, max_cin: int | None = None,
-                     min_cout: int | None = None) -> list[Projection]:
+                     min_cout: int | None = None, report: FusionReport | None = None) -> list[Projection]:
     """Every projection of a Q/DQ graph that the plugin computes faster than TensorRT: input channels up to
     ``max_cin``, output channels from ``min_cout`` (default: MAX_PROJECTION_CIN, MIN_PROJECTION_COUT)."""
     g = _Graph(model.graph)
     max_cin = MAX_PROJECTION_CIN if max_cin is None else max_cin
     min_cout = MIN_PROJECTION_COUT if min_cout is None else min_cout
-    found = (_match_projection(g, conv, max_cin, min_cout) for conv in model.graph.node if conv.op_type == "Conv")
+    found = (_record(report, "proj", conv, _match_projection(g, conv, max_cin, min_cout))
+             for conv in model.graph.node if conv.op_type == "Conv")
     return [p for p in found if p is not None]
 
 
-def _match_projection(g: _Graph, conv, max_cin: int, min_cout: int) -> Projection | None:
-    if not _is_pointwise(conv, frozenset({1, 2})):
-        return None
+def _match_projection(g: _Graph, conv, max_cin: int, min_cout: int) -> Projection | Refused | None:
     y = conv.output[0]
     readers = g.users[y]
-    # its only reader quantizes it (a ReLU or an Add in between: a conv1 or a tail, not a projection)
-    if y in g.outputs or len(readers) != 1 or readers[0].op_type != "QuantizeLinear":
+    geom = _conv_geom(g, conv)
+    # a candidate: a 1x1 conv whose only reader quantizes it (a ReLU or an Add in between: a conv1 or a tail)
+    if (isinstance(geom, Refused) or geom.kernel != [1, 1] or y in g.outputs or len(readers) != 1
+            or readers[0].op_type != "QuantizeLinear"):
         return None
+    bad = _geom_refusal(geom, 1, {1, 2}, 0)
+    if bad:
+        return bad
     q_out = readers[0]
     conv_fields = _conv_fields(g, conv, q_out)
-    if conv_fields is None:
-        return None
+    if isinstance(conv_fields, Refused):
+        return conv_fields
     x_q, fields = conv_fields
-    if fields["cin"] > max_cin or fields["cout"] < min_cout:
-        return None
-    return Projection(conv, q_out, x_q, {**fields, "r_scale": 0.0, "relu": 0,
-                                         "stride": int(_attr(conv, "strides", [1, 1])[0])})
+    if fields["cin"] > max_cin:
+        return Refused(f"cin {fields['cin']} > {max_cin} (MAX_PROJECTION_CIN: the Hopper kernel's weight slice)")
+    if fields["cout"] < min_cout:
+        return Refused(f"cout {fields['cout']} < {min_cout} (MIN_PROJECTION_COUT: the kernel's 256-channel N tile)")
+    return Projection(conv, q_out, x_q, {**fields, "r_scale": 0.0, "relu": 0, "stride": int(geom.strides[0])})
 
 
+# ----------------------------------------------------------------------------- kind "conv3x3": conv 3x3 + ReLU -> Q
 @dataclass
 class Conv3x3:
     conv: onnx.NodeProto
@@ -380,20 +550,22 @@ class Conv3x3:
         return self.conv, self.relu
 
 
-def find_conv3x3(model: onnx.ModelProto, max_cout: int | None = None) -> list[Conv3x3]:
+def find_conv3x3(model: onnx.ModelProto, max_cout: int | None = None,
+                 report: FusionReport | None = None) -> list[Conv3x3]:
     """Every stride-1 3x3 conv + ReLU of a Q/DQ graph, quantized on its own, that the halo kernel computes faster than
     TensorRT: output channels up to ``max_cout`` (default MAX_CONV3X3_COUT)."""
     g = _Graph(model.graph)
     max_cout = MAX_CONV3X3_COUT if max_cout is None else max_cout
-    found = (_match_conv3x3(g, conv, max_cout) for conv in model.graph.node if conv.op_type == "Conv")
+    found = (_record(report, "conv3x3", conv, _match_conv3x3(g, conv, max_cout))
+             for conv in model.graph.node if conv.op_type == "Conv")
     return [c for c in found if c is not None]
 
 
 def _relu_q(g: _Graph, conv) -> tuple | None:
-    """(relu, q_out) when ``conv``'s only reader is a Relu whose only reader quantizes it (the int8 tensor a plugin
-    node then writes), else None."""
+    """(relu, q_out) when ``conv``'s only reader is a Relu (or Clip(0, inf)) whose only reader quantizes it (the int8
+    tensor a plugin node then writes), else None."""
     relu = g.only_reader(conv.output[0])
-    if relu is None or relu.op_type != "Relu":
+    if relu is None or not g.relu(relu):
         return None
     q_out = g.only_reader(relu.output[0])
     if q_out is None or q_out.op_type != "QuantizeLinear":
@@ -401,20 +573,29 @@ def _relu_q(g: _Graph, conv) -> tuple | None:
     return relu, q_out
 
 
-def _match_conv3x3(g: _Graph, conv, max_cout: int) -> Conv3x3 | None:
-    if not _is_conv3x3(conv):
+def _match_conv3x3(g: _Graph, conv, max_cout: int) -> Conv3x3 | Refused | None:
+    geom = _conv_geom(g, conv)
+    relu = g.only_reader(conv.output[0])
+    # a candidate: a 3x3 conv whose only reader is a ReLU
+    if isinstance(geom, Refused) or geom.kernel != [3, 3] or relu is None or not g.relu(relu):
         return None
+    bad = _geom_refusal(geom, 3, {1}, 1)
+    if bad:
+        return bad
     relu_q = _relu_q(g, conv)
     if relu_q is None:
-        return None
+        return Refused("the ReLU's output is not read by one QuantizeLinear alone")
     relu, q_out = relu_q
     conv_fields = _conv_fields(g, conv, q_out)
-    if conv_fields is None or conv_fields[1]["cout"] > max_cout:
-        return None
+    if isinstance(conv_fields, Refused):
+        return conv_fields
     x_q, fields = conv_fields
+    if fields["cout"] > max_cout:
+        return Refused(f"cout {fields['cout']} > {max_cout} (MAX_CONV3X3_COUT: TensorRT is as fast or faster)")
     return Conv3x3(conv, relu, q_out, x_q, {**fields, "r_scale": 0.0, "relu": 1, "kernel_size": 3})
 
 
+# ----------------------------------------------------------------------------- kind "stem": conv 7x7/2 + ReLU + pool
 @dataclass
 class Stem:
     conv: onnx.NodeProto
@@ -432,33 +613,42 @@ class Stem:
 STEM_MAX_CIN, STEM_MAX_COUT = 4, 64   # the stem kernel's (stem_sm90.cuh)
 
 
-def find_stems(model: onnx.ModelProto) -> list[Stem]:
+def find_stems(model: onnx.ModelProto, report: FusionReport | None = None) -> list[Stem]:
     """Every 7x7/2 conv + ReLU + 3x3/2 max pool of a Q/DQ graph whose pooled output only a QuantizeLinear reads and
     that the stem kernel holds (cin <= 4, cout <= 64)."""
     g = _Graph(model.graph)
-    found = (_match_stem(g, conv) for conv in model.graph.node if conv.op_type == "Conv")
+    found = (_record(report, "stem", conv, _match_stem(g, conv)) for conv in model.graph.node if conv.op_type == "Conv")
     return [s for s in found if s is not None]
 
 
-def _match_stem(g: _Graph, conv) -> Stem | None:
-    if not _is_stem_conv(conv):
+def _match_stem(g: _Graph, conv) -> Stem | Refused | None:
+    geom = _conv_geom(g, conv)
+    if isinstance(geom, Refused) or geom.kernel != [7, 7]:   # a candidate: any 7x7 conv
         return None
+    bad = _geom_refusal(geom, 7, {2}, 3)
+    if bad:
+        return bad
     relu = g.only_reader(conv.output[0])
-    if relu is None or relu.op_type != "Relu":
-        return None
+    if relu is None or not g.relu(relu):
+        return Refused("the conv's output is not read by a ReLU alone")
     pool = g.only_reader(relu.output[0])
-    if pool is None or not _is_stem_pool(pool):
-        return None
+    bad = _stem_pool_refusal(pool)
+    if bad:
+        return bad
     q_out = g.only_reader(pool.output[0])
     if q_out is None or q_out.op_type != "QuantizeLinear":
-        return None
+        return Refused("the pooled output is not read by one QuantizeLinear alone")
     conv_fields = _conv_fields(g, conv, q_out)
-    if conv_fields is None or conv_fields[1]["cin"] > STEM_MAX_CIN or conv_fields[1]["cout"] > STEM_MAX_COUT:
-        return None
+    if isinstance(conv_fields, Refused):
+        return conv_fields
     x_q, fields = conv_fields
+    if fields["cin"] > STEM_MAX_CIN or fields["cout"] > STEM_MAX_COUT:
+        return Refused(f"cin {fields['cin']}, cout {fields['cout']} (the stem kernel holds cin <= {STEM_MAX_CIN}, "
+                       f"cout <= {STEM_MAX_COUT})")
     return Stem(conv, relu, pool, q_out, x_q, {**fields, "r_scale": 0.0, "relu": 1, "kernel_size": 7, "stride": 2})
 
 
+# ----------------------------------------------------------------------------- kind "pool": the head's average pool
 # TrtfuseAvgPool's version: 3 writes two int8 outputs, hi and lo (the mean to 1/256 of t's LSB) for a
 # DequantizeLinear each; 2 wrote one int8 output (the mean rounded to t's grid), 1 fp32 (field x_scale).
 POOL_VERSION = "3"
@@ -475,6 +665,7 @@ class PoolHead:
     x_q: str
     x_scale: float
     scale_shape: tuple = ()
+    keepdims: bool = True   # False: a ReduceMean writing [N, C]; the Add's [N, C, 1, 1] then goes through a Flatten
 
     def lo_scale(self) -> np.ndarray:
         """s / 256 in fp32, exactly (a power-of-two scaling of a normal fp32 whose result is normal, which
@@ -505,38 +696,70 @@ class PoolHead:
         dq_lo.CopyFrom(dq_hi)
         dq_lo.name = f"{name}_DequantizeLinear_lo"
         dq_lo.input[0], dq_lo.input[1], dq_lo.output[0] = lo, inits[0].name, f"{lo}_dq"
-        add = helper.make_node("Add", [dq_hi.output[0], dq_lo.output[0]], [out], name=f"{name}_Add")
-        return [plugin, dq_hi, dq_lo, add], inits
+        if self.keepdims:
+            add = helper.make_node("Add", [dq_hi.output[0], dq_lo.output[0]], [out], name=f"{name}_Add")
+            return [plugin, dq_hi, dq_lo, add], inits
+        add = helper.make_node("Add", [dq_hi.output[0], dq_lo.output[0]], [f"{out}_{name}_4d"], name=f"{name}_Add")
+        flat = helper.make_node("Flatten", [add.output[0]], [out], name=f"{name}_Flatten", axis=1)
+        return [plugin, dq_hi, dq_lo, add, flat], inits
 
 
-def find_pool_heads(model: onnx.ModelProto) -> list[PoolHead]:
-    """Every GlobalAveragePool whose input is the DequantizeLinear (per-tensor fp32 scale s > 0 with s / 256 a normal
-    fp32, so exact; zero point 0; read by the pool only) of an int8 tensor: a QuantizeLinear's output or a plugin
-    node's. Int8, not uint8: the DequantizeLinear's zero point, if it has one, is int8; if not, the tensor is a
-    plugin's or a QuantizeLinear's with an int8 zero point. A nonzero zero point is refused (TensorRT's int8 is
-    symmetric; the DequantizeLinears after the plugin take zero point 0, hi on s and lo on s / 256)."""
+def _global_mean(g: _Graph, pool) -> bool | Refused | None:
+    """keepdims of a mean over H and W of an NCHW tensor (GlobalAveragePool: True; ReduceMean over axes [2, 3] or
+    [-2, -1], opset 13's attribute or 18's input); None for any other node, Refused for another ReduceMean."""
+    if pool.op_type == "GlobalAveragePool":
+        return True
+    if pool.op_type != "ReduceMean":
+        return None
+    axes = _attr(pool, "axes", None)
+    if axes is None and len(pool.input) > 1 and pool.input[1]:
+        v = g.const(pool.input[1])
+        axes = None if v is None else [int(x) for x in v.reshape(-1)]
+    if axes is None or sorted(a % 4 for a in axes) != [2, 3]:
+        return Refused(f"ReduceMean over axes {axes}, not H and W of an NCHW tensor")
+    return bool(_attr(pool, "keepdims", 1))
+
+
+def find_pool_heads(model: onnx.ModelProto, report: FusionReport | None = None) -> list[PoolHead]:
+    """Every GlobalAveragePool (or ReduceMean over H and W) whose input is the DequantizeLinear (per-tensor fp32 scale
+    s > 0 with s / 256 a normal fp32, so exact; zero point 0; read by the pool only) of an int8 tensor: a
+    QuantizeLinear's output or a plugin node's. Int8, not uint8: the DequantizeLinear's zero point, if it has one, is
+    int8; if not, the tensor is a plugin's or a QuantizeLinear's with an int8 zero point. A nonzero zero point is
+    refused (TensorRT's int8 is symmetric; the DequantizeLinears after the plugin take zero point 0, hi on s and lo on
+    s / 256)."""
     g = _Graph(model.graph)
     found = []
     for pool in model.graph.node:
-        dq = pool.op_type == "GlobalAveragePool" and g.op(pool.input[0], "DequantizeLinear")
-        if not dq or g.only_reader(dq.output[0]) is not pool or not _zero(g, dq):
-            continue
-        scale, src = g.const(dq.input[1]), g.producer.get(dq.input[0])
-        if scale is None or scale.size != 1 or scale.dtype != np.float32 or not float(scale.item()) > 0 or src is None:
-            continue
-        if not np.isfinite(scale).all() or abs(np.ldexp(scale.astype(np.float32), -POOL_LO_SHIFT).item()) < \
-                np.finfo(np.float32).tiny:   # s / 256 subnormal (or zero): not exact
-            continue
-        from_plugin = src.domain == PLUGIN_DOMAIN
-        if not (from_plugin or src.op_type == "QuantizeLinear"):
-            continue
-        if len(dq.input) > 2 and dq.input[2]:
-            if not _int8_zero_point(g, dq):
-                continue
-        elif not (from_plugin or _int8_zero_point(g, src)):
-            continue
-        found.append(PoolHead(dq, pool, dq.input[0], float(scale.item()), tuple(scale.shape)))
+        head = _record(report, "pool", pool, _match_pool_head(g, pool))
+        if head is not None:
+            found.append(head)
     return found
+
+
+def _match_pool_head(g: _Graph, pool) -> PoolHead | Refused | None:
+    keepdims = _global_mean(g, pool)
+    if keepdims is None or isinstance(keepdims, Refused):
+        return keepdims
+    dq = g.op(pool.input[0], "DequantizeLinear")
+    if not dq or g.only_reader(dq.output[0]) is not pool:
+        return Refused("the pool's input is not a DequantizeLinear read by the pool alone")
+    if not _zero(g, dq):
+        return Refused("nonzero zero point")
+    scale, src = g.const(dq.input[1]), g.producer.get(dq.input[0])
+    if scale is None or scale.size != 1 or scale.dtype != np.float32 or not float(scale.item()) > 0 or src is None:
+        return Refused("the DequantizeLinear's scale is not one positive fp32 constant")
+    if not np.isfinite(scale).all() or abs(np.ldexp(scale.astype(np.float32), -POOL_LO_SHIFT).item()) < \
+            np.finfo(np.float32).tiny:   # s / 256 subnormal (or zero): not exact
+        return Refused("scale / 256 is not a normal fp32")
+    from_plugin = src.domain == PLUGIN_DOMAIN
+    if not (from_plugin or src.op_type == "QuantizeLinear"):
+        return Refused("the dequantized tensor is neither a QuantizeLinear's nor a plugin's")
+    if len(dq.input) > 2 and dq.input[2]:
+        if not _int8_zero_point(g, dq):
+            return Refused("the zero point is not int8")
+    elif not (from_plugin or _int8_zero_point(g, src)):
+        return Refused("the zero point is not int8")
+    return PoolHead(dq, pool, dq.input[0], float(scale.item()), tuple(scale.shape), keepdims)
 
 
 def _int8_zero_point(g: _Graph, node) -> bool:
@@ -567,32 +790,60 @@ class NextConv:
         return self.conv, self.relu, self.q_out
 
 
-def _chainable(g: _Graph, tails: list[Tail], stems: list[Stem] = ()) -> dict[int, NextConv]:
+def _chainable(g: _Graph, tails: list[Tail], stems: list[Stem] = (),
+               report: FusionReport | None = None) -> dict[int, NextConv]:
     """{id(tail or stem): the next conv1 it computes too} for each tail (of at most MAX_NEXT_TAIL_COUT channels; a
-    conv1 of at most MAX_NEXT_COUT) and each stem (a conv1 of at most MAX_NEXT_STEM_COUT) that can chain one."""
-    found = {id(t): _match_next(g, t.q_out.output[0], t.fields["cout"], MAX_NEXT_COUT) for t in tails
-             if t.fields["cout"] <= MAX_NEXT_TAIL_COUT}
-    found.update({id(s): _match_next(g, s.q_out.output[0], s.fields["cout"], MAX_NEXT_STEM_COUT) for s in stems})
-    return {k: n for k, n in found.items() if n is not None}
+    conv1 of at most MAX_NEXT_COUT) and each stem (a conv1 of at most MAX_NEXT_STEM_COUT) that can chain one. A
+    candidate: a replaced tail or stem whose int8 output a conv reads."""
+    found = {}
+    for layer, max_cout in [(t, MAX_NEXT_COUT) for t in tails] + [(st, MAX_NEXT_STEM_COUT) for st in stems]:
+        out_q = layer.q_out.output[0]
+        if not _conv_readers(g, out_q):
+            continue
+        if isinstance(layer, Tail) and layer.fields["cout"] > MAX_NEXT_TAIL_COUT:
+            nxt = Refused(f"the tail's cout {layer.fields['cout']} > {MAX_NEXT_TAIL_COUT} (MAX_NEXT_TAIL_COUT: the "
+                          "kernel's N tile holds whole rows)")
+        else:
+            nxt = _match_next(g, out_q, layer.fields["cout"], max_cout)
+        nxt = _record(report, "next", layer.q_out.output[0], nxt)
+        if nxt is not None:
+            found[id(layer)] = nxt
+    return found
 
 
-def _match_next(g: _Graph, out_q: str, cin: int, max_cout: int) -> NextConv | None:
+def _conv_readers(g: _Graph, out_q: str) -> list:
+    """The convs that read int8 tensor ``out_q`` through a DequantizeLinear."""
+    return [c for dq in g.users[out_q] if dq.op_type == "DequantizeLinear"
+            for c in g.users[dq.output[0]] if c.op_type == "Conv"]
+
+
+def _match_next(g: _Graph, out_q: str, cin: int, max_cout: int) -> NextConv | Refused:
     """The first conv1 that reads a layer's int8 output ``out_q`` (of ``cin`` channels) through a DequantizeLinear and
     that the chained kernel computes: 1x1 stride 1 + ReLU, cin the layer's cout, at most ``max_cout`` output channels;
-    or None."""
+    else why the first conv reading it is not."""
+    first = None
     for dq in g.users[out_q]:
         for conv in g.users[dq.output[0]] if dq.op_type == "DequantizeLinear" else ():
-            if conv.op_type != "Conv" or conv.input[0] != dq.output[0] or not _is_pointwise(conv):
+            if conv.op_type != "Conv":
                 continue
-            relu_q = _relu_q(g, conv)
-            conv_fields = relu_q and _conv_fields(g, conv, relu_q[1])
+            bad = (Refused("reads the DequantizeLinear through another node") if conv.input[0] != dq.output[0]
+                   else _geom_refusal(_conv_geom(g, conv), 1, {1}, 0))
+            relu_q = None if bad else _relu_q(g, conv)
+            if not bad and relu_q is None:
+                bad = Refused("the next conv is not followed by a ReLU whose output one QuantizeLinear alone reads")
+            conv_fields = None if bad else _conv_fields(g, conv, relu_q[1])
+            if isinstance(conv_fields, Refused):
+                bad = conv_fields
             # its input must be DQ(out_q) with out_q's scale (_conv_fields checks the DQ against its Q)
-            if not conv_fields or conv_fields[0] != out_q:
-                continue
-            fields = conv_fields[1]
-            if fields["cin"] == cin and fields["cout"] <= max_cout:
-                return NextConv(conv, relu_q[0], relu_q[1], {**fields, "relu": 1})
-    return None
+            elif not bad and (conv_fields[0] != out_q or conv_fields[1]["cin"] != cin):
+                bad = Refused("the next conv does not read exactly the layer's output")
+            elif not bad and conv_fields[1]["cout"] > max_cout:
+                bad = Refused(f"the next conv's cout {conv_fields[1]['cout']} > {max_cout} (the chained "
+                              "configuration's room)")
+            if not bad:
+                return NextConv(conv, relu_q[0], relu_q[1], {**conv_fields[1], "relu": 1})
+            first = first or Refused(f"{conv.name or conv.output[0]}: {bad}")
+    return first or Refused("no conv reads the output")
 
 
 def plugin_node(name: str, x_q: str, r_q: str | None, out_q: str, fields: dict,
@@ -664,6 +915,14 @@ def plugin_counts(model: onnx.ModelProto) -> dict[str, int]:
 def rewrite(model: onnx.ModelProto, weight_dtype: str = "int32", projections: bool = False,
             fuse: bool = True, conv3x3: bool = False, stem: bool = False,
             chain_next: bool = False, pool_head: bool = False) -> tuple[onnx.ModelProto, int]:
+    """``rewrite_report`` without the report: (model, plugin nodes)."""
+    model, n, _ = rewrite_report(model, weight_dtype, projections, fuse, conv3x3, stem, chain_next, pool_head)
+    return model, n
+
+
+def rewrite_report(model: onnx.ModelProto, weight_dtype: str = "int32", projections: bool = False,
+                   fuse: bool = True, conv3x3: bool = False, stem: bool = False,
+                   chain_next: bool = False, pool_head: bool = False) -> tuple[onnx.ModelProto, int, FusionReport]:
     """A copy of the Q/DQ ``model`` with every residual tail fused, every projection the plugin takes (see
     find_projections) when ``projections``, every 3x3 conv it takes (see find_conv3x3) when ``conv3x3``, and the stem
     (see find_stems) when ``stem``; returns (model, plugin nodes). ``plugin_counts`` splits them by kind.
@@ -684,18 +943,27 @@ def rewrite(model: onnx.ModelProto, weight_dtype: str = "int32", projections: bo
     ``weight_dtype``: how the int8 weight values travel in the ``weights`` tensor attribute. int32
     by default: TensorRT 8.5's ONNX parser is known to pass INT32 and FLOAT tensor attributes to
     plugin creators; the creator accepts int8, int32 or float holding integers in [-127, 127].
+
+    Returns (model, plugin nodes, report): the report (FusionReport) counts, for each kind asked for, the candidates
+    found, how many were fused and the first refusal with its reason.
     """
     model = onnx.ModelProto.FromString(model.SerializeToString())
     graph = model.graph
-    tails = find_tails(model)
-    projs = find_projections(model) if projections else []
-    convs3 = find_conv3x3(model) if conv3x3 else []
-    stems = find_stems(model) if stem else []
-    pools = find_pool_heads(model) if pool_head else []
+    report = FusionReport()
+    tails = find_tails(model, report=report)
+    projs = find_projections(model, report=report) if projections else []
+    convs3 = find_conv3x3(model, report=report) if conv3x3 else []
+    stems = find_stems(model, report=report) if stem else []
+    pools = find_pool_heads(model, report=report) if pool_head else []
     g = _Graph(graph)
-    fused = _fusable(g, tails, projs) if fuse else {}   # id(tail) -> its projection: one node
+    # id(tail) -> its projection: one node
+    fused = _fusable(g, tails, projs, report if projections else None) if fuse else {}
     fused_projs = {id(p) for p in fused.values()}
-    nexts = _chainable(g, tails, stems) if chain_next else {}   # id(tail or stem) -> the conv1 it computes too
+    # id(tail or stem) -> the conv1 it computes too
+    nexts = _chainable(g, tails, stems, report) if chain_next else {}
+    for kind, n in (("tail", len(tails)), ("proj", len(projs)), ("fused", len(fused)), ("conv3x3", len(convs3)),
+                    ("stem", len(stems)), ("next", len(nexts)), ("pool", len(pools))):
+        report.kinds[kind].fused = n
     replace, drop = {}, set()
     # A projection's plugin node takes the place of its output QuantizeLinear (same output name, so the tail that
     # reads the projection as its residual still finds it); its conv goes. A fused one leaves no node of its own: its
@@ -765,25 +1033,35 @@ def rewrite(model: onnx.ModelProto, weight_dtype: str = "int32", projections: bo
     _drop_unused(graph)
     if (tails or projs or convs3 or stems or pools) and not any(o.domain == PLUGIN_DOMAIN for o in model.opset_import):
         model.opset_import.append(helper.make_opsetid(PLUGIN_DOMAIN, 1))
-    return model, len(tails) + len(projs) - len(fused) + len(convs3) + len(stems) + len(pools)
+    return model, len(tails) + len(projs) - len(fused) + len(convs3) + len(stems) + len(pools), report
 
 
-def _fusable(g: _Graph, tails: list[Tail], projs: list[Projection]) -> dict[int, Projection]:
+# ----------------------------------------------------------------------------- kind "fused": projection + its tail
+def _fusable(g: _Graph, tails: list[Tail], projs: list[Projection],
+             report: FusionReport | None = None) -> dict[int, Projection]:
     """{id(tail): projection} for each tail whose residual is a replaced projection's output that nothing else reads
-    (only the tail's Add, through one DequantizeLinear) and whose two weight matrices the fused kernel holds."""
+    (only the tail's Add, through one DequantizeLinear) and whose two weight matrices the fused kernel holds. A
+    candidate: a replaced tail whose residual is a replaced projection's output."""
     by_out = {p.q_out.output[0]: p for p in projs}
     fused = {}
     for t in tails:
         p = by_out.get(t.r_q)
-        if (p is None or t.fields.get("stride", 1) != 1 or p.fields["cout"] != t.fields["cout"]
-                or fused_k_bytes(p.fields["cin"], t.fields["cin"]) > MAX_FUSED_K_BYTES):
+        if p is None:
             continue
-        dqs = g.users[t.r_q]
-        if t.r_q in g.outputs or not dqs or any(
-                dq.op_type != "DequantizeLinear" or dq.output[0] in g.outputs
-                or any(u is not t.add for u in g.users[dq.output[0]]) for dq in dqs):
-            continue
-        fused[id(t)] = p
+        if t.fields.get("stride", 1) != 1 or p.fields["cout"] != t.fields["cout"]:
+            why = Refused("the tail is strided or its cout differs from the projection's")
+        elif fused_k_bytes(p.fields["cin"], t.fields["cin"]) > MAX_FUSED_K_BYTES:
+            why = Refused(f"K bytes {fused_k_bytes(p.fields['cin'], t.fields['cin'])} > {MAX_FUSED_K_BYTES} "
+                          f"(MAX_FUSED_K_BYTES: proj cin {p.fields['cin']} + tail cin {t.fields['cin']})")
+        else:
+            dqs = g.users[t.r_q]
+            why = None
+            if t.r_q in g.outputs or not dqs or any(
+                    dq.op_type != "DequantizeLinear" or dq.output[0] in g.outputs
+                    or any(u is not t.add for u in g.users[dq.output[0]]) for dq in dqs):
+                why = Refused("the projection's output has readers other than the tail")
+        if _record(report, "fused", t.add, p if why is None else why) is not None:
+            fused[id(t)] = p
     return fused
 
 
@@ -927,6 +1205,44 @@ def evaluate_with_reference(model: onnx.ModelProto, feeds: dict[str, np.ndarray]
     return [values[o] for o in graph_out]
 
 
+def node_agreement(qdq: onnx.ModelProto, rewritten: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> dict:
+    """Each TrtfuseResidualConv node of ``rewritten`` (a rewrite of ``qdq``) against the Q/DQ graph, node by node: its
+    reference (the plugin's rounding rule) on the int8 tensors ONNX Runtime computes for its inputs in ``qdq``, against
+    the int8 tensor(s) ``qdq`` computes for its outputs (a chained node's second output from ORT's first). ORT sums in
+    fp32 in its own order, so a value may round to the neighbouring int8 step. Returns {kind: {"nodes", "values",
+    "exact" (fraction equal), "max_lsb"}}."""
+    import onnxruntime as ort
+
+    nodes = [n for n in rewritten.graph.node if n.op_type == PLUGIN_OP and n.domain == PLUGIN_DOMAIN]
+    names = list(dict.fromkeys(t for n in nodes for t in [*n.input, *n.output]))
+    probe = onnx.ModelProto.FromString(qdq.SerializeToString())
+    have = {o.name for o in probe.graph.output}
+    probe.graph.output.extend(helper.make_tensor_value_info(t, TensorProto.INT8, None) for t in names
+                              if t not in have)
+    opts = ort.SessionOptions()
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    sess = ort.InferenceSession(probe.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+    v = dict(zip(names, sess.run(names, feeds)))
+    out: dict = {}
+    for n in nodes:
+        kind = plugin_kind(n)
+        second = v[n.input[1]] if len(n.input) > 1 else None
+        pairs = [(plugin_reference(v[n.input[0]], None, n, xp=second) if kind == "fused"
+                  else plugin_reference(v[n.input[0]], second, n), v[n.output[0]])]
+        if len(n.output) > 1:
+            pairs.append((next_reference(v[n.output[0]], n), v[n.output[1]]))
+        for got, want in pairs:
+            d = np.abs(got.astype(np.int16) - want.astype(np.int16))
+            r = out.setdefault(kind, {"nodes": 0, "values": 0, "equal": 0, "max_lsb": 0})
+            r["values"] += d.size
+            r["equal"] += int((d == 0).sum())
+            r["max_lsb"] = max(r["max_lsb"], int(d.max()))
+        out[kind]["nodes"] += 1
+    for r in out.values():
+        r["exact"] = r.pop("equal") / max(r["values"], 1)
+    return out
+
+
 def compare_logits(a: np.ndarray, b: np.ndarray) -> dict:
     """Top-1 agreement and the largest logit difference between two runs of one network.
 
@@ -964,14 +1280,16 @@ def main(argv=None) -> int:  # python -m trtfuse.models.residual_conv_rewrite IN
                    help="tails (and the stem, with --stem) also compute the next bottleneck's conv1 (see "
                         "MAX_NEXT_TAIL_COUT, MAX_NEXT_STEM_COUT)")
     args = p.parse_args(argv)
-    model, _ = rewrite(onnx.load(args.qdq_onnx), args.weight_dtype, args.projections, args.fuse, args.conv3x3,
-                       args.stem, args.chain_next, args.pool_head)
+    model, _, report = rewrite_report(onnx.load(args.qdq_onnx), args.weight_dtype, args.projections, args.fuse,
+                                      args.conv3x3, args.stem, args.chain_next, args.pool_head)
     onnx.save(model, args.out_onnx)
     counts = plugin_counts(model)
     print(f"replaced {counts['tail']} residual tails, {counts['proj']} projections, {counts['fused']} "
           f"projection + tail pairs (one node each), {counts['conv3x3']} 3x3 convs and {counts['stem']} stems with "
           f"{PLUGIN_OP} ({counts['next']} of them computing the next conv1 too) -> "
           f"{args.out_onnx}", file=sys.stderr)
+    if report.any_refused():
+        print(report.table(), file=sys.stderr)
     return 0
 
 

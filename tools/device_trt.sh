@@ -31,7 +31,9 @@
 # and trtfuse serve with TensorRT over each transport), switch (benchmarks/experiments/server_switch_interval.py: Server
 # p50/p99 against Python's GIL switch interval; extra arguments from $SWITCH_ARGS), native-build (the native SUT with
 # TensorRT), native:STAGES (benchmarks/native_sut.py: the native SUT against the Python one; extra arguments from
-# $NATIVE_ARGS).
+# $NATIVE_ARGS),
+# any-resnet (benchmarks/any_resnet.py: our export vs torchvision's of ResNet-50, and torchvision's ResNet-101,
+# engines alone at batch 2048, plugins off/all).
 # A failing step does not stop the next. Logs and results accumulate in /tmp/trtfuse-results (outside
 # the work tree, which each call replaces); $OUT gets the JSON results and logs.tgz (at most 8 files come back).
 # Exit status: the number of failed steps.
@@ -131,6 +133,10 @@ for step in "$@"; do
         switch) run_step switch python3.10 benchmarks/experiments/server_switch_interval.py ${SWITCH_ARGS:-} ;;
         multigpu) run_step multigpu python3.10 benchmarks/multigpu.py run --out "$RESULTS/multigpu_h200.json" ${MULTIGPU_ARGS:-} ;;
         # gpu-test needs pytest and onnxruntime (cp310): a staging made with them, or both on $PYTHONPATH
+        # any-resnet: benchmarks/any_resnet.py run on the carried .devcache/any_resnet (made by its prepare on the CPU
+        # machine); extra arguments from $ANY_RESNET_ARGS (e.g. "--stages build" then "--stages engine")
+        any-resnet) run_step any-resnet python3.10 benchmarks/any_resnet.py run --bundle .devcache/any_resnet \
+                        --out "$RESULTS/any_resnet_h100.json" ${ANY_RESNET_ARGS:-} ;;
         gpu-test) run_step gpu-test python3.10 -m pytest -q -m "gpu or tensorrt" -p no:cacheprovider \
                       tests/test_lanes.py tests/test_tensorrt_backend.py tests/test_cuda_runtime.py tests/test_triton_export.py \
                       tests/test_triton_gpu.py ;;
