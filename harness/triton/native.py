@@ -120,6 +120,13 @@ def exported_tensorrt(folder: Path) -> str | None:
     return m.group(1).rstrip(".") if m else None
 
 
+def _export_names_plugins(folder: Path) -> bool:
+    from trtfuse.triton.export import COMMAND_FILE
+
+    path = folder / COMMAND_FILE
+    return path.is_file() and "--backend-config=tensorrt,plugins=" in path.read_text(errors="replace")
+
+
 def check_plugin(lib: Path, tensorrt: str) -> None:
     """A plugin library must exist and link the backend's TensorRT major version."""
     from trtfuse.triton.elf import read_dynamic
@@ -184,9 +191,13 @@ def read_repository(repo: Path, backend: Backend, plugin_libs: list[Path], check
         if check_plans and backend.tensorrt:
             for plan in plans:
                 check_plan(plan, backend.tensorrt)
-        from trtfuse.triton.export import PLUGIN_DIR
+        from trtfuse.triton.export import COMMAND_FILE, PLUGIN_DIR
 
         shipped = sorted((folder / PLUGIN_DIR).glob("*.so")) if (folder / PLUGIN_DIR).is_dir() else []
+        if not shipped and not plugin_libs and _export_names_plugins(folder):
+            raise UserError(f"model {name!r} needs trtfuse's plugin library (its {COMMAND_FILE} loads one), but "
+                            f"{folder / PLUGIN_DIR} holds none", "export the model again (trtfuse triton export ... "
+                            "--force ships the library), or pass --plugin-lib PATH")
         gpus = sorted({g for group in cfg.instance_group for g in group.gpus})
         served.append(Served(name, folder, plans, shipped, gpus))
     for lib in {p for s in served for p in s.plugins} | set(plugin_libs):
@@ -211,15 +222,20 @@ _DIAGNOSES = [
                 r"Serialized Engine Version: \d+|expecting library version [\d.]+ got [\d.]+)"),
      lambda m: UserError(f"the TensorRT backend refused the plan: it was built by another TensorRT ({m.group(1)})",
                          "rebuild the engine with the backend's TensorRT (8.5) and export it again")),
-    (re.compile(r"(getPluginCreator could not find plugin:? ?\S*(?: version:? ?\S*)?|Cannot deserialize plugin \S*)"),
-     lambda m: UserError(f"the engine needs a TensorRT plugin the server does not have ({m.group(1).strip()})",
-                         "ship trtfuse's plugin library with the model (trtfuse triton export --plugin-lib PATH) "
-                         "or pass --plugin-lib PATH, built against TensorRT 8.5")),
+    (re.compile(r"(getPluginCreator could not find plugin:? ?\S*(?: version:? ?\S*)?)"),
+     lambda m: _missing_plugin(m.group(1).strip())),
+    (re.compile(r"Cannot deserialize plugin"), lambda m: _missing_plugin("a plugin creator is not registered")),
     (re.compile(r"unable to load backend library.*?: (.*?)\"?$"),
      lambda m: UserError(f"tritonserver could not load the TensorRT backend: {m.group(1)}",
                          "rebuild it (trtfuse triton build-backend) and pass --tensorrt-lib DIR holding TensorRT 8.5's "
                          "libraries")),
 ]
+
+
+def _missing_plugin(what: str) -> UserError:
+    return UserError(f"the engine needs a TensorRT plugin the server does not have ({what})",
+                     "ship trtfuse's plugin library with the model (trtfuse triton export --plugin-lib PATH) or pass "
+                     "--plugin-lib PATH, built against TensorRT 8.5")
 
 
 def diagnose(log_text: str) -> UserError | None:
