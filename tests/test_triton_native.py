@@ -17,6 +17,7 @@ import onnx
 import pytest
 from conftest import gpu_available
 from conftest_harness import tiny_model
+from test_engine import model_dir  # noqa: F401 - fixture
 from trtfuse.engine import BuildConfig
 from trtfuse.errors import UserError
 from trtfuse.models import default_model_dir
@@ -329,3 +330,46 @@ def test_server_log_lines_become_one_line_errors(line, problem):
 
 def test_a_log_without_a_known_cause_is_left_to_the_caller():
     assert native.diagnose('E1128 server.cc:1] "something else"\n') is None
+
+
+# ----------------------------------------------------------------------------- on the GPU
+@pytest.mark.tensorrt
+def test_the_exported_engine_served_by_the_tensorrt_backend_answers_as_direct(model_dir, tmp_path):  # noqa: F811
+    """The toy ResNet's int8 engine with trtfuse's plugins, exported and served by Triton's own TensorRT
+    backend (built here, or carried to the GPU machine): every transport's top classes equal the engine's
+    own on one of its profiles, direct."""
+    import numpy as np
+    from test_quantize import calib_batches
+    from test_tensorrt_backend import _BATCHES, _OPTIONS, _classify_through_a_store
+    from test_triton_gpu import _classify_on_each_slot
+    from trtfuse.backends import create_backend
+    from trtfuse.backends.tensorrt_backend import TensorRTBackend
+    from trtfuse.models import load_prepared
+    from trtfuse.triton.process import ServeProcess
+
+    try:
+        backend_build.backend_library()
+    except UserError as e:
+        pytest.skip(str(e))
+    model = load_prepared(model_dir)
+    x = np.concatenate(calib_batches(seed=17, n=2))
+    direct = TensorRTBackend(**{**_OPTIONS, "plugins": True, "input_format": "int8"})
+    direct.load(model, 8)
+    try:
+        expected = _classify_on_each_slot(direct, x, _BATCHES)
+        engine = direct.engine_path
+    finally:
+        direct.close()
+    repo = tmp_path / "repo"
+    export.export_repository(model, engine, repo)
+    with ServeProcess([str(repo)], tmp_path / "serve", command=("triton", "serve")) as server:
+        assert server.ready["backend"] == "tensorrt-native" and server.ready["plugins"]
+        for transport in ("cuda", "shm", "grpc"):
+            client = create_backend("triton", url=server.url, transport=transport, inflight=4)
+            client.load(model, 8)
+            try:
+                got = _classify_through_a_store(client, x, _BATCHES, threads=4)
+            finally:
+                client.close()
+            for i, (rows, answer) in enumerate(zip(_BATCHES, got)):
+                assert any(np.array_equal(answer, on_slot[i]) for on_slot in expected), f"{transport}: rows {rows}"
