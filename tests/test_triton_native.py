@@ -322,6 +322,10 @@ def test_a_backend_missing_or_built_for_another_server_is_refused(prepared, tmp_
      "not found in Plugin Registry) getPluginCreator could not find plugin: TrtfuseResidualConv version: 1",
      "needs a TensorRT plugin the server does not have (getPluginCreator could not find plugin: "
      "TrtfuseResidualConv version: 1)"),
+    ('E1128 03:10:51.432196 12217 model_lifecycle.cc:642] "failed to load \'tiny\' version 1: Invalid argument: '
+     'unexpected datatype TYPE_INT8 for inference input \'input\', expecting TYPE_FP32 for tiny_0_0"',
+     "could not load model 'tiny': Invalid argument: unexpected datatype TYPE_INT8 for inference input 'input', "
+     "expecting TYPE_FP32 for tiny_0_0"),
 ])
 def test_server_log_lines_become_one_line_errors(line, problem):
     found = native.diagnose("I1128 a line before\n" + line + "\n")

@@ -225,6 +225,10 @@ _DIAGNOSES = [
     (re.compile(r"(getPluginCreator could not find plugin:? ?\S*(?: version:? ?\S*)?)"),
      lambda m: _missing_plugin(m.group(1).strip())),
     (re.compile(r"Cannot deserialize plugin"), lambda m: _missing_plugin("a plugin creator is not registered")),
+    (re.compile(r"failed to load '([^']+)' version \d+: (.*?)\"?$"),
+     lambda m: UserError(f"tritonserver could not load model {m.group(1)!r}: {m.group(2)}",
+                         "where config.pbtxt and the plan disagree, export the engine again (trtfuse triton export "
+                         "--force); the whole log says more")),
     (re.compile(r"unable to load backend library.*?: (.*?)\"?$"),
      lambda m: UserError(f"tritonserver could not load the TensorRT backend: {m.group(1)}",
                          "rebuild it (trtfuse triton build-backend) and pass --tensorrt-lib DIR holding TensorRT 8.5's "
