@@ -27,7 +27,9 @@ Stages (guarded and merged into --out like resnet50_e2e.py's, so they can be spr
   dynamic batching, the plugin library shipped), `trtfuse triton serve` runs the bundled tritonserver on
   it with the backend `trtfuse triton build-backend` built (build/triton_backend, carried), LoadGen
   Offline over --native-transports, then the Server search for each of --server-inflight. Every row says
-  "triton_backend": "tensorrt"; the Python-backend rows above are the "python" ones.
+  "triton_backend": "tensorrt"; the Python-backend rows above are the "python" ones;
+- native-accuracy: EfficientNet-Lite0's int8 plugin engine on the bundle's evaluation images, direct and
+  through the TensorRT backend (--transport): top-1 of each and how many predictions differ.
 """
 
 from __future__ import annotations
@@ -47,7 +49,8 @@ from device_bundle import STASH, BundleImages, log  # noqa: E402
 from bench_runs import loadgen_row, server_search  # noqa: E402
 from resnet50_e2e import Results  # noqa: E402
 
-STAGES = ("direct", "triton-offline", "triton-server", "triton-cost", "lanes", "native-offline", "native-server")
+STAGES = ("direct", "triton-offline", "triton-server", "triton-cost", "lanes", "native-offline", "native-server",
+          "native-accuracy")
 MODEL = "resnet50"
 
 
@@ -92,6 +95,7 @@ def run(args, stages) -> int:
     from trtfuse.backends.tensorrt_backend import TensorRTBackend
     from trtfuse.engine import BuildConfig, build_engine
     from trtfuse.models import load_prepared
+    from trtfuse.triton.export import export_repository
     from trtfuse.triton.process import ServeProcess
 
     res = Results(args.out)
@@ -280,20 +284,47 @@ def run(args, stages) -> int:
             res.data["lanes"] = rows
             res.save()
 
-    def native(batch: int) -> ServeProcess:
-        """The batch's engine exported for Triton's TensorRT backend and served by it."""
-        from trtfuse.triton.export import export_repository
-
+    def native(batch: int, prepared=model, plan: Path | None = None) -> ServeProcess:
+        """An engine (the batch's ResNet-50 one by default) exported for Triton's TensorRT backend and
+        served by it."""
         from trtfuse.triton.native import plan_tensorrt
 
-        repo = runs / f"native-repo-{batch}"
-        plan = engine(batch)
+        plan = plan or engine(batch)
+        name = f"{prepared.name}-{batch}"
+        repo = runs / f"native-repo-{name}"
         tag, version = plan_tensorrt(plan)  # what trtfuse triton serve checks: recorded in case it refuses
-        res.data.setdefault("triton_tensorrt_backend", {}).setdefault("plan_tags", {})[str(batch)] = [tag, version]
+        res.data.setdefault("triton_tensorrt_backend", {}).setdefault("plan_tags", {})[name] = [tag, version]
         res.save()
-        export_repository(model, plan, repo, max_queue_delay_us=args.max_queue_delay_us, force=True)
+        export_repository(prepared, plan, repo, max_queue_delay_us=args.max_queue_delay_us, force=True)
         return ServeProcess([str(repo), *(["--skip-plan-check"] if args.native_skip_plan_check else [])],
-                            runs / f"native-serve-{batch}", command=("triton", "serve"))
+                            runs / f"native-serve-{name}", command=("triton", "serve"))
+
+    def native_accuracy():
+        """EfficientNet-Lite0's int8 plugin engine on the bundle's evaluation images, direct and through
+        the TensorRT backend: every top-1 the same."""
+        lite_dir = args.bundle / "models" / "efficientnet-lite0"
+        lite = load_prepared(lite_dir)
+        plan = build_engine(lite_dir, BuildConfig(precision="int8", plugins=True, batch=256, input_format="int8",
+                                                  profiles=2))
+        chunks = [np.arange(i, min(i + 256, len(data))) for i in range(0, len(data), 256)]
+        backend = TensorRTBackend(engine=str(plan), plugins=True, streams=2)
+        backend.load(lite, 256)
+        try:
+            direct_top1 = np.concatenate([backend.classify(data.images(rows))[:, 0] for rows in chunks])
+        finally:
+            backend.close()
+        with native(256, lite, plan) as server:
+            backend = client(server.url, 256, args.transport, 2)
+            try:
+                served_top1 = np.concatenate([backend.classify(data.images(rows))[:, 0] for rows in chunks])
+            finally:
+                backend.close()
+        labels = np.asarray(data.labels)
+        out = res.data.setdefault("triton_tensorrt_backend", {"triton_backend": "tensorrt"})
+        out["accuracy"] = {"model": lite.name, "n_images": len(data), "transport": args.transport,
+                           "direct_top1": round(float((direct_top1 == labels).mean()), 4),
+                           "triton_top1": round(float((served_top1 == labels).mean()), 4),
+                           "predictions_differing": int((direct_top1 != served_top1).sum())}
 
     def native_offline():
         engine_only = (res.data.get("direct") or {}).get("engine_samples_per_s") or 70000.0
@@ -344,7 +375,7 @@ def run(args, stages) -> int:
 
     for name, fn in (("direct", direct), ("triton-offline", triton_offline), ("triton-server", triton_server),
                      ("triton-cost", triton_cost), ("lanes", lanes), ("native-offline", native_offline),
-                     ("native-server", native_server)):
+                     ("native-server", native_server), ("native-accuracy", native_accuracy)):
         res.stage(name, fn, stages)
     log(f"wrote {args.out}; errors: {res.data['errors'] or 'none'}")
     return 0 if not res.data["errors"] else 1

@@ -30,7 +30,7 @@
 # and trtfuse serve with TensorRT over each transport), switch (benchmarks/server_switch_interval.py: Server
 # p50/p99 against Python's GIL switch interval; extra arguments from $SWITCH_ARGS), triton-native (Triton's own
 # TensorRT backend, carried in build/triton_backend/tensorrt: the toy engine with our plugins exported and served by
-# it, answers equal to direct; needs gpu-test's staging; the ResNet-50 benchmark: triton:native-offline,native-server).
+# it, answers equal to direct; needs gpu-test's staging; the benchmark: triton:native-offline,native-server,native-accuracy).
 # A failing step does not stop the next. Logs and results accumulate in /tmp/trtfuse-results (outside
 # the work tree, which each call replaces); $OUT gets the JSON results and logs.tgz (at most 8 files come back).
 # Exit status: the number of failed steps.
