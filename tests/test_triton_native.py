@@ -209,6 +209,21 @@ def test_the_server_loads_the_backend_and_refuses_the_model_without_a_gpu(built_
     assert "unable to load shared library" not in log
 
 
+@pytest.mark.slow
+def test_a_plugin_library_that_does_not_load_is_named_by_the_server(built_backend, prepared, tmp_path):
+    """Linked against TensorRT 8, so the check before the start passes; the server's dlopen fails."""
+    _dist()
+    deps = tmp_path / "deps"
+    deps.mkdir()
+    plugin = shared_library(tmp_path / "libtrtfuse_plugins.so", ["libnvinfer.so.8", "libtrtfuse_absent.so.1"], deps)
+    repo = exported(prepared, tmp_path, plugin=plugin)
+    (deps / "libtrtfuse_absent.so.1").unlink()
+    with pytest.raises(UserError) as e:
+        native.serve(serve_args(repo, tmp_path, backend_dir=str(built_backend.parent.parent)))
+    assert "tritonserver could not load the plugin library" in e.value.problem
+    assert "libtrtfuse_absent.so.1: cannot open shared object file" in e.value.problem
+
+
 # ----------------------------------------------------------------------------- refusals before the server
 @pytest.fixture
 def fake_backend(tmp_path, monkeypatch) -> Path:
