@@ -21,7 +21,15 @@ Stages (guarded and merged into --out like resnet50_e2e.py's, so they can be spr
   own statistics (queue, compute input/infer/output, the server's whole request) and the served model's
   busy time (what the stub spent running batches, from the server's log);
 - lanes: Offline with `--devices all` (the product path; one GPU here) and with an explicit one-lane
-  LanesBackend (the spreading wrapper's own cost), against the direct Offline.
+  LanesBackend (the spreading wrapper's own cost), against the direct Offline;
+- native-offline, native-server: the same engines through Triton's own TensorRT backend (no Python in
+  the server): `trtfuse triton export` writes the repository (one instance per optimization profile,
+  dynamic batching, the plugin library shipped), `trtfuse triton serve` runs the bundled tritonserver on
+  it with the backend `trtfuse triton build-backend` built (build/triton_backend, carried), LoadGen
+  Offline over --native-transports, then the Server search for each of --server-inflight. Every row says
+  "triton_backend": "tensorrt"; the Python-backend rows above are the "python" ones;
+- native-accuracy: EfficientNet-Lite0's int8 plugin engine on the bundle's evaluation images, direct and
+  through the TensorRT backend (--transport): top-1 of each and how many predictions differ.
 """
 
 from __future__ import annotations
@@ -41,7 +49,8 @@ from device_bundle import STASH, BundleImages, log  # noqa: E402
 from bench_runs import loadgen_row, server_search  # noqa: E402
 from resnet50_e2e import Results  # noqa: E402
 
-STAGES = ("direct", "triton-offline", "triton-server", "triton-cost", "lanes")
+STAGES = ("direct", "triton-offline", "triton-server", "triton-cost", "lanes", "native-offline", "native-server",
+          "native-accuracy")
 MODEL = "resnet50"
 
 
@@ -68,6 +77,9 @@ def main(argv=None) -> int:
     c.add_argument("--cost-batches", default="8,64,256", help="triton-cost: samples per request")
     c.add_argument("--cost-requests", type=int, default=200, help="triton-cost: requests timed per batch size")
     c.add_argument("--max-queue-delay-us", type=int, default=100, help="the served model's batcher delay")
+    c.add_argument("--native-transports", default="cuda,shm", help="native-offline: Triton transports measured")
+    c.add_argument("--native-skip-plan-check", action="store_true",
+                   help="native-*: trtfuse triton serve --skip-plan-check (the server still checks the plan)")
     args = p.parse_args(argv)
     stages = [s for s in args.stages.split(",") if s]
     if set(stages) - set(STAGES):
@@ -83,6 +95,7 @@ def run(args, stages) -> int:
     from trtfuse.backends.tensorrt_backend import TensorRTBackend
     from trtfuse.engine import BuildConfig, build_engine
     from trtfuse.models import load_prepared
+    from trtfuse.triton.export import export_repository
     from trtfuse.triton.process import ServeProcess
 
     res = Results(args.out)
@@ -271,8 +284,98 @@ def run(args, stages) -> int:
             res.data["lanes"] = rows
             res.save()
 
+    def native(batch: int, prepared=model, plan: Path | None = None) -> ServeProcess:
+        """An engine (the batch's ResNet-50 one by default) exported for Triton's TensorRT backend and
+        served by it."""
+        from trtfuse.triton.native import plan_tensorrt
+
+        plan = plan or engine(batch)
+        name = f"{prepared.name}-{batch}"
+        repo = runs / f"native-repo-{name}"
+        tag, version = plan_tensorrt(plan)  # what trtfuse triton serve checks: recorded in case it refuses
+        res.data.setdefault("triton_tensorrt_backend", {}).setdefault("plan_tags", {})[name] = [tag, version]
+        res.save()
+        export_repository(prepared, plan, repo, max_queue_delay_us=args.max_queue_delay_us, force=True)
+        return ServeProcess([str(repo), *(["--skip-plan-check"] if args.native_skip_plan_check else [])],
+                            runs / f"native-serve-{name}", command=("triton", "serve"))
+
+    def native_accuracy():
+        """EfficientNet-Lite0's int8 plugin engine on the bundle's evaluation images, direct and through
+        the TensorRT backend: every top-1 the same."""
+        lite_dir = args.bundle / "models" / "efficientnet-lite0"
+        lite = load_prepared(lite_dir)
+        plan = build_engine(lite_dir, BuildConfig(precision="int8", plugins=True, batch=256, input_format="int8",
+                                                  profiles=2))
+        chunks = [np.arange(i, min(i + 256, len(data))) for i in range(0, len(data), 256)]
+        backend = TensorRTBackend(engine=str(plan), plugins=True, streams=2)
+        backend.load(lite, 256)
+        try:
+            direct_top1 = np.concatenate([backend.classify(data.images(rows))[:, 0] for rows in chunks])
+        finally:
+            backend.close()
+        with native(256, lite, plan) as server:
+            backend = client(server.url, 256, args.transport, 2)
+            try:
+                served_top1 = np.concatenate([backend.classify(data.images(rows))[:, 0] for rows in chunks])
+            finally:
+                backend.close()
+        labels = np.asarray(data.labels)
+        out = res.data.setdefault("triton_tensorrt_backend", {"triton_backend": "tensorrt"})
+        out["accuracy"] = {"model": lite.name, "n_images": len(data), "transport": args.transport,
+                           "direct_top1": round(float((direct_top1 == labels).mean()), 4),
+                           "triton_top1": round(float((served_top1 == labels).mean()), 4),
+                           "predictions_differing": int((direct_top1 != served_top1).sum())}
+
+    def native_offline():
+        engine_only = (res.data.get("direct") or {}).get("engine_samples_per_s") or 70000.0
+        out = res.data.setdefault("triton_tensorrt_backend", {})
+        out.update(triton_backend="tensorrt", inflight=args.inflight, max_queue_delay_us=args.max_queue_delay_us,
+                   offline=[])
+        with native(args.offline_batch) as server:
+            out["served"] = {k: server.ready.get(k) for k in ("tensorrt", "backend_library", "plugins")}
+            for transport in args.native_transports.split(","):
+                backend = client(server.url, args.offline_batch, transport, args.inflight)
+                try:
+                    out["triton_version"] = backend.server_version
+                    name = f"native-{transport}"
+                    r = loadgen(backend, "offline", args.offline_batch, 0.8 * engine_only, name)
+                    if not r["valid"] and r["samples_per_s"]:
+                        r = loadgen(backend, "offline", args.offline_batch, 1.1 * r["samples_per_s"], name)
+                finally:
+                    backend.close()
+                out["offline"].append({"triton_backend": "tensorrt", "transport": transport, **r})
+                res.save()
+        best = max(out["offline"], key=lambda r: (r["valid"], r["samples_per_s"] or 0))
+        direct_sps = (res.data.get("direct") or {}).get("offline_samples_per_s")
+        out.update(offline_samples_per_s=best["samples_per_s"], offline_transport=best["transport"],
+                   offline_ratio_to_direct=round(best["samples_per_s"] / direct_sps, 4)
+                   if direct_sps and best["samples_per_s"] else None)
+
+    def native_server():
+        direct_res = res.data.get("direct") or {}
+        out = res.data.setdefault("triton_tensorrt_backend", {"triton_backend": "tensorrt"})
+        start = 0.8 * min(out.get("offline_samples_per_s") or 60000.0, direct_res.get("server_qps") or 1e9)
+        out["transport_server"] = args.transport
+        searches = out.setdefault("server_searches", [])
+        with native(args.server_batch) as server:
+            for inflight in [int(i) for i in args.server_inflight.split(",")]:
+                backend = client(server.url, args.server_batch, args.transport, inflight)
+                try:
+                    found = search(backend, f"native-inflight{inflight}", start)
+                finally:
+                    backend.close()
+                searches[:] = [f for f in searches if f["inflight"] != inflight]
+                searches.append({"triton_backend": "tensorrt", "inflight": inflight, **found})
+                res.save()
+        found = max(searches, key=lambda f: (f["valid"], f["qps"] or 0))
+        out.update(server_qps=found["qps"], p99_ms=found["p99_ms"], valid=found["valid"],
+                   server_inflight=found["inflight"],
+                   server_ratio_to_direct=round(found["qps"] / direct_res["server_qps"], 4)
+                   if direct_res.get("server_qps") and found["qps"] else None)
+
     for name, fn in (("direct", direct), ("triton-offline", triton_offline), ("triton-server", triton_server),
-                     ("triton-cost", triton_cost), ("lanes", lanes)):
+                     ("triton-cost", triton_cost), ("lanes", lanes), ("native-offline", native_offline),
+                     ("native-server", native_server), ("native-accuracy", native_accuracy)):
         res.stage(name, fn, stages)
     log(f"wrote {args.out}; errors: {res.data['errors'] or 'none'}")
     return 0 if not res.data["errors"] else 1

@@ -33,7 +33,10 @@
 # TensorRT), native:STAGES (benchmarks/native_sut.py: the native SUT against the Python one; extra arguments from
 # $NATIVE_ARGS),
 # any-resnet (benchmarks/any_resnet.py: our export vs torchvision's of ResNet-50, and torchvision's ResNet-101,
-# engines alone at batch 2048, plugins off/all).
+# engines alone at batch 2048, plugins off/all),
+# triton-native (Triton's own TensorRT backend, carried in build/triton_backend/tensorrt: the toy engine with our
+# plugins exported and served by it, answers equal to direct; needs gpu-test's staging; the benchmark:
+# triton:native-offline,native-server,native-accuracy).
 # A failing step does not stop the next. Logs and results accumulate in /tmp/trtfuse-results (outside
 # the work tree, which each call replaces); $OUT gets the JSON results and logs.tgz (at most 8 files come back).
 # Exit status: the number of failed steps.
@@ -130,6 +133,7 @@ for step in "$@"; do
             [ -d "$p" ] && chmod +x "$p"/bin/* "$p"/python_backend_stubs/*/* 2>/dev/null ;;
         triton:*) run_step "triton-${step#triton:}" python3.10 benchmarks/triton_h100.py run \
                       --out "$RESULTS/triton_h100.json" --stages "${step#triton:}" ${TRITON_ARGS:-} ;;
+        triton-native) run_step triton-native python3.10 -m pytest -q -m tensorrt -p no:cacheprovider tests/test_triton_native.py ;;
         switch) run_step switch python3.10 benchmarks/experiments/server_switch_interval.py ${SWITCH_ARGS:-} ;;
         multigpu) run_step multigpu python3.10 benchmarks/multigpu.py run --out "$RESULTS/multigpu_h200.json" ${MULTIGPU_ARGS:-} ;;
         # gpu-test needs pytest and onnxruntime (cp310): a staging made with them, or both on $PYTHONPATH

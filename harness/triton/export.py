@@ -398,7 +398,8 @@ def _build_in_place(target: Path, force: bool, fill) -> None:
 
 # ----------------------------------------------------------------------------- CLI
 def add_parser(subparsers) -> argparse.ArgumentParser:
-    p = subparsers.add_parser("triton", help="NVIDIA Triton Inference Server: export a model repository",
+    p = subparsers.add_parser("triton", help="NVIDIA Triton Inference Server: export a model repository, build "
+                              "Triton's TensorRT backend, serve the repository with it",
                               description="NVIDIA Triton Inference Server and trtfuse's models.")
     sub = p.add_subparsers(dest="triton_command", required=True, metavar="COMMAND")
     e = sub.add_parser("export", help="a model repository for Triton's TensorRT backend from a built engine",
@@ -418,13 +419,22 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     e.add_argument("--plugin-lib", metavar="PATH",
                    help="libtrtfuse_plugins.so to ship (default: the built one, or $TRTFUSE_PLUGIN_LIB)")
     e.add_argument("--force", action="store_true", help="replace REPO/NAME if it exists")
+    from trtfuse.triton import backend_build, native
+
+    backend_build.add_parser(sub)
+    native.add_parser(sub)
     return p
 
 
 def main(args: argparse.Namespace) -> int:
     """``trtfuse triton export``: write the repository, print where and the tritonserver command."""
+    if args.triton_command in ("build-backend", "serve"):
+        from trtfuse.triton import backend_build, native
+
+        return (backend_build if args.triton_command == "build-backend" else native).main(args)
     if args.triton_command != "export":
-        raise UserError(f"unknown triton command {args.triton_command!r}", "use `trtfuse triton export`")
+        raise UserError(f"unknown triton command {args.triton_command!r}",
+                        "use `trtfuse triton export`, `build-backend` or `serve`")
     gpus = parse_index_list(args.gpus, "--gpus", "0,1")
     preferred = None
     if args.preferred_batch_sizes is not None:

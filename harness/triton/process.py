@@ -32,7 +32,10 @@ def free_port() -> int:
 class ServeProcess:
     """``python -m trtfuse serve ARGS`` in its own process group; ``url`` is its gRPC address."""
 
-    def __init__(self, args: list[str], folder: Path, env: dict | None = None, timeout_s: float = 300.0):
+    def __init__(self, args: list[str], folder: Path, env: dict | None = None, timeout_s: float = 300.0,
+                 command: tuple[str, ...] = ("serve",)):
+        """``command``: the trtfuse command that serves (``("triton", "serve")``: an exported repository on
+        Triton's own TensorRT backend)."""
         self.folder = Path(folder)
         self.folder.mkdir(parents=True, exist_ok=True)
         self.ready_file, self.log = self.folder / "ready.json", self.folder / "serve.log"
@@ -40,7 +43,7 @@ class ServeProcess:
         self.workspace = self.folder / "workspace"  # the model repository and tritonserver.log, kept
         self.grpc_port = free_port()
         self.url = f"localhost:{self.grpc_port}"
-        cmd = [sys.executable, "-m", "trtfuse", "serve", *args, "--grpc-port", str(self.grpc_port),
+        cmd = [sys.executable, "-m", "trtfuse", *command, *args, "--grpc-port", str(self.grpc_port),
                "--http-port", str(free_port()), "--metrics-port", str(free_port()),
                "--ready-file", str(self.ready_file), "--workspace", str(self.workspace)]
         with open(self.log, "wb") as log:
@@ -50,7 +53,7 @@ class ServeProcess:
         while not self.ready_file.is_file():
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 self.stop(signal.SIGKILL)
-                raise UserError(f"trtfuse serve did not come up (exit code {self.proc.returncode}); "
+                raise UserError(f"trtfuse {' '.join(command)} did not come up (exit code {self.proc.returncode}); "
                                 f"its log ends:\n{self.tail()}", f"read {self.log}")
             time.sleep(0.2)
         self.ready = json.loads(self.ready_file.read_text())

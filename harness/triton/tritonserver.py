@@ -108,13 +108,16 @@ class TritonServer:
 
     def __init__(self, repository: Path, folder: Path, *, grpc_port: int, http_port: int, metrics_port: int,
                  backend_config: dict[str, dict[str, str]] | None = None, flags: list[str] | None = None,
-                 log_verbose: int = 0, dist: Distribution | None = None):
+                 log_verbose: int = 0, dist: Distribution | None = None, backends: Path | None = None,
+                 lib_paths: list[Path] | None = None):
+        """``backends``: the --backend-directory (default: the bundled Python backend's, set up in
+        ``folder``); ``lib_paths``: folders the backends' libraries need first on the library path."""
         dist = dist or bundled()
         folder = Path(folder)
         self.grpc_url = f"localhost:{grpc_port}"
         self.log = folder / "tritonserver.log"
         cmd = [str(dist.binary), "--model-repository", str(repository),
-               "--backend-directory", str(backend_directory(dist, folder)),
+               "--backend-directory", str(backends or backend_directory(dist, folder)),
                "--grpc-port", str(grpc_port), "--http-port", str(http_port), "--metrics-port", str(metrics_port),
                # Room at the stop for every instance to finalize (close its engine, log what it ran):
                # on the H100 one of two TensorRT instances once needed more than 5 s.
@@ -123,8 +126,11 @@ class TritonServer:
             cmd += [f"--backend-config={backend},{k}={v}" for k, v in settings.items()]
         cmd += flags or []
         self.command = cmd
+        env = server_env(dist)
+        if lib_paths:
+            env["LD_LIBRARY_PATH"] = ":".join([*map(str, lib_paths), env["LD_LIBRARY_PATH"]])
         with open(self.log, "wb") as log:
-            self.proc = subprocess.Popen(cmd, env=server_env(dist), stdout=log, stderr=subprocess.STDOUT)
+            self.proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
 
     def errors(self, lines: int = 12) -> str:
         """The log's error lines (the last ``lines``), else its tail."""
