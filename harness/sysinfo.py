@@ -31,7 +31,7 @@ REQUIRED_FIELDS = (
 MORE_FIELDS = (
     "system_type", "system_type_detail", "other_software_stack", "host_processor_frequency",
     "host_processor_caches", "host_processor_interconnect", "host_memory_configuration",
-    "host_networking", "host_networking_card_count", "host_networking_topology",
+    "host_networking", "host_network_card_count", "host_networking_topology",
     "accelerator_frequency", "accelerator_host_interconnect", "accelerator_interconnect",
     "accelerator_interconnect_topology", "accelerator_memory_configuration",
     "accelerator_on-chip_memories", "cooling", "hw_notes", "sw_notes",
@@ -112,6 +112,24 @@ def _storage_type() -> str:
         rotational = (dev / "queue" / "rotational").read_text().strip()
         kinds.add("NVMe SSD" if dev.name.startswith("nvme") else "HDD" if rotational == "1" else "SSD")
     return ", ".join(sorted(kinds)) if kinds else UNKNOWN
+
+
+@_guarded([])
+def _network_cards() -> list[dict]:
+    """The network interfaces backed by a device (/sys/class/net/*/device: physical or virtio NICs, not
+    lo, bridges, veths or ifb): name, driver, link speed (Mbit/s; None where the driver says none)."""
+    cards = []
+    for dev in sorted(Path("/sys/class/net").iterdir()):
+        if not (dev / "device").exists():
+            continue
+        driver = (dev / "device" / "driver")
+        try:
+            speed = int((dev / "speed").read_text().strip())
+        except (OSError, ValueError):
+            speed = None
+        cards.append({"name": dev.name, "driver": driver.resolve().name if driver.exists() else None,
+                      "speed_mbit": speed if speed and speed > 0 else None})
+    return cards
 
 
 # -- GPUs ---------------------------------------------------------------------------------------
@@ -219,6 +237,7 @@ def probe() -> dict:
         "memory_bytes": mem_kib * 1024 if mem_kib else UNKNOWN,
         "disk_bytes": _disk_bytes() or UNKNOWN,
         "storage_type": _storage_type(),
+        "network_cards": _network_cards(),
         "os": _operating_system(),
         "python": platform.python_version() or sys.version.split()[0],
         "gpu_count": gpus["count"],
@@ -258,6 +277,17 @@ def framework(info: dict, backends: set[str]) -> str:
     return "; ".join(parts)
 
 
+def _networking(cards) -> str:
+    if not cards:
+        return UNKNOWN
+    parts = []
+    for c in cards:
+        detail = ", ".join(x for x in (c.get("driver"), f"{c['speed_mbit'] / 1000:g} Gbit/s"
+                                       if c.get("speed_mbit") else None) if x)
+        parts.append(f"{c['name']}" + (f" ({detail})" if detail else ""))
+    return "Ethernet: " + "; ".join(parts)
+
+
 def system_description(info: dict, *, system_name: str, submitter: str, division: str,
                        status: str = "available", system_type: str = "datacenter",
                        backends: set[str] = frozenset()) -> dict:
@@ -286,10 +316,12 @@ def system_description(info: dict, *, system_name: str, submitter: str, division
         "host_memory_configuration": UNKNOWN,
         "host_storage_capacity": _gb(info.get("disk_bytes")),
         "host_storage_type": info.get("storage_type", UNKNOWN),
-        "host_networking": UNKNOWN,
-        "host_networking_card_count": UNKNOWN,
+        # No device-backed interface seen (a container may hide the host's): unknown, not 0.
+        "host_networking": _networking(info.get("network_cards")),
+        "host_network_card_count": len(info.get("network_cards") or []) or UNKNOWN,
         "host_networking_topology": UNKNOWN,
-        "accelerators_per_node": gpus,
+        # The checker counts a 0 as an empty field; CPU-only submissions write "0".
+        "accelerators_per_node": gpus or "0",
         "accelerator_model_name": " + ".join(names) if names else NONE,
         "accelerator_memory_capacity": _gb(max(memory) * 2**20) if memory else (NONE if not gpus else UNKNOWN),
         "accelerator_memory_configuration": UNKNOWN if gpus else NONE,

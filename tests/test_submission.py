@@ -348,7 +348,7 @@ def test_sysinfo_describes_this_cpu_machine(tmp_path, monkeypatch):
     desc = sysinfo.system_description(info, system_name="box", submitter="me", division="closed",
                                       backends={"onnxruntime"})
     assert all(k in desc for k in sysinfo.REQUIRED_FIELDS + sysinfo.MORE_FIELDS)
-    assert desc["accelerators_per_node"] == 0 and desc["accelerator_model_name"] == "none"
+    assert desc["accelerators_per_node"] == "0" and desc["accelerator_model_name"] == "none"
     assert desc["host_processor_model_name"] == info["cpu_model"]
     assert "cooling" in sysinfo.unknown_fields(desc)
     json.dumps(desc)  # plain JSON
