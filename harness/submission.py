@@ -785,10 +785,15 @@ def assemble(tree: Path, plan_: Plan, *, submitter: str, division: str, status: 
         from trtfuse import submission_check
 
         for o in originals:
-            o["sha256"] = _sha256(tree / o["tree"])
-        submission_check.truncate_accuracy_logs(tree, division, submitter_dir or submitter or "submitter",
-                                                mlperf_dir)
-        truncated = originals
+            o["sha256"], o["size"] = _sha256(tree / o["tree"]), (tree / o["tree"]).stat().st_size
+        lacking = submission_check.truncate_accuracy_logs(tree, division, submitter_dir or submitter, mlperf_dir)
+        plan_.notes.extend(f"truncate_accuracy_log.py: {e}" for e in lacking)
+        for o in originals:  # the hash MLCommons' script put in accuracy.txt: the full log's
+            text = ((tree / o["tree"]).parent / "accuracy.txt").read_text()
+            m = re.search(r"^hash=(\w+)$", text, re.MULTILINE)
+            if m:
+                o["kept_bytes"] = (tree / o["tree"]).stat().st_size
+                truncated.append(o)
 
     expected = [(s, e) for s in plan_.scenarios for e in (*KINDS, *_tests(plan_))]
     missing = [f"{s} {e}" for s, e in expected if (s, e) not in plan_.runs and (s, e) not in plan_.compliance]
