@@ -88,7 +88,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--mlperf-dir", metavar="DIR",
                    help="a checkout of mlcommons/inference, for its accuracy scorer (default $MLPERF_INFERENCE_DIR)")
     p.add_argument("--allow-invalid", action="store_true",
-                   help="take INVALID performance runs and failed compliance tests (the checker will not)")
+                   help="take INVALID performance runs, failed compliance tests and accuracy runs with random "
+                        "weights (the checker will not)")
     p.add_argument("--force", action="store_true",
                    help="replace DIR if it exists (only once the new tree is complete)")
     p.add_argument("--system-type", choices=list(mlperf_rounds.SYSTEM_TYPES),
@@ -317,11 +318,15 @@ def plan(inputs: list, system: str, allow_invalid: bool = False, division: str =
                                 "--min-duration-s), or pass --allow-invalid to assemble it anyway "
                                 "(MLCommons' checker will reject it)")
             result.notes.append(f"{r.scenario} performance run is INVALID ({reasons}): taken for --allow-invalid")
-        if r.mode == "accuracy" and r.report.get("random_weights"):
+        if r.mode == "accuracy" and r.report.get("random_weights") and allow_invalid:
+            result.notes.append(f"{r.scenario} accuracy run used random weights: taken for --allow-invalid (it "
+                                "fails the accuracy target; a performance-only tree)")
+        elif r.mode == "accuracy" and r.report.get("random_weights"):
             raise UserError(f"the {r.scenario} accuracy run {r.path} used random weights: its accuracy would be "
                             "meaningless (a random network scores ~0.1 % top-1) and cannot be submitted",
                             "run accuracy with real weights: `trtfuse prepare resnet50 --onnx resnet50_v1.onnx` "
-                            "(or --weights FILE), then `trtfuse run --mode accuracy ...`")
+                            "(or --weights FILE), then `trtfuse run --mode accuracy ...`; or --allow-invalid for a "
+                            "performance-only tree")
         if r.mode == "performance" and r.report.get("random_weights"):
             result.notes.append(f"{r.scenario} performance run used random weights: the closed division needs "
                                 "the reference weights (the same as the accuracy run's)")

@@ -266,6 +266,14 @@ def test_refuses_random_weights_for_accuracy(runs, tmp_path):
         submit(tmp_path / "out", runs["offline_perf"], runs["random_acc"])
 
 
+@needs_mlperf
+def test_random_weights_accuracy_is_taken_for_allow_invalid(runs, tmp_path):
+    # A performance-only tree of a random-weights model: its accuracy run is real and fails the target.
+    assert submit(tmp_path / "out", runs["offline_perf"], runs["random_acc"], extra=["--allow-invalid"]) == 0
+    summary = json.loads((tmp_path / "out" / "submission.json").read_text())
+    assert any("random weights: taken for --allow-invalid" in n for n in summary["notes"])
+
+
 def test_refuses_runs_of_different_models(runs, tmp_path):
     other = tmp_path / "other-model"
     shutil.copytree(runs["server_perf"], other)
