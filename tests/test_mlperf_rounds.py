@@ -28,11 +28,12 @@ DATASET = 64
 # A query's latency (SingleStream, MultiStream) or a batch's period (Offline, Server), in seconds: long
 # beside this machine's scheduling noise, so the percentiles TEST01 holds within 10 % of each other stay so.
 PERIOD = {"singlestream": 0.005, "multistream": 0.005, "offline": 0.004, "server": 0.004}
-# TEST01 holds the audited run's p90 (SingleStream) or p99 (MultiStream, the 7th worst of 662 queries)
-# within 10 % of the reference's: on a loaded shared CPU one late wake-up can move it. A test whose
-# performance check fails is run again (its audited run only), at most this many times in all; a harness
-# whose audited runs differ for a reason fails every time, and the accuracy check must pass each time.
-ATTEMPTS = 3
+# TEST01 holds the audited run's p90 (SingleStream) or p99 (MultiStream: about the worst of 662 queries)
+# within 10 % of the reference run's: on a loaded shared CPU one late wake-up, in either run, moves it
+# (a 100 ms stall was seen). When a test's performance check fails, the scenario's performance run and
+# both tests are run again, at most this many times in all; a harness whose audited runs differ for a
+# reason fails every time, and the accuracy check (the same answers) must pass every time.
+ATTEMPTS = 4
 
 
 def settings(out: Path, scenario: str, **overrides):
@@ -59,24 +60,26 @@ def paced_backend(base: Path, scenario: str):
 
 
 def make_runs(base: Path, scenario: str) -> dict:
-    """Performance and accuracy runs of ``scenario``, then TEST01 and TEST04 on them."""
+    """Performance and accuracy runs of ``scenario``, then TEST01 and TEST04 on them (see ATTEMPTS)."""
     model, backend = paced_backend(base, scenario)
     data = SyntheticDataset(DATASET)
-    made = {"performance": base / f"{scenario}-performance", "accuracy": base / f"{scenario}-accuracy"}
-    cli.run(settings(base, scenario), False, model=model, dataset=data, backend=backend,
-            run_dir=made["performance"], command=["trtfuse", "run", "--scenario", scenario])
+    made = {"accuracy": base / f"{scenario}-accuracy", "accuracy-checks": []}
     cli.run(settings(base, scenario, **{"run.mode": "accuracy"}), False, model=model, dataset=data,
             backend=backend, run_dir=made["accuracy"])
-    for test in ("TEST01", "TEST04"):
-        for attempt in range(1, ATTEMPTS + 1):
+    for attempt in range(1, ATTEMPTS + 1):
+        made["performance"] = base / f"{scenario}-performance-{attempt}"
+        cli.run(settings(base, scenario), False, model=model, dataset=data, backend=backend,
+                run_dir=made["performance"], command=["trtfuse", "run", "--scenario", scenario])
+        for test in ("TEST01", "TEST04"):
             made[test] = base / f"{scenario}-{test}-{attempt}"
-            verdict = run_compliance(test, settings(base, scenario), out=made[test], progress=False, model=model,
-                                     dataset=data, backend=backend, performance_run=made["performance"],
-                                     accuracy_run=made["accuracy"] if test == "TEST01" else None)
-            made.setdefault(f"{test}-accuracy-checks", []).append(verdict.get("accuracy_check"))
-            if verdict["passed"]:
-                break
-        made[f"{test}-verdict"], made[f"{test}-attempts"] = verdict, attempt
+            made[f"{test}-verdict"] = run_compliance(
+                test, settings(base, scenario), out=made[test], progress=False, model=model, dataset=data,
+                backend=backend, performance_run=made["performance"],
+                accuracy_run=made["accuracy"] if test == "TEST01" else None)
+        made["accuracy-checks"].append(made["TEST01-verdict"]["accuracy_check"])
+        made["attempts"] = attempt
+        if made["TEST01-verdict"]["passed"] and made["TEST04-verdict"]["passed"]:
+            break
     return made
 
 
@@ -190,7 +193,7 @@ def test_test01_and_test04_pass_in_the_edge_scenarios(edge_runs, scenario):
         verdict = edge_runs[scenario][f"{test}-verdict"]
         assert verdict["passed"], (test, verdict["verification_tail"], verdict["scores"])
         assert verdict["scenario"] == scenario
-    assert all(edge_runs[scenario]["TEST01-accuracy-checks"])  # the same answers in every audited run
+    assert all(edge_runs[scenario]["accuracy-checks"])  # the same answers in every audited run
 
 
 # -- the tree and MLCommons' checker ---------------------------------------------------------------
@@ -312,3 +315,34 @@ def test_a_closed_tree_lacking_a_required_scenario_is_refused(edge_runs, tmp_pat
     assert "ResNet-50 left the datacenter suite in v5.1" in capsys.readouterr().err
     assert cli.main(submit_argv(out, two, "--partial")) == 0
     assert "written for --partial" in capsys.readouterr().out
+
+
+@needs_mlperf
+def test_mlperf_dir_may_be_a_clone_of_mlcommons_inference(edge_runs, tmp_path):
+    """A clone keeps the ImageNet scorer under vision/classification_and_detection/tools/; the flattened
+    copy (../shared) under tools/. Both score, truncate and check the same tree."""
+    from trtfuse import mlperf_tools
+
+    clone = tmp_path / "inference"
+    (clone / "vision" / "classification_and_detection" / "tools").mkdir(parents=True)
+    (clone / "vision" / "classification_and_detection" / "tools" / "accuracy-imagenet.py").symlink_to(
+        MLPERF_DIR / "tools" / "accuracy-imagenet.py")
+    (clone / "compliance").symlink_to(MLPERF_DIR / "compliance")
+    (clone / "tools").mkdir()
+    (clone / "tools" / "submission").symlink_to(MLPERF_DIR / "tools" / "submission")
+    assert mlperf_tools.inference_dir(clone) == clone
+    assert mlperf_tools.accuracy_script(clone) == Path("vision/classification_and_detection/tools/accuracy-imagenet.py")
+    assert mlperf_tools.accuracy_script(MLPERF_DIR) == Path("tools/accuracy-imagenet.py")
+    trees = {}
+    for name, mlperf in (("clone", clone), ("flat", MLPERF_DIR)):
+        out = tmp_path / name / "closed" / SUBMITTER
+        argv = submit_argv(out, edge_inputs(edge_runs, ("offline",)), "--partial")
+        argv[argv.index("--mlperf-dir") + 1] = str(mlperf)
+        assert cli.main(argv) == 0
+        trees[name] = (out / "results" / SYSTEM / "resnet50" / "Offline" / "accuracy" / "accuracy.txt").read_text()
+    assert trees["clone"] == trees["flat"] and "hash=" in trees["clone"]
+    empty = tmp_path / "not-inference"
+    (empty / "compliance").mkdir(parents=True)
+    with pytest.raises(UserError, match="vision/classification_and_detection/tools/accuracy-imagenet.py or "
+                                        "tools/accuracy-imagenet.py"):
+        mlperf_tools.inference_dir(empty)
