@@ -178,7 +178,7 @@ def format_table(report: dict) -> str:
                 rows.append(("GPU" + (f" {lane}" if "lanes" in gpu else ""), line))
         eff, req = lg.get("effective_settings", {}), lg.get("requested_settings", {})
         if "min_duration_ms" in eff:
-            rows.append(("LoadGen settings", f"min duration {eff['min_duration_ms'] / 1000:,.0f} s, min query count "
+            rows.append(("LoadGen settings", f"min duration {eff['min_duration_ms'] / 1000:g} s, min query count "
                          f"{req.get('min_query_count', eff.get('min_query_count', 0)):,}"
                          + ("  (official: mlperf.conf's)" if report.get("official") else "")))
     if lg and lg.get("loadgen_version"):

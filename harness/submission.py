@@ -619,13 +619,16 @@ def _measurements_readme(plan_: Plan, scenario: str, runs: list[Run], comps: lis
         if run.mode == "accuracy":
             acc = scored.get(run.scenario, {})
             lines += ["accuracy.txt is the output of MLCommons' scorer (mlcommons/inference "
-                      "`tools/accuracy-imagenet.py`) on that run's accuracy log:", "",
+                      "`vision/classification_and_detection/tools/accuracy-imagenet.py`) on that run's full "
+                      "accuracy log, then the log's sha256 that MLCommons' `tools/submission/truncate_accuracy_log.py` "
+                      "appended when it cut the tree's copy to its first and last 4 KB:", "",
                       "```bash",
                       "# val_map.txt: one `name label` line per QSL index, from the run folder's qsl.json",
                       f"python3 -c \"import json; q = json.load(open('{run.path / QSL}')); "
                       "open('val_map.txt', 'w').writelines(f'{n} {l}\\n' "
                       "for n, l in zip(q['names'], q['labels']))\"",
-                      "python3 tools/accuracy-imagenet.py --mlperf-accuracy-file mlperf_log_accuracy.json "
+                      "python3 vision/classification_and_detection/tools/accuracy-imagenet.py "
+                      f"--mlperf-accuracy-file {run.path / ACCURACY_LOG} "
                       "--imagenet-val-file val_map.txt --dtype int32",
                       "```", ""]
             if acc:
