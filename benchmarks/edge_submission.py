@@ -67,7 +67,7 @@ class Tiled:
 
 def units(names: list[str]) -> list[str]:
     out = []
-    for n in names:
+    for n in [part for name in names for part in name.split(",") if part]:
         if n in SCENARIOS:
             out += [f"{n}-{k}" for k in KINDS]
         elif n in ("latency", "tree") or (n.split("-")[0] in SCENARIOS and n.split("-", 1)[-1] in KINDS):
