@@ -167,7 +167,7 @@ def test_round_tables_are_the_checkers():
         prefix = "closed/S/"
         assert layout_keys.TEST01_ACC_PATH[round_].format(**fmt) == prefix + str(
             layout.compliance_dir("X", "resnet50", "Offline", "TEST01") / "verify_accuracy.txt")
-        meas = layout_keys.MEASUREMENTS_PATH[round_].format(**fmt, file=f"X_trtfuse_Offline.json")
+        meas = layout_keys.MEASUREMENTS_PATH[round_].format(**fmt, file="X_trtfuse_Offline.json")
         assert meas == prefix + str(layout.measurements_file("X", "resnet50", "Offline"))
         assert layout_keys.SRC_PATH[round_].format(**fmt) == prefix + str(layout.code_dir)
 
