@@ -234,6 +234,9 @@ def run_loadgen(backend, model, dataset, settings: dict, run_dir: Path, progress
     if scenario == "offline":
         sut = OfflineSUT(backend, qsl, **common)
     elif scenario in STREAM_SCENARIOS:
+        if run["batch_size"] > samples_per_query(ts, scenario):  # an engine built for more runs each query slower
+            print(f"note: {scenario} queries hold {samples_per_query(ts, scenario)} sample(s); --batch-size "
+                  f"{samples_per_query(ts, scenario)} builds the engine for that", file=sys.stderr)
         sut = StreamSUT(backend, qsl, **common)
     else:
         sut = ServerSUT(backend, qsl, **common)
