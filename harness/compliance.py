@@ -30,7 +30,7 @@ from pathlib import Path
 
 from trtfuse import mlperf_tools
 from trtfuse.errors import UserError
-from trtfuse.lg_run import SCENARIO_NAME
+from trtfuse.lg_scenarios import SCENARIO_NAME
 
 TESTS = ("TEST01", "TEST04")
 # What each audit.config must have made LoadGen do (its effective settings), so that a test that

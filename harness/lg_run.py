@@ -27,14 +27,12 @@ from trtfuse import run_stalls
 from trtfuse.errors import UserError
 from trtfuse.lg_monitor import RunMonitor
 from trtfuse.lg_qsl import SampleLibrary
+from trtfuse.lg_scenarios import (SCENARIO_NAME, STREAM_SCENARIOS, samples_per_query, set_expected_latency,
+                                  stream_expected_latency_ns)
 from trtfuse.lg_sut import OfflineSUT, ServerSUT, StreamSUT
 
 LOADGEN_SCENARIO = {"offline": lg.TestScenario.Offline, "server": lg.TestScenario.Server,
                     "singlestream": lg.TestScenario.SingleStream, "multistream": lg.TestScenario.MultiStream}
-# LoadGen's (and mlperf.conf's, user.conf's, the submission tree's) spelling of each scenario.
-SCENARIO_NAME = {"offline": "Offline", "server": "Server", "singlestream": "SingleStream",
-                 "multistream": "MultiStream"}
-STREAM_SCENARIOS = ("singlestream", "multistream")
 LOADGEN_MODE = {"performance": lg.TestMode.PerformanceOnly, "accuracy": lg.TestMode.AccuracyOnly}
 AUDIT_CONFIG = "audit.config"  # the name LoadGen looks for
 USER_CONF = "user.conf"
@@ -98,33 +96,6 @@ def offline_expected_qps(section: dict, measured_qps: float | None) -> float:
     """The Offline target: the user's, else the warm-up's estimate. LoadGen issues expected_qps x
     min_duration samples, and finishing them sooner makes the run INVALID: the estimate is padded."""
     return section["target_qps"] or (measured_qps or 1.0) * 1.5
-
-
-def samples_per_query(ts: lg.TestSettings, scenario: str) -> int:
-    return ts.multi_stream_samples_per_query if scenario == "multistream" else 1
-
-
-def stream_expected_latency_ns(section: dict, ts: lg.TestSettings, scenario: str,
-                               measured_qps: float | None) -> float:
-    """SingleStream/MultiStream: the expected latency of one query, the user's, else the warm-up's
-    estimate (a query's samples at the warm-up's rate), else mlperf.conf's. LoadGen generates
-    min_duration / expected latency queries and a run that uses them up before its min duration is
-    INVALID: the estimate is divided by 4 (more queries; LoadGen stops once both minimums are met). A
-    few warm-up batches time a query's latency loosely (on 2 CPU cores one query ran 10x faster than
-    the warm-up said, and 1.5x padding ran out of queries)."""
-    if section["expected_latency_ms"]:
-        return section["expected_latency_ms"] * 1e6
-    if measured_qps:
-        return max(samples_per_query(ts, scenario) / measured_qps / 4 * 1e9, 1000.0)
-    return (ts.multi_stream_expected_latency_ns if scenario == "multistream"
-            else ts.single_stream_expected_latency_ns)
-
-
-def set_expected_latency(ts: lg.TestSettings, scenario: str, ns: float) -> None:
-    if scenario == "multistream":
-        ts.multi_stream_expected_latency_ns = int(ns)
-    else:
-        ts.single_stream_expected_latency_ns = int(ns)
 
 
 def user_conf_lines(settings: dict, ts: lg.TestSettings) -> list[str]:

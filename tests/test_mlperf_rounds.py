@@ -20,7 +20,7 @@ from trtfuse import cli, config, mlperf_rounds, report, submission, submission_c
 from trtfuse.backends import create_backend
 from trtfuse.compliance import run_compliance
 from trtfuse.errors import UserError
-from trtfuse.lg_run import SCENARIO_NAME
+from trtfuse.lg_scenarios import SCENARIO_NAME
 
 SYSTEM = "1xCPU_trtfuse"
 SUBMITTER = "TestOrg"
