@@ -172,6 +172,23 @@ def _gpus() -> dict:
             "cuda_driver": cuda.group(1) if cuda else UNKNOWN, "tool": "nvidia-smi"}
 
 
+@_guarded({})
+def _gpu_links() -> dict:
+    """nvidia-smi's max SM clock (MHz), PCIe link (generation, width) of the first GPU, and its active
+    NVLink links: {} where it says nothing usable."""
+    out = _run(["nvidia-smi", "--query-gpu=clocks.max.sm,pcie.link.gen.max,pcie.link.width.max",
+                "--format=csv,noheader,nounits"])
+    facts: dict = {}
+    if out and out.strip():
+        parts = [p.strip() for p in out.strip().splitlines()[0].split(",")]
+        if len(parts) == 3 and all(p.isdigit() for p in parts):
+            facts.update(sm_clock_mhz=int(parts[0]), pcie_gen=int(parts[1]), pcie_width=int(parts[2]))
+    links = _run(["nvidia-smi", "nvlink", "--status", "-i", "0"])
+    if links is not None:
+        facts["nvlinks"] = len(re.findall(r"Link \d+: [\d.]+ GB/s", links))
+    return facts
+
+
 # -- software -----------------------------------------------------------------------------------
 
 @_guarded(None)
@@ -244,6 +261,7 @@ def probe() -> dict:
         "gpu_names": gpus["names"],
         "gpu_memory_mib": gpus["memory_mib"],
         "gpu_driver": gpus["driver"],
+        "gpu_links": _gpu_links() if gpus["count"] else {},
         "cuda": cuda,
         "tensorrt": _tensorrt_version(),
         "onnxruntime": _dist_version("onnxruntime", "onnxruntime-gpu") or NONE,
@@ -297,6 +315,7 @@ def system_description(info: dict, *, system_name: str, submitter: str, division
     names = sorted(set(info.get("gpu_names") or []))
     memory = [m for m in info.get("gpu_memory_mib") or [] if m]
     mhz = info.get("cpu_mhz")
+    links = info.get("gpu_links") or {}
     desc = {
         "submitter": submitter,
         "division": division,
@@ -324,10 +343,14 @@ def system_description(info: dict, *, system_name: str, submitter: str, division
         "accelerators_per_node": gpus or "0",
         "accelerator_model_name": " + ".join(names) if names else NONE,
         "accelerator_memory_capacity": _gb(max(memory) * 2**20) if memory else (NONE if not gpus else UNKNOWN),
-        "accelerator_memory_configuration": UNKNOWN if gpus else NONE,
-        "accelerator_frequency": UNKNOWN if gpus else NONE,
-        "accelerator_host_interconnect": UNKNOWN if gpus else NONE,
-        "accelerator_interconnect": UNKNOWN if gpus else NONE,
+        # The memory type is in the name NVIDIA gives its boards ("NVIDIA H100 80GB HBM3").
+        "accelerator_memory_configuration": (_memory_type(names) or UNKNOWN) if gpus else NONE,
+        "accelerator_frequency": (f"{links['sm_clock_mhz']} MHz (max SM clock)" if "sm_clock_mhz" in links
+                                  else UNKNOWN) if gpus else NONE,
+        "accelerator_host_interconnect": (f"PCIe Gen{links['pcie_gen']} x{links['pcie_width']}" if "pcie_gen" in links
+                                          else UNKNOWN) if gpus else NONE,
+        "accelerator_interconnect": (f"NVLink ({links['nvlinks']} links per accelerator)" if links.get("nvlinks")
+                                     else "none" if gpus == 1 and "nvlinks" in links else UNKNOWN) if gpus else NONE,
         "accelerator_interconnect_topology": UNKNOWN if gpus else NONE,
         "accelerator_on-chip_memories": UNKNOWN if gpus else NONE,
         "cooling": UNKNOWN,
@@ -344,6 +367,11 @@ def system_description(info: dict, *, system_name: str, submitter: str, division
         "sw_notes": "",
     }
     return desc
+
+
+def _memory_type(names: list[str]) -> str | None:
+    found = sorted({m.group(0) for n in names for m in [re.search(r"\b(HBM\w*|GDDR\w*|LPDDR\w*)\b", n)] if m})
+    return ", ".join(found) or None
 
 
 def unknown_fields(desc: dict) -> list[str]:

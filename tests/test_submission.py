@@ -377,7 +377,9 @@ def _fake_tool(bin_dir: Path, name: str, script: str) -> None:
 
 def test_sysinfo_reads_nvidia_smi(tmp_path, monkeypatch):
     _fake_tool(tmp_path / "bin", "nvidia-smi", """case "$1" in
+  --query-gpu=clocks*) for i in 0 1; do echo "1980, 5, 16"; done;;
   --query-gpu=*) for i in 0 1; do echo "NVIDIA H100 80GB HBM3, 81559 MiB, 550.54.15"; done;;
+  nvlink) for i in 0 1 2; do echo "	 Link $i: 26.562 GB/s"; done;;
   *) echo "| NVIDIA-SMI 550.54.15    Driver Version: 550.54.15    CUDA Version: 12.4 |";;
 esac""")
     monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}")
@@ -387,7 +389,10 @@ esac""")
     desc = sysinfo.system_description(info, system_name="b", submitter="s", division="closed",
                                       backends={"tensorrt"})
     assert desc["accelerators_per_node"] == 2 and desc["accelerator_model_name"] == "NVIDIA H100 80GB HBM3"
-    assert desc["accelerator_memory_capacity"] == "80 GB"
+    assert desc["accelerator_memory_capacity"] == "80 GB" and desc["accelerator_memory_configuration"] == "HBM3"
+    assert desc["accelerator_frequency"] == "1980 MHz (max SM clock)"
+    assert desc["accelerator_host_interconnect"] == "PCIe Gen5 x16"
+    assert desc["accelerator_interconnect"] == "NVLink (3 links per accelerator)"
     assert "driver 550.54.15" in desc["other_software_stack"] and "TensorRT" in desc["framework"]
 
 
