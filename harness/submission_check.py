@@ -30,6 +30,11 @@ RESULTS = re.compile(r"Results=(\d+), NoResults=(\d+)")
 
 
 def tools_dir(mlperf_dir: Path) -> Path:
+    import importlib.util
+
+    if importlib.util.find_spec("yaml") is None:
+        raise UserError("MLCommons' submission checker needs PyYAML, which is not installed",
+                        "pip install pyyaml")
     path = Path(mlperf_dir) / TOOLS
     if not (path / CHECKER_PACKAGE / "main.py").is_file() or not (Path(mlperf_dir) / TRUNCATE).is_file():
         raise UserError(f"{mlperf_dir} lacks MLCommons' submission tools ({TOOLS}/{CHECKER_PACKAGE}, "
