@@ -30,6 +30,7 @@ no half-written DIR (and, with --force, the previous DIR untouched).
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import re
@@ -946,6 +947,8 @@ def main(args: argparse.Namespace) -> int:
     if needs_scorer or check:
         mlperf_dir = mlperf_tools.inference_dir(getattr(args, "mlperf_dir", None))
         submission_check.tools_dir(mlperf_dir)
+        if check and importlib.util.find_spec("yaml") is None:  # before the tree is written, not after
+            raise UserError("MLCommons' submission checker needs PyYAML, which is not installed", "pip install pyyaml")
     elif plan_.layout.v6 and any(t == "TEST01" for _, t in plan_.compliance):
         try:  # only to score TEST01's accuracy log, where the folder is at hand
             mlperf_dir = mlperf_tools.inference_dir(getattr(args, "mlperf_dir", None))

@@ -30,11 +30,6 @@ RESULTS = re.compile(r"Results=(\d+), NoResults=(\d+)")
 
 
 def tools_dir(mlperf_dir: Path) -> Path:
-    import importlib.util
-
-    if importlib.util.find_spec("yaml") is None:
-        raise UserError("MLCommons' submission checker needs PyYAML, which is not installed",
-                        "pip install pyyaml")
     path = Path(mlperf_dir) / TOOLS
     if not (path / CHECKER_PACKAGE / "main.py").is_file() or not (Path(mlperf_dir) / TRUNCATE).is_file():
         raise UserError(f"{mlperf_dir} lacks MLCommons' submission tools ({TOOLS}/{CHECKER_PACKAGE}, "
@@ -96,7 +91,11 @@ class CheckerVerdict:
 def run_checker(tree: Path, division: str, submitter: str, version: str, mlperf_dir: Path,
                 extra: list[str] | None = None) -> CheckerVerdict:
     """MLCommons' submission checker on the tree as round ``version``; its verdict and every error line."""
+    import importlib.util
+
     tools_dir(mlperf_dir)
+    if importlib.util.find_spec("yaml") is None:
+        raise UserError("MLCommons' submission checker needs PyYAML, which is not installed", "pip install pyyaml")
     with tempfile.TemporaryDirectory(prefix="trtfuse-check-") as work:
         work = Path(work)
         root = _scratch_root(work, tree, division, submitter)
