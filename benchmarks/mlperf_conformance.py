@@ -192,7 +192,7 @@ def run(args, stages) -> int:
         val_map = run_dir / "val_map.txt"
         val_map.write_text("".join(f"{n} {int(lbl)}\n" for n, lbl in zip(images.names, images.labels)))
         mlperf = mlperf_tools.inference_dir(args.mlperf_dir)
-        proc = mlperf_tools.run_script(mlperf, mlperf_tools.ACCURACY_SCRIPT,
+        proc = mlperf_tools.run_script(mlperf, mlperf_tools.accuracy_script(mlperf),
                                        ["--mlperf-accuracy-file", run_dir / acc.ACCURACY_LOG,
                                         "--imagenet-val-file", val_map, "--dtype", mlperf_tools.RESPONSE_DTYPE],
                                        cwd=run_dir)

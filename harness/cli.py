@@ -2,7 +2,7 @@
 
   trtfuse                      a short Offline run on the demo images, then what to do next
   trtfuse prepare MODEL        export/import a model to ONNX (resnet50, efficientnet-lite0, --onnx FILE)
-  trtfuse run                  one MLPerf LoadGen test (Offline or Server; performance or accuracy)
+  trtfuse run                  one MLPerf LoadGen test (Offline, Server, SingleStream, MultiStream)
   trtfuse accuracy RUN_DIR     top-1/top-5 of an accuracy run, optionally against a reference run
   trtfuse compliance TEST      an MLPerf compliance test (TEST01, TEST04) and MLCommons' verification
   trtfuse submission DIR ...   an MLPerf submission tree from run and compliance folders
@@ -45,7 +45,7 @@ def _add_run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--weights", metavar="FILE", help="torchvision state dict for --model resnet50")
     p.add_argument("--dataset", dest="run.dataset",
                    help="'demo', an ImageNet folder with val_map.txt, or a folder of <wnid>_*.JPEG")
-    p.add_argument("--scenario", dest="run.scenario", choices=["offline", "server"])
+    p.add_argument("--scenario", dest="run.scenario", choices=["offline", "server", "singlestream", "multistream"])
     p.add_argument("--mode", dest="run.mode", choices=["performance", "accuracy"])
     p.add_argument("--backend", dest="run.backend", choices=["auto", "onnxruntime", "tensorrt", "triton", "null"],
                    help="what runs the batches (triton: Triton servers at --triton-url)")
@@ -61,6 +61,9 @@ def _add_run_arguments(p: argparse.ArgumentParser) -> None:
                    help="Server: queries/s LoadGen sends; Offline: expected samples/s")
     p.add_argument("--latency-bound-ms", dest="server.target_latency_ms", type=float,
                    help="Server p99 latency bound")
+    p.add_argument("--expected-latency-ms", type=float,
+                   help="SingleStream/MultiStream: a query's expected latency (sizes LoadGen's query list; "
+                        "default: from the warm-up)")
     p.add_argument("--min-duration-s", type=float, help="LoadGen's minimum test duration")
     p.add_argument("--min-query-count", type=int)
     p.add_argument("--official", dest="run.official", action="store_const", const=True,
@@ -156,7 +159,14 @@ def load_settings(args: argparse.Namespace) -> dict:
     # The scenario flags apply to the scenario being run: the config's, unless --scenario.
     scenario = config.load(args.config, plain)["run"]["scenario"]
     min_duration_ms = None if args.min_duration_s is None else int(args.min_duration_s * 1000)
+    if args.target_qps is not None and scenario in ("singlestream", "multistream"):
+        raise UserError(f"--target-qps does not apply to {scenario} (LoadGen sends the next query when the last is "
+                        "answered)", "drop --target-qps; --expected-latency-ms sizes the run instead")
+    if args.expected_latency_ms is not None and scenario not in ("singlestream", "multistream"):
+        raise UserError(f"--expected-latency-ms applies to singlestream and multistream, not {scenario}",
+                        "drop it, or use --target-qps")
     scenario_flags = {f"{scenario}.target_qps": args.target_qps,
+                      f"{scenario}.expected_latency_ms": args.expected_latency_ms,
                       f"{scenario}.min_duration_ms": min_duration_ms,
                       f"{scenario}.min_query_count": args.min_query_count}
     return config.load(args.config, {**plain, **scenario_flags})

@@ -86,6 +86,10 @@ def summarize(report: dict, label: str, path: Path) -> dict:
     server = performance and scenario == "server"
     if scenario == "server":
         metric, throughput = "completed samples/s", as_number(lg.get("completed_samples_per_s"))
+    elif scenario in ("singlestream", "multistream"):  # one query at a time: samples/s follows the latency
+        metric = "samples/s"
+        qps, per_query = as_number(lg.get("queries_per_s")), as_number(lg.get("samples_per_query"))
+        throughput = qps * per_query if qps is not None and per_query is not None else None
     else:
         metric, throughput = "samples/s", as_number(lg.get("samples_per_s"))
     accuracy = report.get("accuracy") if isinstance(report.get("accuracy"), dict) else {}

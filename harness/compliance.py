@@ -30,6 +30,7 @@ from pathlib import Path
 
 from trtfuse import mlperf_tools
 from trtfuse.errors import UserError
+from trtfuse.lg_scenarios import SCENARIO_NAME
 
 TESTS = ("TEST01", "TEST04")
 # What each audit.config must have made LoadGen do (its effective settings), so that a test that
@@ -125,7 +126,7 @@ def run_compliance(test: str, settings: dict, out: str | Path | None = None,
     if not applied(effective.get(key, 0)):
         raise UserError(f"LoadGen did not apply {audit} (effective {key} = {effective.get(key)!r})",
                         f"check {audited / 'mlperf_log_detail.txt'}; the audit.config may not match "
-                        f"{r['mlperf_model']}.{scenario.capitalize()}")
+                        f"{r['mlperf_model']}.{SCENARIO_NAME[scenario]}")
     verdict = verify(test, mlperf_dir, reference, audited, out)
     verdict.update(test=test, scenario=scenario, model=model.name, audit_config=str(audit),
                    mlperf_dir=str(mlperf_dir), reference=str(reference),
@@ -156,11 +157,17 @@ def verify(test: str, mlperf_dir: Path, results_dir: Path, audited: Path, out: P
 
 
 def _score(run_dir: Path) -> dict:
-    """A performance run's MLPerf score and validity (the verification refuses INVALID runs)."""
-    from trtfuse.report import read_loadgen_results
+    """A performance run's MLPerf score and validity (the verification refuses INVALID runs): a rate,
+    or (SingleStream, MultiStream) the latency percentile in ms."""
+    from trtfuse.report import LATENCY_METRIC, read_loadgen_results
 
     lg = read_loadgen_results(run_dir)
-    score = lg.get("samples_per_s") if lg["scenario"] == "offline" else lg.get("completed_samples_per_s")
+    if lg["scenario"] in LATENCY_METRIC:
+        score = (lg.get("latency_metric_ns") or 0) / 1e6
+    elif lg["scenario"] == "offline":
+        score = lg.get("samples_per_s")
+    else:
+        score = lg.get("completed_samples_per_s")
     return {"score": score, "valid": lg["valid"], "invalid_reasons": lg["invalid_reasons"]}
 
 
@@ -170,10 +177,11 @@ def format_verdict(v: dict) -> str:
     for check in ("accuracy_check", "performance_check"):
         if check in v:
             rows.append((check.replace("_", " "), "pass" if v[check] else "fail"))
-    unit = "samples/s" if v["scenario"] == "offline" else "completed samples/s"
+    unit = {"offline": "samples/s", "server": "completed samples/s", "singlestream": "ms (p90, early stopping)",
+            "multistream": "ms (p99, early stopping)"}.get(v["scenario"], "")
     for name, sc in v.get("scores", {}).items():
         state = "VALID" if sc["valid"] else "INVALID: " + "; ".join(sc["invalid_reasons"] or ["see its log"])
-        rows.append((f"{name} run", f"{sc['score'] or 0:,.1f} {unit}, {state}"))
+        rows.append((f"{name} run", f"{sc['score'] or 0:,.{3 if 'ms' in unit else 1}f} {unit}, {state}"))
     rows += [("verified by", "MLCommons run_verification.py (" + v["mlperf_dir"] + ")"),
              ("test folder", v["test_dir"]), ("log", v["verification_log"])]
     width = max(len(k) for k, _ in rows)

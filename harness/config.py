@@ -20,7 +20,7 @@ else:  # pragma: no cover - Python 3.10
 
 from trtfuse.errors import UserError
 
-SCENARIOS = ("offline", "server")
+SCENARIOS = ("offline", "server", "singlestream", "multistream")
 MODES = ("performance", "accuracy")
 # tensorrt.plugins: which layers run on trtfuse's fused plugins. "tails": the bottleneck tails; "all": the tails and the
 # stem (each also computing the next conv1 where the kernel holds it), every projection and 3x3 conv the plugin runs
@@ -135,6 +135,9 @@ def _check(s: Settings) -> None:
         raise UserError(f"triton settings: transport must be grpc, shm or cuda (not {triton['transport']!r}), inflight 1 "
                         f"or more (not {triton['inflight']}), timeout_s positive (not {triton['timeout_s']})",
                         "e.g. transport = \"grpc\", inflight = 2, timeout_s = 60")
+    for scenario in ("singlestream", "multistream"):
+        if s[scenario]["expected_latency_ms"] < 0:
+            raise UserError(f"{scenario}.expected_latency_ms is negative", "use 0 (measured in warm-up) or more")
     for scenario in SCENARIOS:
         for key in ("min_duration_ms", "min_query_count"):
             if s[scenario][key] < 0:

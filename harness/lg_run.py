@@ -28,9 +28,12 @@ from trtfuse.errors import UserError
 from trtfuse.gpu_energy import EnergySpan
 from trtfuse.lg_monitor import RunMonitor
 from trtfuse.lg_qsl import SampleLibrary
-from trtfuse.lg_sut import OfflineSUT, ServerSUT
+from trtfuse.lg_scenarios import (SCENARIO_NAME, STREAM_SCENARIOS, samples_per_query, set_expected_latency,
+                                  stream_expected_latency_ns)
+from trtfuse.lg_sut import OfflineSUT, ServerSUT, StreamSUT
 
-LOADGEN_SCENARIO = {"offline": lg.TestScenario.Offline, "server": lg.TestScenario.Server}
+LOADGEN_SCENARIO = {"offline": lg.TestScenario.Offline, "server": lg.TestScenario.Server,
+                    "singlestream": lg.TestScenario.SingleStream, "multistream": lg.TestScenario.MultiStream}
 LOADGEN_MODE = {"performance": lg.TestMode.PerformanceOnly, "accuracy": lg.TestMode.AccuracyOnly}
 AUDIT_CONFIG = "audit.config"  # the name LoadGen looks for
 USER_CONF = "user.conf"
@@ -61,7 +64,7 @@ def loadgen_settings(settings: dict, total_count: int, measured_qps: float | Non
     run = settings["run"]
     scenario = run["scenario"]
     ts = lg.TestSettings()
-    rc = ts.FromConfig("", run["mlperf_model"], scenario.capitalize(), 0)
+    rc = ts.FromConfig("", run["mlperf_model"], SCENARIO_NAME[scenario], 0)
     if rc != 0:
         raise UserError(f"LoadGen rejected its built-in mlperf.conf for {run['mlperf_model']!r} (code {rc})",
                         "set run.mlperf_model to a benchmark LoadGen knows, e.g. resnet50")
@@ -81,6 +84,8 @@ def loadgen_settings(settings: dict, total_count: int, measured_qps: float | Non
     ts.performance_sample_count_override = psc
     if scenario == "offline":
         ts.offline_expected_qps = offline_expected_qps(section, measured_qps)
+    elif scenario in STREAM_SCENARIOS:
+        set_expected_latency(ts, scenario, stream_expected_latency_ns(section, ts, scenario, measured_qps))
     else:
         ts.server_target_qps = section["target_qps"]
         if not official:
@@ -98,10 +103,14 @@ def offline_expected_qps(section: dict, measured_qps: float | None) -> float:
 def user_conf_lines(settings: dict, ts: lg.TestSettings) -> list[str]:
     """What this run set on top of mlperf.conf, as LoadGen's user.conf says it (times in ms)."""
     run = settings["run"]
-    prefix = f"{run['mlperf_model']}.{run['scenario'].capitalize()}."
+    prefix = f"{run['mlperf_model']}.{SCENARIO_NAME[run['scenario']]}."
     values: dict[str, object] = {}
     if run["scenario"] == "offline":
         values["target_qps"] = ts.offline_expected_qps
+    elif run["scenario"] == "singlestream":  # user.conf's target_latency: the expected latency, in ms
+        values["target_latency"] = ts.single_stream_expected_latency_ns / 1e6
+    elif run["scenario"] == "multistream":
+        values["target_latency"] = ts.multi_stream_expected_latency_ns / 1e6
     else:
         values["target_qps"] = ts.server_target_qps
     if not run["official"]:
@@ -110,7 +119,7 @@ def user_conf_lines(settings: dict, ts: lg.TestSettings) -> list[str]:
         if run["scenario"] == "server":
             values["target_latency"] = ts.server_target_latency_ns / 1e6
     defaults = lg.TestSettings()
-    defaults.FromConfig("", run["mlperf_model"], run["scenario"].capitalize(), 0)
+    defaults.FromConfig("", run["mlperf_model"], SCENARIO_NAME[run["scenario"]], 0)
     if ts.performance_sample_count_override != defaults.performance_sample_count_override:
         values["performance_sample_count_override"] = ts.performance_sample_count_override
     return [f"{prefix}{key} = {_conf_value(v)}" for key, v in values.items()]
@@ -194,11 +203,18 @@ def run_loadgen(backend, model, dataset, settings: dict, run_dir: Path, progress
     measured = warm_up(backend, qsl, run["batch_size"], run["warmup_batches"], threads)
     if scenario == "offline":
         ts.offline_expected_qps = offline_expected_qps(settings["offline"], measured)
+    elif scenario in STREAM_SCENARIOS:
+        set_expected_latency(ts, scenario, stream_expected_latency_ns(settings[scenario], ts, scenario, measured))
     write_user_conf(run_dir, settings, ts)
 
     common = {"batch_size": run["batch_size"], "threads": threads, "label_offset": model.label_offset}
     if scenario == "offline":
         sut = OfflineSUT(backend, qsl, **common)
+    elif scenario in STREAM_SCENARIOS:
+        if run["batch_size"] > samples_per_query(ts, scenario):  # an engine built for more runs each query slower
+            print(f"note: {scenario} queries hold {samples_per_query(ts, scenario)} sample(s); --batch-size "
+                  f"{samples_per_query(ts, scenario)} builds the engine for that", file=sys.stderr)
+        sut = StreamSUT(backend, qsl, **common)
     else:
         sut = ServerSUT(backend, qsl, **common)
 
@@ -266,5 +282,8 @@ def run_loadgen(backend, model, dataset, settings: dict, run_dir: Path, progress
                    "performance_sample_count": ts.performance_sample_count_override,
                    "min_duration_ms": ts.min_duration_ms, "min_query_count": ts.min_query_count,
                    "server_target_qps": ts.server_target_qps,
-                   "server_target_latency_ns": ts.server_target_latency_ns},
+                   "server_target_latency_ns": ts.server_target_latency_ns,
+                   "samples_per_query": samples_per_query(ts, scenario),
+                   "expected_latency_ns": {"singlestream": ts.single_stream_expected_latency_ns,
+                                           "multistream": ts.multi_stream_expected_latency_ns}.get(scenario)},
     )

@@ -1,4 +1,4 @@
-"""LoadGen systems under test (SUTs): Offline and Server over one ``Backend``.
+"""LoadGen systems under test (SUTs): Offline, Server, SingleStream and MultiStream over one ``Backend``.
 
 Threads: LoadGen calls ``issue`` on its own thread; it must return at once and must never raise (an
 exception in a LoadGen callback aborts the whole process). Batches run on worker threads, each
@@ -303,3 +303,20 @@ class ServerSUT(BatchSUT):
             abandoned += len(ids)
         self.ledger.note_completed(abandoned)
         return abandoned + super().abandon()
+
+
+class StreamSUT(BatchSUT):
+    """SingleStream (one sample per query) and MultiStream (8): LoadGen issues the next query only once
+    the last is answered, so latency is everything and there is nothing to batch across queries. A
+    query goes to the workers whole (split at the batch size when larger): a blocking queue wakes a
+    worker at once, where the Server SUT's polling would add up to its poll period to every query.
+    """
+
+    def issue(self, ids, indices):
+        size = self.batch_size
+        batches = [(np.array(ids[k:k + size], dtype=np.uint64), np.array(indices[k:k + size], dtype=np.int64))
+                   for k in range(0, len(ids), size)]
+        # Converted first, queued after: nothing can fail between two puts, so guarded_issue never
+        # completes samples a worker completes too.
+        for batch in batches:
+            self._work.put(batch)

@@ -1,8 +1,10 @@
 """MLCommons' own scripts (compliance verification, the ImageNet accuracy scorer), called, never copied.
 
-They live in a checkout of github.com/mlcommons/inference (or any folder with the same layout:
-``compliance/TEST01/...``, ``compliance/TEST04/...``, ``tools/accuracy-imagenet.py``). Where it is,
-is a setting: ``--mlperf-dir DIR`` on the commands that need it, else ``$MLPERF_INFERENCE_DIR``.
+They live in a checkout of github.com/mlcommons/inference (``compliance/TEST01/...``,
+``compliance/TEST04/...``, ``vision/classification_and_detection/tools/accuracy-imagenet.py``,
+``tools/submission/...``), or in a flattened copy of those with the scorer at ``tools/accuracy-imagenet.py``
+(../shared/third_party/mlperf). Where it is, is a setting: ``--mlperf-dir DIR`` on the commands that
+need it, else ``$MLPERF_INFERENCE_DIR``.
 """
 
 from __future__ import annotations
@@ -15,7 +17,9 @@ from pathlib import Path
 from trtfuse.errors import UserError
 
 ENV_VAR = "MLPERF_INFERENCE_DIR"
-ACCURACY_SCRIPT = Path("tools") / "accuracy-imagenet.py"
+ACCURACY_SCRIPT = Path("tools") / "accuracy-imagenet.py"  # in a flattened copy
+# Where the ImageNet scorer is: a clone of mlcommons/inference, then a flattened copy.
+ACCURACY_SCRIPTS = (Path("vision") / "classification_and_detection" / ACCURACY_SCRIPT, ACCURACY_SCRIPT)
 # Our accuracy responses are top-5 int32 class indices; MLCommons' scorers must read them as int32.
 RESPONSE_DTYPE = "int32"
 # TEST01's verify_performance.py imports ``log_parser`` from tools/submission of the inference repo.
@@ -30,12 +34,23 @@ def inference_dir(given: str | os.PathLike | None = None) -> Path:
         raise UserError("the MLCommons inference scripts' folder is not set",
                         f"clone github.com/mlcommons/inference and pass --mlperf-dir DIR or set {ENV_VAR}")
     path = Path(value).expanduser()
-    missing = [p for p in ("compliance/TEST01/run_verification.py", "compliance/TEST04/run_verification.py",
-                           str(ACCURACY_SCRIPT)) if not (path / p).is_file()]
+    missing = [p for p in ("compliance/TEST01/run_verification.py", "compliance/TEST04/run_verification.py")
+               if not (path / p).is_file()]
+    if not any((path / p).is_file() for p in ACCURACY_SCRIPTS):
+        missing.append(" or ".join(map(str, ACCURACY_SCRIPTS)))
     if missing:
         raise UserError(f"{path} is not an MLCommons inference folder (missing {', '.join(missing)})",
                         f"point --mlperf-dir (or {ENV_VAR}) at a checkout of mlcommons/inference")
     return path
+
+
+def accuracy_script(mlperf_dir: Path) -> Path:
+    """The ImageNet scorer's path inside the inference folder (a clone's, else a flattened copy's)."""
+    for p in ACCURACY_SCRIPTS:
+        if (Path(mlperf_dir) / p).is_file():
+            return p
+    raise UserError(f"{mlperf_dir} has no {' or '.join(map(str, ACCURACY_SCRIPTS))}",
+                    f"point --mlperf-dir (or {ENV_VAR}) at a checkout of mlcommons/inference")
 
 
 def script_env(mlperf_dir: Path) -> dict:

@@ -1,16 +1,25 @@
 """``trtfuse submission DIR RUN_OR_COMPLIANCE_DIR...``: an MLPerf Inference submission tree from
 trtfuse's run folders (``trtfuse run``) and compliance folders (``trtfuse compliance``).
 
-The tree, in the layout MLCommons' submission checker reads (DIR is the ``closed|open/<submitter>``
-level of a submission)::
+The tree, in the layout MLCommons' submission checker reads for the runs' MLPerf round (the round of
+LoadGen's seeds; DIR is the ``closed|open/<submitter>`` level of a submission, and <submitter> its
+name). v6.0 and later (harness/mlperf_rounds.py)::
 
     DIR/results/<system>/<benchmark>/<Scenario>/performance/run_1/   LoadGen's summary + detail logs
-    DIR/results/<system>/<benchmark>/<Scenario>/accuracy/            logs, accuracy log, accuracy.txt
-    DIR/measurements/<system>/<benchmark>/<Scenario>/                user.conf, README.md,
-                                                                     <system>_trtfuse_<Scenario>.json
-    DIR/compliance/<system>/<benchmark>/<Scenario>/TEST01|TEST04/    run_verification.py's output
+    DIR/results/<system>/<benchmark>/<Scenario>/accuracy/            logs, accuracy log (truncated), accuracy.txt
+    DIR/results/<system>/<benchmark>/<Scenario>/TEST01|TEST04/       run_verification.py's output
+    DIR/results/<system>/<benchmark>/<Scenario>/                     measurements.json, user.conf, README.md
+    DIR/src/<benchmark>/README.md                                    where the code is
     DIR/systems/<system>.json                                        the system description
     DIR/submission.json                                              what went where (trtfuse's own summary)
+
+v5.0 and v5.1 keep measurements (``<system>_trtfuse_<Scenario>.json``, user.conf, README.md) under
+``DIR/measurements/...``, the TEST folders under ``DIR/compliance/...`` and the code under ``DIR/code``.
+A closed-division tree holds exactly the scenarios the round requires of the system type
+(``--system-type``; ResNet-50: edge SingleStream, MultiStream, Offline; v5.0 datacenter Offline,
+Server), or is refused (``--partial`` writes it anyway). Accuracy logs are truncated by MLCommons'
+truncate_accuracy_log.py (accuracy.txt gets the full log's hash; the full log stays in its run folder);
+``--check`` then runs MLCommons' submission checker on the tree (harness/submission_check.py).
 
 accuracy.txt is what MLCommons' own scorer (tools/accuracy-imagenet.py of mlcommons/inference, never
 copied into trtfuse) prints for the run's accuracy log; it must agree with trtfuse's top-1. The tree
@@ -21,6 +30,7 @@ no half-written DIR (and, with --force, the previous DIR untouched).
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import re
@@ -32,11 +42,12 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from trtfuse import mlperf_rounds
 from trtfuse.config import plugin_mode
 from trtfuse.errors import UserError
 from trtfuse.files import swap_into_place
 
-SCENARIOS = {"offline": "Offline", "server": "Server"}
+SCENARIOS = {"offline": "Offline", "server": "Server", "singlestream": "SingleStream", "multistream": "MultiStream"}
 KINDS = ("performance", "accuracy")
 TESTS = ("TEST01", "TEST04")
 REPORT = "report.json"
@@ -44,7 +55,7 @@ COMPLIANCE = "compliance.json"
 SUMMARY_LOG, DETAIL_LOG, ACCURACY_LOG, QSL = (
     "mlperf_log_summary.txt", "mlperf_log_detail.txt", "mlperf_log_accuracy.json", "qsl.json")
 USER_CONF = "user.conf"
-IMPLEMENTATION = "trtfuse"  # the implementation id in <system>_<implementation>_<Scenario>.json
+IMPLEMENTATION = mlperf_rounds.IMPLEMENTATION
 # Files run_verification.py writes into a compliance test's folder (what the checker looks for).
 COMPLIANCE_FILES = {"TEST01": ("verify_accuracy.txt", "verify_performance.txt"),
                     "TEST04": ("verify_performance.txt",)}
@@ -78,9 +89,19 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--mlperf-dir", metavar="DIR",
                    help="a checkout of mlcommons/inference, for its accuracy scorer (default $MLPERF_INFERENCE_DIR)")
     p.add_argument("--allow-invalid", action="store_true",
-                   help="take INVALID performance runs and failed compliance tests (the checker will not)")
+                   help="take INVALID performance runs, failed compliance tests and accuracy runs with random "
+                        "weights (the checker will not)")
     p.add_argument("--force", action="store_true",
                    help="replace DIR if it exists (only once the new tree is complete)")
+    p.add_argument("--system-type", choices=list(mlperf_rounds.SYSTEM_TYPES),
+                   help="edge or datacenter: which scenarios the round requires (default: resnet50 is edge from "
+                        "v5.1, datacenter in v5.0)")
+    p.add_argument("--partial", action="store_true",
+                   help="write a closed-division tree that lacks a required scenario or has one the round does "
+                        "not take (the checker will reject it)")
+    p.add_argument("--check", action="store_true",
+                   help="then run MLCommons' submission checker (--mlperf-dir) on the tree and print its verdict "
+                        "(exit 1 when it finds errors)")
     return p
 
 
@@ -127,13 +148,26 @@ class Plan:
     runs: dict = field(default_factory=dict)  # (Scenario, kind) -> Run
     compliance: dict = field(default_factory=dict)  # (Scenario, TEST) -> Compliance
     notes: list = field(default_factory=list)
+    round: str = mlperf_rounds.ROUNDS[-1]  # the MLPerf round of the runs' LoadGen (its seeds)
+    system_type: str = "edge"
+    required: tuple = ()  # the scenarios the round requires (closed division); () where none is checked
+
+    @property
+    def layout(self) -> mlperf_rounds.Layout:
+        return mlperf_rounds.Layout(self.round)
+
+    @property
+    def scenarios(self) -> list[str]:
+        """The scenarios the tree holds or must hold, in MLPerf's order."""
+        have = set(self.required) | {s for s, _ in self.runs} | {s for s, _ in self.compliance}
+        return [s for s in mlperf_rounds.SCENARIO_ORDER if s in have]
 
 
 def _scenario(value, where: Path) -> str:
     name = SCENARIOS.get(str(value).lower())
     if name is None:
         raise UserError(f"{where}: unknown scenario {value!r}",
-                        "trtfuse submissions hold Offline and Server runs only")
+                        "trtfuse submissions hold SingleStream, MultiStream, Offline and Server runs only")
     return name
 
 
@@ -209,7 +243,29 @@ def read_input(path: str | os.PathLike) -> Run | Compliance:
     return run
 
 
-def plan(inputs: list, system: str, allow_invalid: bool = False, division: str = "closed") -> Plan:
+def _round_of(path: Path) -> str | None:
+    """The MLPerf round of LoadGen's logs in ``path`` (None where they cannot be read)."""
+    from trtfuse.report import read_loadgen_results
+
+    try:
+        return read_loadgen_results(path).get("mlperf_round")
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+def _installed_round() -> str:
+    from importlib import metadata
+
+    from trtfuse.report import mlperf_round
+
+    try:
+        return mlperf_round(metadata.version("mlcommons-loadgen"))
+    except metadata.PackageNotFoundError:
+        return mlperf_rounds.ROUNDS[-1]
+
+
+def plan(inputs: list, system: str, allow_invalid: bool = False, division: str = "closed",
+         system_type: str | None = None, partial: bool = False) -> Plan:
     """Which input goes where; every refusal (with its fix) happens here, before anything is written."""
     runs = [i for i in inputs if isinstance(i, Run)]
     comps = [i for i in inputs if isinstance(i, Compliance)]
@@ -235,6 +291,21 @@ def plan(inputs: list, system: str, allow_invalid: bool = False, division: str =
         raise UserError("no run or compliance folder given", FIX_INPUTS)
     model, benchmark = next(iter(models)) if models else ("unknown", "resnet50")
     result = Plan(system=system, benchmark=benchmark, model=model)
+    rounds: dict[str, list] = {}
+    for r in runs:
+        rounds.setdefault(r.loadgen.get("mlperf_round") or "unknown", []).append(r.path)
+    for c in comps:
+        found = _round_of(c.path / c.test / "performance" / "run_1")
+        if found:
+            rounds.setdefault(found, []).append(c.path)
+    rounds.pop("unknown", None)
+    if len(rounds) > 1:
+        listed = "; ".join(f"{k}: {', '.join(map(str, v))}" for k, v in sorted(rounds.items()))
+        raise UserError(f"the folders were run under different MLPerf rounds (LoadGen's seeds): {listed}",
+                        "a tree is of one round: run every test with one LoadGen release")
+    result.round = next(iter(rounds)) if rounds else _installed_round()
+    result.layout  # noqa: B018 - a round the tree cannot be written for is refused here
+    result.system_type = system_type or mlperf_rounds.default_system_type(benchmark, result.round)
     for r in runs:
         key = (r.scenario, r.mode)
         if key in result.runs:
@@ -248,11 +319,15 @@ def plan(inputs: list, system: str, allow_invalid: bool = False, division: str =
                                 "--min-duration-s), or pass --allow-invalid to assemble it anyway "
                                 "(MLCommons' checker will reject it)")
             result.notes.append(f"{r.scenario} performance run is INVALID ({reasons}): taken for --allow-invalid")
-        if r.mode == "accuracy" and r.report.get("random_weights"):
+        if r.mode == "accuracy" and r.report.get("random_weights") and allow_invalid:
+            result.notes.append(f"{r.scenario} accuracy run used random weights: taken for --allow-invalid (it "
+                                "fails the accuracy target; a performance-only tree)")
+        elif r.mode == "accuracy" and r.report.get("random_weights"):
             raise UserError(f"the {r.scenario} accuracy run {r.path} used random weights: its accuracy would be "
                             "meaningless (a random network scores ~0.1 % top-1) and cannot be submitted",
                             "run accuracy with real weights: `trtfuse prepare resnet50 --onnx resnet50_v1.onnx` "
-                            "(or --weights FILE), then `trtfuse run --mode accuracy ...`")
+                            "(or --weights FILE), then `trtfuse run --mode accuracy ...`; or --allow-invalid for a "
+                            "performance-only tree")
         if r.mode == "performance" and r.report.get("random_weights"):
             result.notes.append(f"{r.scenario} performance run used random weights: the closed division needs "
                                 "the reference weights (the same as the accuracy run's)")
@@ -280,10 +355,46 @@ def plan(inputs: list, system: str, allow_invalid: bool = False, division: str =
                                 "or pass --allow-invalid to assemble it anyway (MLCommons' checker will reject it)")
             result.notes.append(f"{c.scenario} {c.test} FAILED: taken for --allow-invalid")
         result.compliance[key] = c
+    _check_scenarios(result, division, partial)
     if division == "closed" and result.benchmark == "resnet50" and not result.model.startswith("resnet50"):
         result.notes.append(f"model {result.model!r} is not MLPerf's ResNet-50 v1.5: the closed division "
                             "needs the reference model (this belongs in --division open)")
     return result
+
+
+def _check_scenarios(result: Plan, division: str, partial: bool) -> None:
+    """The closed division's scenarios: every one the round requires of the system type (a performance
+    and an accuracy run each), none it does not take. The open division is not checked for them."""
+    if division != "closed":
+        try:
+            result.required = ()
+            mlperf_rounds.required_scenarios(result.benchmark, result.round, result.system_type)
+        except UserError as e:
+            result.notes.append(f"{e.problem} (the open division does not check scenarios)")
+        return
+    result.required = mlperf_rounds.required_scenarios(result.benchmark, result.round, result.system_type)
+    present = {s for s, _ in result.runs} | {s for s, _ in result.compliance}
+    lacking = [f"{s} {k}" for s in result.required for k in KINDS if (s, k) not in result.runs]
+    extra = [s for s in mlperf_rounds.SCENARIO_ORDER if s in present and s not in result.required]
+    what = (f"an MLPerf {result.round} closed-division {result.system_type} {result.benchmark} submission "
+            f"(required: {', '.join(result.required)})")
+    problems = []
+    if lacking:
+        problems.append(f"the tree lacks {', '.join(lacking)} for {what}")
+    if extra:
+        problems.append(f"{', '.join(extra)} {'is' if len(extra) == 1 else 'are'} not a scenario of {what}")
+    if not problems:
+        return
+    if not partial:
+        fix = []
+        if lacking:
+            fix.append("run them (e.g. `trtfuse run --scenario singlestream` and `--mode accuracy`)")
+        if extra:
+            fix.append("leave those folders out" + (" or pick another --system-type" if result.benchmark in
+                                                     mlperf_rounds.REQUIRED_SCENARIOS else ""))
+        raise UserError("; ".join(problems), "; ".join(fix) + ", or pass --partial to write the tree anyway "
+                        "(MLCommons' checker will reject it)")
+    result.notes.extend(p + ": written for --partial (the checker will reject it)" for p in problems)
 
 
 # -- accuracy: MLCommons' scorer against our own top-1 ----------------------------------------
@@ -301,28 +412,36 @@ def write_val_map(run_dir: Path, path: Path) -> Path:
     return path
 
 
+def _scorer(accuracy_log: Path, qsl_dir: Path, mlperf_dir: Path) -> tuple[str, re.Match]:
+    """MLCommons' ImageNet scorer on ``accuracy_log``, the labels from ``qsl_dir``'s qsl.json: its
+    output, and its summary line."""
+    from trtfuse import mlperf_tools
+
+    script = mlperf_tools.accuracy_script(mlperf_dir)
+    with tempfile.TemporaryDirectory(prefix="trtfuse-score-") as work:
+        work = Path(work)
+        val_map = write_val_map(qsl_dir, work / "val_map.txt")
+        done = mlperf_tools.run_script(
+            mlperf_dir, script, ["--mlperf-accuracy-file", accuracy_log.resolve(), "--imagenet-val-file", val_map,
+                                 "--dtype", mlperf_tools.RESPONSE_DTYPE], cwd=work)
+    text = done.stdout
+    m = SCORER_LINE.search(text or "")
+    if done.returncode != 0 or not m:
+        tail = " | ".join((text or "").strip().splitlines()[-3:]) or "no output"
+        raise UserError(f"MLCommons' {script} failed on {accuracy_log} (exit {done.returncode}): {tail}",
+                        "check --mlperf-dir and that the run's accuracy log is complete")
+    return text, m
+
+
 def score_accuracy(run: Run, mlperf_dir: Path) -> tuple[str, dict]:
     """(accuracy.txt, figures): MLCommons' scorer's output on the run's accuracy log, checked against
     trtfuse's own top-1. val_map.txt is written to a temporary folder, not into the tree: it is not
     one of the files the checker expects in accuracy/, and qsl.json (kept in the run folder) makes it
     again; the measurements README says how."""
-    from trtfuse import accuracy, mlperf_tools
+    from trtfuse import accuracy
 
     ours = accuracy.evaluate(run.path)
-    with tempfile.TemporaryDirectory(prefix="trtfuse-score-") as work:
-        work = Path(work)
-        val_map = write_val_map(run.path, work / "val_map.txt")
-        done = mlperf_tools.run_script(
-            mlperf_dir, mlperf_tools.ACCURACY_SCRIPT,
-            ["--mlperf-accuracy-file", (run.path / ACCURACY_LOG).resolve(), "--imagenet-val-file", val_map,
-             "--dtype", mlperf_tools.RESPONSE_DTYPE], cwd=work)
-    text = done.stdout
-    m = SCORER_LINE.search(text or "")
-    if done.returncode != 0 or not m:
-        tail = " | ".join((text or "").strip().splitlines()[-3:]) or "no output"
-        raise UserError(f"MLCommons' {mlperf_tools.ACCURACY_SCRIPT} failed on {run.path} "
-                        f"(exit {done.returncode}): {tail}",
-                        "check --mlperf-dir and that the run's accuracy log is complete")
+    text, m = _scorer(run.path / ACCURACY_LOG, run.path, mlperf_dir)
     good, total = int(m.group(2)), int(m.group(3))
     ours_good = round(ours["top1"] * ours["n"])
     if total != ours["n"] or good != ours_good:
@@ -365,6 +484,8 @@ def _command_line(report: dict) -> tuple[str, bool]:
     section = s.get(scenario) or {}
     if section.get("target_qps"):
         args += ["--target-qps", f"{section['target_qps']:g}"]
+    if section.get("expected_latency_ms"):
+        args += ["--expected-latency-ms", f"{section['expected_latency_ms']:g}"]
     if r.get("official"):
         args.append("--official")
     else:
@@ -499,13 +620,16 @@ def _measurements_readme(plan_: Plan, scenario: str, runs: list[Run], comps: lis
         if run.mode == "accuracy":
             acc = scored.get(run.scenario, {})
             lines += ["accuracy.txt is the output of MLCommons' scorer (mlcommons/inference "
-                      "`tools/accuracy-imagenet.py`) on that run's accuracy log:", "",
+                      "`vision/classification_and_detection/tools/accuracy-imagenet.py`) on that run's full "
+                      "accuracy log, then the log's sha256 that MLCommons' `tools/submission/truncate_accuracy_log.py` "
+                      "appended when it cut the tree's copy to its first and last 4 KB:", "",
                       "```bash",
                       "# val_map.txt: one `name label` line per QSL index, from the run folder's qsl.json",
                       f"python3 -c \"import json; q = json.load(open('{run.path / QSL}')); "
                       "open('val_map.txt', 'w').writelines(f'{n} {l}\\n' "
                       "for n, l in zip(q['names'], q['labels']))\"",
-                      "python3 tools/accuracy-imagenet.py --mlperf-accuracy-file mlperf_log_accuracy.json "
+                      "python3 vision/classification_and_detection/tools/accuracy-imagenet.py "
+                      f"--mlperf-accuracy-file {run.path / ACCURACY_LOG} "
                       "--imagenet-val-file val_map.txt --dtype int32",
                       "```", ""]
             if acc:
@@ -539,6 +663,9 @@ def _result_text(run: Run, scored: dict) -> str:
     if run.scenario == "Server":
         done, sched = lg.get("completed_samples_per_s"), lg.get("scheduled_qps")
         return (f"{done:,.1f} completed samples/s (scheduled {sched:,.1f} QPS)" if done is not None else "-")
+    if run.scenario in ("SingleStream", "MultiStream"):
+        ns = lg.get("latency_metric_ns")
+        return f"p{lg.get('metric_percentile', '?')} {ns / 1e6:,.3f} ms (early stopping)" if ns is not None else "-"
     sps = lg.get("samples_per_s")
     return f"{sps:,.1f} samples/s" if sps is not None else "-"
 
@@ -555,15 +682,41 @@ def _system_facts(runs: list[Run]) -> tuple[dict, str]:
     return sysinfo.probe(), "this machine (where `trtfuse submission` ran; the runs' reports carry no description)"
 
 
+def _src_readme(plan_: Plan, info: dict) -> str:
+    return "\n".join([
+        f"# {plan_.benchmark}: trtfuse", "",
+        f"The harness and the model ran by trtfuse {info.get('trtfuse', '?')} (the `trtfuse` Python package: "
+        "MLPerf LoadGen harness, ONNX Runtime and TensorRT backends, trtfuse's TensorRT plugins), with "
+        f"mlcommons-loadgen {info.get('loadgen', '?')}.", "",
+        "Each scenario's README.md (beside its results) gives the exact commands that made its runs.", ""])
+
+
+def _test01_accuracy_txt(comp: Compliance, dest: Path, mlperf_dir: Path | None, notes: list) -> None:
+    """TEST01/accuracy/accuracy.txt: MLCommons' scorer on the audited run's sampled accuracy log (v6 trees
+    keep TEST01 under results/, where truncate_accuracy_log.py wants an accuracy.txt to put the hash in)."""
+    log = dest / "accuracy" / ACCURACY_LOG
+    qsl_dir = comp.path / "audited"
+    if not log.is_file() or (dest / "accuracy" / "accuracy.txt").exists():
+        return
+    if mlperf_dir is None or not (qsl_dir / QSL).is_file():
+        notes.append(f"{comp.scenario} TEST01: no accuracy.txt for its accuracy log ("
+                     + ("no --mlperf-dir" if mlperf_dir is None else f"no {qsl_dir / QSL}")
+                     + "): the log is not truncated")
+        return
+    text, _ = _scorer(log, qsl_dir, mlperf_dir)
+    (dest / "accuracy" / "accuracy.txt").write_text(text)
+
+
 def assemble(tree: Path, plan_: Plan, *, submitter: str, division: str, status: str,
-             mlperf_dir: Path | None, command: list[str] | None = None) -> dict:
-    """Write the whole tree into ``tree`` (an empty folder); returns submission.json's content."""
+             mlperf_dir: Path | None, command: list[str] | None = None, submitter_dir: str | None = None) -> dict:
+    """Write the whole tree into ``tree`` (an empty folder); returns submission.json's content.
+    ``submitter_dir``: the name DIR will have (truncate_accuracy_log.py walks <division>/<it>)."""
     from trtfuse import sysinfo
 
-    system, bench = plan_.system, plan_.benchmark
-    entries, scored = [], {}
+    system, bench, layout = plan_.system, plan_.benchmark, plan_.layout
+    entries, scored, originals = [], {}, []
     for (scenario, kind), run in sorted(plan_.runs.items(), key=lambda kv: (kv[0][0], KINDS.index(kv[0][1]))):
-        results = tree / "results" / system / bench / scenario
+        results = tree / layout.scenario_dir(system, bench, scenario)
         if kind == "performance":
             dest = results / "performance" / "run_1"
             files = _copy(run.path, dest, (SUMMARY_LOG, DETAIL_LOG, ACCURACY_LOG))
@@ -574,6 +727,8 @@ def assemble(tree: Path, plan_: Plan, *, submitter: str, division: str, status: 
             files = _copy(run.path, dest, (SUMMARY_LOG, DETAIL_LOG, ACCURACY_LOG))
             (dest / "accuracy.txt").write_text(text)
             files.append("accuracy.txt")
+            originals.append({"tree": str((dest / ACCURACY_LOG).relative_to(tree)),
+                              "original": str((run.path / ACCURACY_LOG).resolve())})
         entry = {"scenario": scenario, "entry": kind, "source": str(run.path.resolve()),
                  "dest": str(dest.relative_to(tree)), "files": files, "backend": run.backend,
                  "result": _result_text(run, scored)}
@@ -582,7 +737,8 @@ def assemble(tree: Path, plan_: Plan, *, submitter: str, division: str, status: 
             entry.update(valid=bool(lg.get("valid")), invalid_reasons=lg.get("invalid_reasons") or [],
                          samples_per_s=lg.get("samples_per_s"),
                          completed_samples_per_s=lg.get("completed_samples_per_s"),
-                         scheduled_qps=lg.get("scheduled_qps"), latency_ns=lg.get("latency_ns"))
+                         scheduled_qps=lg.get("scheduled_qps"), latency_ns=lg.get("latency_ns"),
+                         latency_metric_ns=lg.get("latency_metric_ns"))
             entry["verdict"] = "VALID" if entry["valid"] else "INVALID"
         else:
             entry.update(accuracy=scored[scenario], verdict="-")
@@ -596,49 +752,94 @@ def assemble(tree: Path, plan_: Plan, *, submitter: str, division: str, status: 
         entries.append(entry)
 
     for (scenario, test), comp in sorted(plan_.compliance.items()):
-        dest = tree / "compliance" / system / bench / scenario / test
+        dest = tree / layout.compliance_dir(system, bench, scenario, test)
         shutil.copytree(comp.path / test, dest, symlinks=False)
+        if test == "TEST01" and layout.v6:
+            _test01_accuracy_txt(comp, dest, mlperf_dir, plan_.notes)
+            if (dest / "accuracy" / "accuracy.txt").is_file():
+                originals.append({"tree": str((dest / "accuracy" / ACCURACY_LOG).relative_to(tree)),
+                                  "original": str((comp.path / test / "accuracy" / ACCURACY_LOG).resolve())})
         entries.append({"scenario": scenario, "entry": test, "source": str(comp.path.resolve()),
                         "dest": str(dest.relative_to(tree)), "passed": comp.passed,
                         "verdict": "PASS" if comp.passed else "FAIL", "result": "-"})
 
-    for scenario in sorted({s for s, _ in plan_.runs} | {s for s, _ in plan_.compliance}):
+    for scenario in plan_.scenarios:
         runs = [plan_.runs[(scenario, k)] for k in KINDS if (scenario, k) in plan_.runs]
         comps = [plan_.compliance[(scenario, t)] for t in TESTS if (scenario, t) in plan_.compliance]
-        dest = tree / "measurements" / system / bench / scenario
-        dest.mkdir(parents=True)
+        if not runs and not comps:
+            continue
+        dest = tree / layout.measurements_dir(system, bench, scenario)
+        dest.mkdir(parents=True, exist_ok=True)
         if runs:
             (dest / USER_CONF).write_text(_user_conf(runs[0], bench))
-            (dest / f"{system}_{IMPLEMENTATION}_{scenario}.json").write_text(
+            (tree / layout.measurements_file(system, bench, scenario)).write_text(
                 json.dumps(implementation(runs), indent=2) + "\n")
         else:
-            plan_.notes.append(f"{scenario}: compliance only, no run: measurements/ lacks user.conf and "
+            plan_.notes.append(f"{scenario}: compliance only, no run: the measurements lack user.conf and "
                                "the implementation description")
         (dest / "README.md").write_text(_measurements_readme(plan_, scenario, runs, comps, scored))
 
     info, described_from = _system_facts(list(plan_.runs.values()))
+    code = tree / layout.code_dir / bench
+    code.mkdir(parents=True)
+    (code / "README.md").write_text(_src_readme(plan_, info))
     desc = sysinfo.system_description(info, system_name=system, submitter=submitter or sysinfo.UNKNOWN,
-                                      division=division, status=status,
+                                      division=division, status=status, system_type=plan_.system_type,
                                       backends={r.backend for r in plan_.runs.values()})
     (tree / "systems").mkdir()
     (tree / "systems" / f"{system}.json").write_text(json.dumps(desc, indent=2) + "\n")
 
-    missing = [f"{s} {e}" for s in SCENARIOS.values() for e in (*KINDS, *TESTS)
-               if (s, e) not in plan_.runs and (s, e) not in plan_.compliance]
+    truncated = []
+    if originals and mlperf_dir is not None:
+        from trtfuse import submission_check
+
+        for o in originals:
+            o["sha256"], o["size"] = _sha256(tree / o["tree"]), (tree / o["tree"]).stat().st_size
+        lacking = submission_check.truncate_accuracy_logs(tree, division, submitter_dir or submitter, mlperf_dir)
+        plan_.notes.extend(f"truncate_accuracy_log.py: {e}" for e in lacking)
+        for o in originals:  # the hash MLCommons' script put in accuracy.txt: the full log's
+            text = ((tree / o["tree"]).parent / "accuracy.txt").read_text()
+            m = re.search(r"^hash=(\w+)$", text, re.MULTILINE)
+            if m:
+                o["kept_bytes"] = (tree / o["tree"]).stat().st_size
+                truncated.append(o)
+
+    expected = [(s, e) for s in plan_.scenarios for e in (*KINDS, *_tests(plan_))]
+    missing = [f"{s} {e}" for s, e in expected if (s, e) not in plan_.runs and (s, e) not in plan_.compliance]
     versions = {r.loadgen.get("loadgen_version") for r in plan_.runs.values()} - {None, ""}
     summary = {
         "system": system, "benchmark": bench, "model": plan_.model, "division": division,
         "submitter": submitter or sysinfo.UNKNOWN, "status": status,
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "trtfuse": info.get("trtfuse"), "command": command,
-        "loadgen_versions": sorted(versions),
+        "loadgen_versions": sorted(versions), "mlperf_round": plan_.round,
         "mlperf_rounds": sorted({r.loadgen.get("mlperf_round") for r in plan_.runs.values()} - {None, ""}),
+        "system_type": plan_.system_type, "required_scenarios": list(plan_.required),
+        "layout": "v6 (measurements and TEST folders under results/, code under src/)" if layout.v6 else
+                  "v5 (measurements/, compliance/, code/)",
+        "scenarios": plan_.scenarios,
         "entries": entries, "missing": missing, "notes": plan_.notes,
+        # The accuracy logs truncate_accuracy_log.py cut to 8 KB; the full ones stay at "original".
+        "truncated_accuracy_logs": truncated,
         "system_description": {"file": f"systems/{system}.json", "described_from": described_from,
                                "fill_by_hand": sysinfo.unknown_fields(desc)
                                + ([] if submitter else ["submitter"])},
     }
     (tree / "submission.json").write_text(json.dumps(summary, indent=2) + "\n")
     return summary
+
+
+def _tests(plan_: Plan) -> tuple[str, ...]:
+    return mlperf_rounds.COMPLIANCE_TESTS.get(plan_.benchmark, TESTS)
+
+
+def _sha256(path: Path) -> str:
+    import hashlib
+
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
 
 
 # -- writing DIR all at once ------------------------------------------------------------------
@@ -682,7 +883,7 @@ def build_atomically(out: Path, force: bool, fill) -> object:
 def format_table(summary: dict, out: Path) -> str:
     rows = [("scenario", "entry", "from", "result", "verdict")]
     by_key = {(e["scenario"], e["entry"]): e for e in summary["entries"]}
-    for scenario in SCENARIOS.values():
+    for scenario in summary.get("scenarios") or sorted({e["scenario"] for e in summary["entries"]}):
         for entry in (*KINDS, *TESTS):
             e = by_key.get((scenario, entry))
             if e is None:
@@ -691,16 +892,21 @@ def format_table(summary: dict, out: Path) -> str:
                 rows.append((scenario, entry, _short(e["source"]), e.get("result", "-"), e.get("verdict", "-")))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = [f"trtfuse submission: {out}  (system {summary['system']}, benchmark {summary['benchmark']}, "
-             f"model {summary['model']}, division {summary['division']})", ""]
+             f"model {summary['model']}, division {summary['division']})",
+             f"  MLPerf {summary.get('mlperf_round', '?')} (LoadGen's seeds), {summary.get('system_type', '?')}"
+             + (f": requires {', '.join(summary['required_scenarios'])}" if summary.get("required_scenarios")
+                else "") + f"; layout {summary.get('layout', '?')}", ""]
     lines += ["  " + "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
     sd = summary["system_description"]
     lines += ["", f"  {sd['file']}: described from {sd['described_from']}"]
     if sd["fill_by_hand"]:
         lines.append(f"    fill by hand: {', '.join(sd['fill_by_hand'])}")
+    if summary.get("truncated_accuracy_logs"):
+        lines.append(f"  accuracy logs truncated by MLCommons' truncate_accuracy_log.py: "
+                     f"{len(summary['truncated_accuracy_logs'])} (the full logs stay in their run folders)")
     if summary["notes"]:
         lines += ["", "  notes:"] + [f"    - {n}" for n in summary["notes"]]
-    lines += ["", "  next (mlcommons/inference tools/submission): truncate_accuracy_log.py (adds accuracy.txt's "
-              "hash), then submission_checker.py"]
+    lines += ["", "  next: `trtfuse submission ... --check` (MLCommons' submission checker on this tree)"]
     return "\n".join(lines)
 
 
@@ -714,7 +920,7 @@ def _short(path: str) -> str:
 # -- main -------------------------------------------------------------------------------------
 
 def main(args: argparse.Namespace) -> int:
-    from trtfuse import mlperf_tools
+    from trtfuse import mlperf_tools, submission_check
 
     system = str(args.system).strip()
     if not system or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._+-]*", system):
@@ -724,16 +930,41 @@ def main(args: argparse.Namespace) -> int:
     inputs = [read_input(p) for p in args.inputs]
     _check_destination(out, args.force, [i.path for i in inputs])
     division = getattr(args, "division", "closed")
-    plan_ = plan(inputs, system, allow_invalid=getattr(args, "allow_invalid", False), division=division)
+    check = getattr(args, "check", False)
+    plan_ = plan(inputs, system, allow_invalid=getattr(args, "allow_invalid", False), division=division,
+                 system_type=getattr(args, "system_type", None), partial=getattr(args, "partial", False))
+    # MLCommons' checker takes the submitter from the folder: <division>/<submitter>/systems/*.json must
+    # name it.
+    submitter = getattr(args, "submitter", None) or out.name
+    if submitter.lower() != out.name.lower():
+        plan_.notes.append(f"--submitter {submitter!r} differs from DIR's name {out.name!r}: MLCommons' checker "
+                           "wants them equal (DIR is <division>/<submitter>)")
+    if out.parent.name != division:
+        plan_.notes.append(f"DIR's parent is {out.parent.name!r}, not the division {division!r}: place DIR at "
+                           f"<root>/{division}/{out.name} to submit it")
     mlperf_dir = None
-    if any(kind == "accuracy" for _, kind in plan_.runs):
+    needs_scorer = any(kind == "accuracy" for _, kind in plan_.runs)
+    if needs_scorer or check:
         mlperf_dir = mlperf_tools.inference_dir(getattr(args, "mlperf_dir", None))
+        submission_check.tools_dir(mlperf_dir)
+        if check and importlib.util.find_spec("yaml") is None:  # before the tree is written, not after
+            raise UserError("MLCommons' submission checker needs PyYAML, which is not installed", "pip install pyyaml")
+    elif plan_.layout.v6 and any(t == "TEST01" for _, t in plan_.compliance):
+        try:  # only to score TEST01's accuracy log, where the folder is at hand
+            mlperf_dir = mlperf_tools.inference_dir(getattr(args, "mlperf_dir", None))
+        except UserError:
+            mlperf_dir = None
     summary = build_atomically(out, args.force, lambda tmp: assemble(
-        tmp, plan_, submitter=getattr(args, "submitter", None), division=division,
+        tmp, plan_, submitter=submitter, division=division,
         status=getattr(args, "status", "available"), mlperf_dir=mlperf_dir,
-        command=["trtfuse", *args.argv] if getattr(args, "argv", None) else None))
+        command=["trtfuse", *args.argv] if getattr(args, "argv", None) else None, submitter_dir=out.name))
     print(format_table(summary, out))
-    return 0
+    if not check:
+        return 0
+    verdict = submission_check.run_checker(out, division, out.name, plan_.round, mlperf_dir)
+    print()
+    print(submission_check.format_verdict(verdict))
+    return 0 if verdict.passed else 1
 
 
 if __name__ == "__main__":  # python -m trtfuse.submission ... (until `trtfuse submission` is wired)

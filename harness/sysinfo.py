@@ -31,7 +31,7 @@ REQUIRED_FIELDS = (
 MORE_FIELDS = (
     "system_type", "system_type_detail", "other_software_stack", "host_processor_frequency",
     "host_processor_caches", "host_processor_interconnect", "host_memory_configuration",
-    "host_networking", "host_networking_card_count", "host_networking_topology",
+    "host_networking", "host_network_card_count", "host_networking_topology",
     "accelerator_frequency", "accelerator_host_interconnect", "accelerator_interconnect",
     "accelerator_interconnect_topology", "accelerator_memory_configuration",
     "accelerator_on-chip_memories", "cooling", "hw_notes", "sw_notes",
@@ -114,6 +114,24 @@ def _storage_type() -> str:
     return ", ".join(sorted(kinds)) if kinds else UNKNOWN
 
 
+@_guarded([])
+def _network_cards() -> list[dict]:
+    """The network interfaces backed by a device (/sys/class/net/*/device: physical or virtio NICs, not
+    lo, bridges, veths or ifb): name, driver, link speed (Mbit/s; None where the driver says none)."""
+    cards = []
+    for dev in sorted(Path("/sys/class/net").iterdir()):
+        if not (dev / "device").exists():
+            continue
+        driver = (dev / "device" / "driver")
+        try:
+            speed = int((dev / "speed").read_text().strip())
+        except (OSError, ValueError):
+            speed = None
+        cards.append({"name": dev.name, "driver": driver.resolve().name if driver.exists() else None,
+                      "speed_mbit": speed if speed and speed > 0 else None})
+    return cards
+
+
 # -- GPUs ---------------------------------------------------------------------------------------
 
 def _run(cmd: list[str]) -> str | None:
@@ -152,6 +170,23 @@ def _gpus() -> dict:
     return {"count": len(names), "names": names, "memory_mib": memory,
             "driver": drivers[0] if drivers else UNKNOWN,
             "cuda_driver": cuda.group(1) if cuda else UNKNOWN, "tool": "nvidia-smi"}
+
+
+@_guarded({})
+def _gpu_links() -> dict:
+    """nvidia-smi's max SM clock (MHz), PCIe link (generation, width) of the first GPU, and its active
+    NVLink links: {} where it says nothing usable."""
+    out = _run(["nvidia-smi", "--query-gpu=clocks.max.sm,pcie.link.gen.max,pcie.link.width.max",
+                "--format=csv,noheader,nounits"])
+    facts: dict = {}
+    if out and out.strip():
+        parts = [p.strip() for p in out.strip().splitlines()[0].split(",")]
+        if len(parts) == 3 and all(p.isdigit() for p in parts):
+            facts.update(sm_clock_mhz=int(parts[0]), pcie_gen=int(parts[1]), pcie_width=int(parts[2]))
+    links = _run(["nvidia-smi", "nvlink", "--status", "-i", "0"])
+    if links is not None:
+        facts["nvlinks"] = len(re.findall(r"Link \d+: [\d.]+ GB/s", links))
+    return facts
 
 
 # -- software -----------------------------------------------------------------------------------
@@ -219,12 +254,14 @@ def probe() -> dict:
         "memory_bytes": mem_kib * 1024 if mem_kib else UNKNOWN,
         "disk_bytes": _disk_bytes() or UNKNOWN,
         "storage_type": _storage_type(),
+        "network_cards": _network_cards(),
         "os": _operating_system(),
         "python": platform.python_version() or sys.version.split()[0],
         "gpu_count": gpus["count"],
         "gpu_names": gpus["names"],
         "gpu_memory_mib": gpus["memory_mib"],
         "gpu_driver": gpus["driver"],
+        "gpu_links": _gpu_links() if gpus["count"] else {},
         "cuda": cuda,
         "tensorrt": _tensorrt_version(),
         "onnxruntime": _dist_version("onnxruntime", "onnxruntime-gpu") or NONE,
@@ -258,6 +295,17 @@ def framework(info: dict, backends: set[str]) -> str:
     return "; ".join(parts)
 
 
+def _networking(cards) -> str:
+    if not cards:
+        return UNKNOWN
+    parts = []
+    for c in cards:
+        detail = ", ".join(x for x in (c.get("driver"), f"{c['speed_mbit'] / 1000:g} Gbit/s"
+                                       if c.get("speed_mbit") else None) if x)
+        parts.append(f"{c['name']}" + (f" ({detail})" if detail else ""))
+    return "Ethernet: " + "; ".join(parts)
+
+
 def system_description(info: dict, *, system_name: str, submitter: str, division: str,
                        status: str = "available", system_type: str = "datacenter",
                        backends: set[str] = frozenset()) -> dict:
@@ -267,6 +315,7 @@ def system_description(info: dict, *, system_name: str, submitter: str, division
     names = sorted(set(info.get("gpu_names") or []))
     memory = [m for m in info.get("gpu_memory_mib") or [] if m]
     mhz = info.get("cpu_mhz")
+    links = info.get("gpu_links") or {}
     desc = {
         "submitter": submitter,
         "division": division,
@@ -286,16 +335,22 @@ def system_description(info: dict, *, system_name: str, submitter: str, division
         "host_memory_configuration": UNKNOWN,
         "host_storage_capacity": _gb(info.get("disk_bytes")),
         "host_storage_type": info.get("storage_type", UNKNOWN),
-        "host_networking": UNKNOWN,
-        "host_networking_card_count": UNKNOWN,
+        # No device-backed interface seen (a container may hide the host's): unknown, not 0.
+        "host_networking": _networking(info.get("network_cards")),
+        "host_network_card_count": len(info.get("network_cards") or []) or UNKNOWN,
         "host_networking_topology": UNKNOWN,
-        "accelerators_per_node": gpus,
+        # The checker counts a 0 as an empty field; CPU-only submissions write "0".
+        "accelerators_per_node": gpus or "0",
         "accelerator_model_name": " + ".join(names) if names else NONE,
         "accelerator_memory_capacity": _gb(max(memory) * 2**20) if memory else (NONE if not gpus else UNKNOWN),
-        "accelerator_memory_configuration": UNKNOWN if gpus else NONE,
-        "accelerator_frequency": UNKNOWN if gpus else NONE,
-        "accelerator_host_interconnect": UNKNOWN if gpus else NONE,
-        "accelerator_interconnect": UNKNOWN if gpus else NONE,
+        # The memory type is in the name NVIDIA gives its boards ("NVIDIA H100 80GB HBM3").
+        "accelerator_memory_configuration": (_memory_type(names) or UNKNOWN) if gpus else NONE,
+        "accelerator_frequency": (f"{links['sm_clock_mhz']} MHz (max SM clock)" if "sm_clock_mhz" in links
+                                  else UNKNOWN) if gpus else NONE,
+        "accelerator_host_interconnect": (f"PCIe Gen{links['pcie_gen']} x{links['pcie_width']}" if "pcie_gen" in links
+                                          else UNKNOWN) if gpus else NONE,
+        "accelerator_interconnect": (f"NVLink ({links['nvlinks']} links per accelerator)" if links.get("nvlinks")
+                                     else "none" if gpus == 1 and "nvlinks" in links else UNKNOWN) if gpus else NONE,
         "accelerator_interconnect_topology": UNKNOWN if gpus else NONE,
         "accelerator_on-chip_memories": UNKNOWN if gpus else NONE,
         "cooling": UNKNOWN,
@@ -312,6 +367,11 @@ def system_description(info: dict, *, system_name: str, submitter: str, division
         "sw_notes": "",
     }
     return desc
+
+
+def _memory_type(names: list[str]) -> str | None:
+    found = sorted({m.group(0) for n in names for m in [re.search(r"\b(HBM\w*|GDDR\w*|LPDDR\w*)\b", n)] if m})
+    return ", ".join(found) or None
 
 
 def unknown_fields(desc: dict) -> list[str]:

@@ -34,7 +34,7 @@ def test_unknown_key_names_the_key_and_suggests_the_right_one(tmp_path):
     [
         ({"run.batch_size": 0}, "batch size 0"),
         ({"run.batch_size": "8"}, "must be int"),
-        ({"run.scenario": "singlestream"}, "unknown scenario"),
+        ({"run.scenario": "singlestreams"}, "unknown scenario"),
         ({"server.target_qps": -1.0}, "target QPS"),
         ({"run.threads": -1}, "threads"),
     ],

@@ -148,7 +148,7 @@ def test_mlcommons_imagenet_scorer_equals_our_top1(tmp_path):
     val_map = tmp_path / "val_map.txt"
     val_map.write_text("".join(f"{n} {lbl}\n" for n, lbl in zip(data.names, data.labels)))
     mlperf = mlperf_tools.inference_dir(MLPERF_DIR)
-    proc = mlperf_tools.run_script(mlperf, mlperf_tools.ACCURACY_SCRIPT,
+    proc = mlperf_tools.run_script(mlperf, mlperf_tools.accuracy_script(mlperf),
                                    ["--mlperf-accuracy-file", tmp_path / "acc" / accuracy.ACCURACY_LOG,
                                     "--imagenet-val-file", val_map, "--dtype", mlperf_tools.RESPONSE_DTYPE],
                                    cwd=tmp_path)

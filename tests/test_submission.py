@@ -3,10 +3,12 @@ accuracy scorer against trtfuse's top-1, the refusals a submitter expects, and t
 description (harness/sysinfo.py) on this CPU machine."""
 
 import argparse
+import hashlib
 import importlib.metadata
 import json
 import os
 import platform
+import re
 import shutil
 import subprocess
 import sys
@@ -99,10 +101,11 @@ def fake_compliance(base: Path, test="TEST01", scenario="offline", passed=True, 
     return c
 
 
-def submit(out: Path, *inputs, system=SYSTEM, extra=(), mlperf_dir=MLPERF_DIR) -> int:
+def submit(out: Path, *inputs, system=SYSTEM, extra=(), mlperf_dir=MLPERF_DIR, partial=True) -> int:
+    """`trtfuse submission`; ``partial``: these trees hold fewer scenarios than a round requires."""
     parser = argparse.ArgumentParser(prog="trtfuse")
     submission.add_parser(parser.add_subparsers(dest="command"))
-    argv = ["submission", str(out), *map(str, inputs), "--system", system, *extra]
+    argv = ["submission", str(out), *map(str, inputs), "--system", system, *extra, *(["--partial"] if partial else [])]
     if mlperf_dir is not None:
         argv += ["--mlperf-dir", str(mlperf_dir)]
     return submission.main(parser.parse_args(argv))
@@ -133,7 +136,8 @@ def test_tree_from_runs_and_compliance(runs, tmp_path, capsys):
                   extra=["--submitter", "TestOrg", "--division", "open"]) == 0
     table = capsys.readouterr().out
 
-    res, meas = out / "results" / SYSTEM / "resnet50", out / "measurements" / SYSTEM / "resnet50"
+    # LoadGen 6.0.17 carries round v6.1's seeds: the v6 layout, measurements beside the results.
+    res = meas = out / "results" / SYSTEM / "resnet50"
     for f in ("mlperf_log_summary.txt", "mlperf_log_detail.txt", "mlperf_log_accuracy.json"):
         assert (res / "Offline" / "performance" / "run_1" / f).read_bytes() == (runs["offline_perf"] / f).read_bytes()
         assert (res / "Server" / "performance" / "run_1" / f).read_bytes() == (runs["server_perf"] / f).read_bytes()
@@ -141,8 +145,10 @@ def test_tree_from_runs_and_compliance(runs, tmp_path, capsys):
     assert not (res / "Server" / "accuracy").exists()
 
     # accuracy.txt is MLCommons' scorer's output, and it agrees with trtfuse's own top-1.
+    # MLCommons' truncate_accuracy_log.py then appended the full log's sha256.
     text = (res / "Offline" / "accuracy" / "accuracy.txt").read_text()
-    assert text == mlcommons_scorer(runs["offline_acc"], tmp_path)
+    full_log = (runs["offline_acc"] / "mlperf_log_accuracy.json").read_bytes()
+    assert text == mlcommons_scorer(runs["offline_acc"], tmp_path) + f"\nhash={hashlib.sha256(full_log).hexdigest()}\n"
     assert text.startswith("accuracy=50.000%, good=20, total=40")
     ours = accuracy.evaluate(runs["offline_acc"])
     assert ours["top1"] == 20 / 40 and ours["n"] == 40
@@ -150,7 +156,7 @@ def test_tree_from_runs_and_compliance(runs, tmp_path, capsys):
     # measurements: user.conf (the run's own), README with the commands, the implementation JSON.
     for scenario in ("Offline", "Server"):
         assert (meas / scenario / "README.md").is_file()
-        impl = json.loads((meas / scenario / f"{SYSTEM}_trtfuse_{scenario}.json").read_text())
+        impl = json.loads((meas / scenario / "measurements.json").read_text())
         assert all(impl.get(k) for k in IMPLEMENTATION_FIELDS), impl
         assert impl["weight_data_types"] == "fp32" and impl["plugins"] == []
     assert (meas / "Offline" / "user.conf").read_text() == (runs["offline_perf"] / "user.conf").read_text()
@@ -161,7 +167,7 @@ def test_tree_from_runs_and_compliance(runs, tmp_path, capsys):
     assert "tools/accuracy-imagenet.py" in readme and "trtfuse compliance TEST01" in readme
 
     # compliance copied as run_verification.py left it.
-    test01 = out / "compliance" / SYSTEM / "resnet50" / "Offline" / "TEST01"
+    test01 = res / "Offline" / "TEST01"
     assert (test01 / "verify_accuracy.txt").read_text() == "TEST PASS\n"
     assert (test01 / "performance" / "run_1" / "mlperf_log_summary.txt").is_file()
 
@@ -198,7 +204,7 @@ def test_user_conf_and_command_rebuilt_for_older_runs(runs, tmp_path):
     (old / "report.json").write_text(json.dumps(report))
     out = tmp_path / "sub"
     assert submit(out, old, mlperf_dir=None) == 0  # performance only: no scorer needed
-    meas = out / "measurements" / SYSTEM / "resnet50" / "Offline"
+    meas = out / "results" / SYSTEM / "resnet50" / "Offline"
     conf = (meas / "user.conf").read_text()
     assert "resnet50.Offline.target_qps = 20000" in conf and "resnet50.Offline.min_duration = 300" in conf
     readme = (meas / "README.md").read_text()
@@ -209,17 +215,17 @@ def test_compliance_command_rebuilt_from_its_audited_run(runs, tmp_path):
     comp = fake_compliance(tmp_path, "TEST04", audited=runs["offline_perf"])
     out = tmp_path / "sub"
     assert submit(out, runs["offline_perf"], comp, mlperf_dir=None) == 0
-    readme = (out / "measurements" / SYSTEM / "resnet50" / "Offline" / "README.md").read_text()
+    readme = (out / "results" / SYSTEM / "resnet50" / "Offline" / "README.md").read_text()
     assert "trtfuse compliance TEST04 --model tiny --dataset demo --scenario offline --mode performance" in readme
     assert f"--out {comp}" in readme
-    assert (out / "compliance" / SYSTEM / "resnet50" / "Offline" / "TEST04" / "verify_performance.txt").is_file()
+    assert (out / "results" / SYSTEM / "resnet50" / "Offline" / "TEST04" / "verify_performance.txt").is_file()
 
 
 def test_performance_only_tree_needs_no_mlperf_dir(runs, tmp_path, monkeypatch, capsys):
     monkeypatch.delenv("MLPERF_INFERENCE_DIR", raising=False)
     out = tmp_path / "perf-only"
     assert submit(out, runs["server_perf"], mlperf_dir=None) == 0
-    assert "Offline   performance  -" in capsys.readouterr().out
+    assert re.search(r"Offline +performance +- +- +missing", capsys.readouterr().out)
     with pytest.raises(UserError, match="MLPERF_INFERENCE_DIR"):
         submit(tmp_path / "with-acc", runs["offline_acc"], mlperf_dir=None)
     assert not (tmp_path / "with-acc").exists()
@@ -258,6 +264,14 @@ def test_refuses_an_invalid_run_unless_allowed(runs, tmp_path, capsys):
 def test_refuses_random_weights_for_accuracy(runs, tmp_path):
     with pytest.raises(UserError, match="used random weights: its accuracy would be meaningless.*real weights"):
         submit(tmp_path / "out", runs["offline_perf"], runs["random_acc"])
+
+
+@needs_mlperf
+def test_random_weights_accuracy_is_taken_for_allow_invalid(runs, tmp_path):
+    # A performance-only tree of a random-weights model: its accuracy run is real and fails the target.
+    assert submit(tmp_path / "out", runs["offline_perf"], runs["random_acc"], extra=["--allow-invalid"]) == 0
+    summary = json.loads((tmp_path / "out" / "submission.json").read_text())
+    assert any("random weights: taken for --allow-invalid" in n for n in summary["notes"])
 
 
 def test_refuses_runs_of_different_models(runs, tmp_path):
@@ -348,7 +362,7 @@ def test_sysinfo_describes_this_cpu_machine(tmp_path, monkeypatch):
     desc = sysinfo.system_description(info, system_name="box", submitter="me", division="closed",
                                       backends={"onnxruntime"})
     assert all(k in desc for k in sysinfo.REQUIRED_FIELDS + sysinfo.MORE_FIELDS)
-    assert desc["accelerators_per_node"] == 0 and desc["accelerator_model_name"] == "none"
+    assert desc["accelerators_per_node"] == "0" and desc["accelerator_model_name"] == "none"
     assert desc["host_processor_model_name"] == info["cpu_model"]
     assert "cooling" in sysinfo.unknown_fields(desc)
     json.dumps(desc)  # plain JSON
@@ -363,7 +377,9 @@ def _fake_tool(bin_dir: Path, name: str, script: str) -> None:
 
 def test_sysinfo_reads_nvidia_smi(tmp_path, monkeypatch):
     _fake_tool(tmp_path / "bin", "nvidia-smi", """case "$1" in
+  --query-gpu=clocks*) for i in 0 1; do echo "1980, 5, 16"; done;;
   --query-gpu=*) for i in 0 1; do echo "NVIDIA H100 80GB HBM3, 81559 MiB, 550.54.15"; done;;
+  nvlink) for i in 0 1 2; do echo "	 Link $i: 26.562 GB/s"; done;;
   *) echo "| NVIDIA-SMI 550.54.15    Driver Version: 550.54.15    CUDA Version: 12.4 |";;
 esac""")
     monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}")
@@ -373,7 +389,10 @@ esac""")
     desc = sysinfo.system_description(info, system_name="b", submitter="s", division="closed",
                                       backends={"tensorrt"})
     assert desc["accelerators_per_node"] == 2 and desc["accelerator_model_name"] == "NVIDIA H100 80GB HBM3"
-    assert desc["accelerator_memory_capacity"] == "80 GB"
+    assert desc["accelerator_memory_capacity"] == "80 GB" and desc["accelerator_memory_configuration"] == "HBM3"
+    assert desc["accelerator_frequency"] == "1980 MHz (max SM clock)"
+    assert desc["accelerator_host_interconnect"] == "PCIe Gen5 x16"
+    assert desc["accelerator_interconnect"] == "NVLink (3 links per accelerator)"
     assert "driver 550.54.15" in desc["other_software_stack"] and "TensorRT" in desc["framework"]
 
 

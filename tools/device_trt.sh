@@ -20,7 +20,9 @@
 # runs longer than one call: logs/conf-bg.log), conf-wait (wait up to $WAIT_S s for conf-bg to end). Measured: on
 # 2026-11-23 a detached 600 s run outlived its call; on 2026-11-25 one (resnet50_e2e.py, the same setsid) ended as
 # its call returned (the device README: a setsid process survives only where commands run as root).
-# conf* need the MLCommons scripts carried in .devcache/mlperf (a copy of ../shared/third_party/mlperf).
+# edge:UNITS, edge-bg:UNITS (benchmarks/edge_submission.py UNITS, space- or comma-separated in the step: the
+# edge v6.1 tree in $RESULTS/edge; extra arguments from $EDGE_ARGS; edge-bg detached as conf-bg, conf-wait waits).
+# conf* and edge* need the MLCommons scripts carried in .devcache/mlperf (a copy of ../shared/third_party/mlperf).
 # qs-stash (keep carried .devcache/qs/{val,calib,models}), quickstart (benchmarks/gpu_quickstart.py: the
 # README's GPU quick start verbatim, then profile and compare of the ResNet-50 engines).
 # pytriton-stash (unzip the carried .devcache/pytriton/nvidia_pytriton-*.whl into /opt/trt85: its wheel is
@@ -110,6 +112,16 @@ for step in "$@"; do
                  --stages "${step#conf-bg:}" ${CONF_ARGS:-} > "$RESULTS/logs/conf-bg.log" 2>&1 < /dev/null &
              echo $! > "$RESULTS/conf-bg.pid")
             echo "=== conf-bg started (pid $(cat "$RESULTS/conf-bg.pid"))" ;;
+        edge:*) run_step "edge-${step#edge:}" python3.10 benchmarks/edge_submission.py ${step#edge:} \
+                    --out "$RESULTS/edge" --mlperf-dir .devcache/mlperf ${EDGE_ARGS:-}
+                cp "$RESULTS/edge/edge_submission.json" "$RESULTS/" 2>/dev/null ;;
+        edge-bg:*)  # edge_submission.py units (comma-separated), detached like conf-bg; conf-wait waits for it
+            rm -rf /tmp/trtfuse-bg-tree && cp -r "$PWD" /tmp/trtfuse-bg-tree
+            (cd /tmp/trtfuse-bg-tree && source tools/dev_env.sh && \
+             setsid nohup python3.10 benchmarks/edge_submission.py ${step#edge-bg:} --out "$RESULTS/edge" \
+                 --mlperf-dir /tmp/trtfuse-bg-tree/.devcache/mlperf ${EDGE_ARGS:-} > "$RESULTS/logs/conf-bg.log" 2>&1 < /dev/null &
+             echo $! > "$RESULTS/conf-bg.pid")
+            echo "=== edge-bg started (pid $(cat "$RESULTS/conf-bg.pid"))" ;;
         conf-wait) pid=$(cat "$RESULTS/conf-bg.pid" 2>/dev/null); t0=$SECONDS
                    while [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null && [ $((SECONDS - t0)) -lt "${WAIT_S:-500}" ]; do sleep 5; done
                    if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; then echo "=== conf-bg still running"; else echo "=== conf-bg ended"; fi

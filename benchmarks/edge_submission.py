@@ -1,0 +1,277 @@
+"""ResNet-50 as an MLPerf edge submission on one GPU (TensorRT, trtfuse's plugins): SingleStream,
+MultiStream and Offline at the official settings with TEST01/TEST04 each, the tree, MLCommons' checker
+on it, and SingleStream p90 / MultiStream p99 latency against TensorRT's own (plugins off).
+
+A thin caller of the harness (``cli.run``, ``compliance.run_compliance``, ``submission.main``): it adds
+the device bundle's model and images (tools/device_bundle.py) and the order of the work.
+
+    python3.10 benchmarks/edge_submission.py UNIT [UNIT ...] [--out DIR] [--mlperf-dir DIR]
+
+Units (a unit whose folder is complete is skipped, so units spread over several leases resume):
+  latency            SingleStream and MultiStream, --latency-s each, plugins off then --plugins, one
+                     process and lease: latency.json (p90 / p99, early stopping's estimate and measured)
+  ss-perf ss-acc ss-test01 ss-test04     SingleStream (batch-1 engine, one stream): official runs (600 s)
+  ms-perf ms-acc ms-test01 ms-test04     MultiStream (batch-8 engine, one stream)
+  off-perf off-acc off-test01 off-test04 Offline (batch --offline-batch, two streams)
+  ss ms off          the four units of that scenario
+  tree               `trtfuse submission` of every run into OUT/tree/closed/<submitter>, then MLCommons'
+                     submission checker (--check): OUT/checker.txt, OUT/edge_submission.json
+A unit takes 600 s of LoadGen and more (engine builds, warm-up): start it detached and poll, e.g.
+    nohup python3.10 benchmarks/edge_submission.py ss > /tmp/edge-ss.log 2>&1 &
+
+ResNet-50 has random weights: performance is real; its accuracy runs are real runs of that model and fail
+MLPerf's target (the checker says so; the tree takes them with --allow-invalid). Without --dataset, the
+accuracy runs go over the bundle's images repeated to ImageNet's 50,000 (the size the checker wants of
+an accuracy run's QSL; each repeat carries its image's label).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
+
+SCENARIOS = {"ss": "singlestream", "ms": "multistream", "off": "offline"}
+KINDS = ("perf", "acc", "test01", "test04")
+IMAGENET_VAL = 50000
+PSC = 1024  # mlperf.conf's performance_sample_count for resnet50
+
+
+def log(msg: str) -> None:
+    print(f"[edge {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+class Tiled:
+    """``base`` repeated to ``n`` samples (names made unique, labels carried)."""
+
+    def __init__(self, base, n: int):
+        reps = -(-n // len(base))
+        self._base, self._n = base, n
+        self.names = [f"{name}#{r}" for r in range(reps) for name in base.names][:n]
+        self.labels = np.tile(np.asarray(base.labels), reps)[:n]
+
+    def __len__(self) -> int:
+        return self._n
+
+    def images(self, indices):
+        return self._base.images(np.asarray(indices, dtype=np.int64) % len(self._base))
+
+
+def units(names: list[str]) -> list[str]:
+    out = []
+    for n in [part for name in names for part in name.split(",") if part]:
+        if n in SCENARIOS:
+            out += [f"{n}-{k}" for k in KINDS]
+        elif n in ("latency", "tree") or (n.split("-")[0] in SCENARIOS and n.split("-", 1)[-1] in KINDS):
+            out.append(n)
+        else:
+            raise SystemExit(f"unknown unit {n!r}: latency, tree, ss|ms|off, or ss|ms|off-perf|acc|test01|test04")
+    return out
+
+
+class Edge:
+    def __init__(self, args):
+        self.args = args
+        self.out = args.out
+        self.runs = self.out / "runs"
+        self.results_path = self.out / "edge_submission.json"
+        self.data = json.loads(self.results_path.read_text()) if self.results_path.is_file() else {"errors": {}}
+
+    def save(self) -> None:
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.results_path.write_text(json.dumps(self.data, indent=1) + "\n")
+
+    # -- inputs -------------------------------------------------------------------------------------
+    def model(self):
+        from trtfuse.models import load_prepared
+
+        return load_prepared(self.args.bundle / "models" / "resnet50")
+
+    def datasets(self):
+        """(performance dataset, accuracy dataset)."""
+        if self.args.dataset:
+            from trtfuse.data import open_dataset
+
+            d = open_dataset(self.args.dataset, self.model().preprocess, progress=False)
+            return d, d
+        from device_bundle import BundleImages
+
+        images = BundleImages(self.args.bundle)
+        return Tiled(images, max(PSC, len(images))), Tiled(images, IMAGENET_VAL)
+
+    def settings(self, scenario: str, plugins: str, **extra) -> dict:
+        from trtfuse import config
+
+        batch = {"singlestream": 1, "multistream": 8, "offline": self.args.offline_batch}[scenario]
+        streams = 2 if scenario == "offline" else 1  # one query at a time: one stream, one worker
+        overrides = {"run.scenario": scenario, "run.batch_size": batch, "run.threads": streams,
+                     "run.warmup_batches": 20, "run.output_dir": str(self.runs), "run.mlperf_model": "resnet50",
+                     "run.backend": "tensorrt", "tensorrt.plugins": plugins, "tensorrt.streams": streams,
+                     "tensorrt.input_format": "float" if self.args.dataset else "int8",
+                     "mlperf.inference_dir": str(self.args.mlperf_dir), **extra}
+        if self.args.expected_latency_ms.get(scenario):
+            overrides[f"{scenario}.expected_latency_ms"] = self.args.expected_latency_ms[scenario]
+        return config.load(None, overrides)
+
+    def backend(self, s: dict, model):
+        from trtfuse.backends import create_backend
+
+        options = {k: v for k, v in s["tensorrt"].items() if v != ""}
+        b = create_backend("tensorrt", **options)
+        b.load(model, s["run"]["batch_size"])
+        return b
+
+    # -- units --------------------------------------------------------------------------------------
+    def latency(self) -> None:
+        """SingleStream p90 and MultiStream p99, TensorRT's own engine (plugins off) then ours."""
+        from trtfuse import cli
+
+        model = self.model()
+        perf, _ = self.datasets()
+        rows = self.data.setdefault("latency", {})
+        for scenario in ("singlestream", "multistream"):
+            for plugins in ("off", self.args.plugins):
+                s = self.settings(scenario, plugins, **{f"{scenario}.min_duration_ms": int(self.args.latency_s * 1000)})
+                backend = self.backend(s, model)
+                try:
+                    run_dir = self.runs / "latency" / f"{scenario}-{plugins}-{time.strftime('%H%M%S')}"
+                    r = cli.run(s, progress=False, model=model, dataset=perf, backend=backend, run_dir=run_dir)
+                finally:
+                    backend.close()
+                lg = r["loadgen"]
+                rows.setdefault(scenario, {})[plugins] = {
+                    "percentile": lg["metric_percentile"], "early_stopping_ms": lg["latency_metric_ns"] / 1e6,
+                    "measured_ms": lg["latency_percentile_ns"] / 1e6, "p50_ms": lg["latency_ns"]["50.00"] / 1e6,
+                    "queries": lg["query_count"], "valid": lg["valid"], "run_dir": str(run_dir),
+                    "batch": s["run"]["batch_size"], "gpu": (r.get("sysinfo") or {}).get("gpu_names")}
+                log(f"{scenario} plugins {plugins}: p{lg['metric_percentile']} {lg['latency_metric_ns'] / 1e6:.3f} ms")
+                self.save()
+            ours, trt = rows[scenario][self.args.plugins], rows[scenario]["off"]
+            rows[scenario]["ours_over_tensorrt"] = round(ours["early_stopping_ms"] / trt["early_stopping_ms"], 4)
+
+    def unit(self, name: str) -> None:
+        from trtfuse import cli
+        from trtfuse.compliance import run_compliance
+
+        key, kind = name.split("-", 1)
+        scenario = SCENARIOS[key]
+        folder = self.runs / name
+        done = folder / ("compliance.json" if kind.startswith("test") else "report.json")
+        if done.is_file():
+            log(f"{name}: done in an earlier call ({folder})")
+            return
+        if folder.exists():
+            shutil.rmtree(folder)  # an unfinished unit: start it again
+        model = self.model()
+        perf, acc = self.datasets()
+        s = self.settings(scenario, self.args.plugins, **{"run.official": True})
+        backend = self.backend(s, model)
+        try:
+            if scenario == "offline":  # the expected rate: the engine's own, a little over
+                s["offline"]["target_qps"] = 1.02 * backend.engine_throughput(s["run"]["batch_size"], 5.0)
+            if kind == "perf":
+                r = cli.run(s, progress=False, model=model, dataset=perf, backend=backend, run_dir=folder,
+                            command=self.command(scenario))
+            elif kind == "acc":
+                s["run"]["mode"] = "accuracy"
+                r = cli.run(s, progress=False, model=model, dataset=acc, backend=backend, run_dir=folder,
+                            command=self.command(scenario, "accuracy"))
+            else:
+                ref = self.runs / f"{key}-perf"
+                r = run_compliance(kind.upper(), s, out=folder, performance_run=ref,
+                                   accuracy_run=self.runs / f"{key}-acc" if kind == "test01" else None,
+                                   progress=False, model=model, dataset=perf, backend=backend)
+        finally:
+            backend.close()
+        entry = {"folder": str(folder), "lease_started": self.data.get("lease_started"),
+                 "gpu": self.data.get("gpu")}
+        if kind.startswith("test"):
+            entry.update(passed=r["passed"], scores=r["scores"])
+        else:
+            lg = r["loadgen"]
+            entry.update(valid=lg["valid"], invalid_reasons=lg["invalid_reasons"], round=lg["mlperf_round"],
+                         samples_per_s=lg.get("samples_per_s"), latency_metric_ms=(lg.get("latency_metric_ns") or 0) / 1e6,
+                         accuracy=r.get("accuracy"))
+        self.data.setdefault("units", {})[name] = entry
+        log(f"{name}: {entry}")
+
+    def command(self, scenario: str, mode: str = "performance") -> list[str]:
+        return ["python3.10", "benchmarks/edge_submission.py", f"{[k for k, v in SCENARIOS.items() if v == scenario][0]}-"
+                + {"performance": "perf", "accuracy": "acc"}[mode], "--plugins", self.args.plugins]
+
+    def tree(self) -> None:
+        from trtfuse import submission, submission_check
+
+        folders = [self.runs / f"{k}-{u}" for k in SCENARIOS for u in KINDS if (self.runs / f"{k}-{u}").is_dir()]
+        dest = self.out / "tree" / "closed" / self.args.submitter
+        parser = argparse.ArgumentParser(prog="trtfuse")
+        submission.add_parser(parser.add_subparsers(dest="command"))
+        argv = ["submission", str(dest), *map(str, folders), "--system", self.args.system, "--system-type", "edge",
+                "--mlperf-dir", str(self.args.mlperf_dir), "--allow-invalid", "--force"]
+        submission.main(parser.parse_args(argv))
+        summary = json.loads((dest / "submission.json").read_text())
+        verdict = submission_check.run_checker(dest, "closed", self.args.submitter, summary["mlperf_round"],
+                                               self.args.mlperf_dir)
+        (self.out / "checker.txt").write_text(verdict.output)
+        self.data["checker"] = {"version": verdict.version, "passed": verdict.passed, "errors": verdict.errors,
+                                "results": verdict.results, "no_results": verdict.no_results}
+        log(submission_check.format_verdict(verdict))
+
+    def run(self, todo: list[str]) -> int:
+        try:
+            from trtfuse import cuda_runtime
+
+            self.data["gpu"] = cuda_runtime.device_name()
+        except Exception as e:  # noqa: BLE001 - the tree needs no GPU
+            self.data["gpu"] = f"none ({type(e).__name__})"
+        self.data["lease_started"] = time.strftime("%Y-%m-%dT%H:%M:%S")
+        for name in todo:
+            log(f"{name} ...")
+            t0 = time.time()
+            try:
+                {"latency": self.latency, "tree": self.tree}.get(name, lambda: self.unit(name))()
+                self.data["errors"].pop(name, None)
+            except BaseException as e:  # noqa: BLE001 - record and go on to the next unit
+                import traceback
+
+                traceback.print_exc()
+                self.data["errors"][name] = f"{type(e).__name__}: {e}"
+            log(f"{name} done in {time.time() - t0:.0f} s")
+            self.save()
+        return 0 if not self.data["errors"] else 1
+
+
+def main(argv=None) -> int:
+    from device_bundle import STASH
+
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("units", nargs="+")
+    p.add_argument("--out", type=Path, default=Path("/tmp/trtfuse-edge"))
+    p.add_argument("--bundle", type=Path, default=STASH)
+    p.add_argument("--dataset", help="an ImageNet validation folder (val_map.txt): accuracy on real images")
+    p.add_argument("--mlperf-dir", type=Path,
+                   default=Path(__file__).resolve().parent.parent / ".devcache" / "mlperf")
+    p.add_argument("--plugins", default="all", choices=["tails", "all"])
+    p.add_argument("--offline-batch", type=int, default=2048)
+    p.add_argument("--latency-s", type=float, default=60.0)
+    p.add_argument("--ss-expected-ms", type=float, default=0.0,
+                   help="SingleStream's expected latency (default: from the warm-up)")
+    p.add_argument("--ms-expected-ms", type=float, default=0.0)
+    p.add_argument("--system", default="1xH100-SXM_TRT_trtfuse")
+    p.add_argument("--submitter", default="trtfuse")
+    args = p.parse_args(argv)
+    args.expected_latency_ms = {k: v for k, v in (("singlestream", args.ss_expected_ms),
+                                                  ("multistream", args.ms_expected_ms)) if v}
+    return Edge(args).run(units(args.units))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
