@@ -24,9 +24,6 @@ from trtfuse import native_build
 from trtfuse.errors import UserError
 
 NATIVE_BACKENDS = ("tensorrt", "null")
-# the names LoadGen's FromConfig takes (its built-in mlperf.conf sections)
-LOADGEN_SCENARIO_NAMES = {"offline": "Offline", "server": "Server", "singlestream": "SingleStream",
-                          "multistream": "MultiStream"}
 _DTYPES = {0: np.float32, 1: np.int8, 2: np.uint8}
 _DTYPE_CODES = {np.dtype(v): k for k, v in _DTYPES.items()}
 
@@ -358,6 +355,8 @@ def run_native(engine: NativeEngine, model, dataset, settings: dict, run_dir: Pa
     from trtfuse.lg_monitor import RunMonitor
     from trtfuse.lg_run import (LoadGenRun, _cpu_seconds, audit_config_path, loadgen_settings,
                                 offline_expected_qps, write_user_conf)
+    from trtfuse.lg_scenarios import (SCENARIO_NAME, STREAM_SCENARIOS, set_expected_latency,
+                                      stream_expected_latency_ns)
 
     run = settings["run"]
     scenario, accuracy = run["scenario"], run["mode"] == "accuracy"
@@ -376,6 +375,8 @@ def run_native(engine: NativeEngine, model, dataset, settings: dict, run_dir: Pa
         measured = session.warmup(run["warmup_batches"])
         if scenario == "offline":
             ts.offline_expected_qps = offline_expected_qps(settings["offline"], measured)
+        elif scenario in STREAM_SCENARIOS:
+            set_expected_latency(ts, scenario, stream_expected_latency_ns(settings[scenario], ts, scenario, measured))
         write_user_conf(run_dir, settings, ts)
         expected_s = max(ts.min_duration_ms / 1e3, 0) if scenario == "offline" and not accuracy else None
         monitor = RunMonitor(session, stall_s=run["watchdog_s"], expected_s=expected_s, progress=progress)
@@ -383,8 +384,7 @@ def run_native(engine: NativeEngine, model, dataset, settings: dict, run_dir: Pa
         failure = None
         with monitor, run_stalls.watch() as stalls, EnergySpan(on=engine.name == "tensorrt") as energy:
             try:
-                session.run(run["mlperf_model"], LOADGEN_SCENARIO_NAMES[scenario], settings_lines(ts), run_dir,
-                            audit_config)
+                session.run(run["mlperf_model"], SCENARIO_NAME[scenario], settings_lines(ts), run_dir, audit_config)
             except RuntimeError as e:
                 failure = e
         wall, cpu = time.perf_counter() - start, _cpu_seconds() - cpu_start

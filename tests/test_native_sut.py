@@ -124,8 +124,24 @@ def test_performance_and_accuracy_mode_answer_each_sample_the_same(tmp_path, lib
     eng.close()
 
 
-@pytest.mark.parametrize("test", ["TEST01", "TEST04"])
-@pytest.mark.parametrize("scenario", ["offline", "server"])
+@pytest.mark.parametrize("scenario", ["singlestream", "multistream"])
+def test_stream_scenarios_answer_every_query_once(tmp_path, lib, scenario):
+    data, model = SyntheticDataset(64), tiny_model(tmp_path)
+    eng = engine(data, model, us_per_batch=1000.0)
+    s = settings(tmp_path, **{"run.scenario": scenario, f"{scenario}.min_duration_ms": 300})
+    report = cli.run(s, progress=False, model=model, dataset=data, backend=eng)
+    lg, h = report["loadgen"], report["harness"]
+    per_query = 8 if scenario == "multistream" else 1
+    assert lg["scenario"] == scenario
+    assert h["issued"] == h["completed"] >= s[scenario]["min_query_count"] * per_query
+    # one query at a time: every batch is exactly one query's samples
+    assert h["mean_batch"] == pytest.approx(per_query)
+    eng.close()
+
+
+@pytest.mark.parametrize("scenario, test", [("offline", "TEST01"), ("offline", "TEST04"), ("server", "TEST01"),
+                                            ("server", "TEST04"), ("singlestream", "TEST01"),
+                                            ("multistream", "TEST01")])
 def test_compliance_passes_with_mlcommons_scripts(tmp_path, lib, test, scenario):
     from trtfuse.compliance import run_compliance
 
@@ -136,9 +152,15 @@ def test_compliance_passes_with_mlcommons_scripts(tmp_path, lib, test, scenario)
     # the host path does): TEST01's and TEST04's comparisons of two rates are then the engine's, not the CPU's.
     eng = engine(data, model, us_per_batch=8000.0)
     s = settings(tmp_path, **{"run.scenario": scenario, "offline.target_qps": 2500.0, "server.target_qps": 500.0,
-                              "server.min_query_count": 700, "server.min_duration_ms": 1000})
+                              "server.min_query_count": 700, "server.min_duration_ms": 1000,
+                              "singlestream.min_duration_ms": 500, "multistream.min_duration_ms": 500})
     verdict = run_compliance(test, s, out=tmp_path / test, progress=False, model=model, dataset=data, backend=eng)
-    assert verdict["passed"], verdict
+    if scenario in ("singlestream", "multistream"):
+        # Their metric is a latency percentile, which a shared CPU's wake-ups move by more than TEST01's 10 %
+        # band: only the part the SUT decides is checked here, every audited answer equal to accuracy mode's.
+        assert verdict["accuracy_check"], verdict
+    else:
+        assert verdict["passed"], verdict
     eng.close()
 
 
