@@ -21,7 +21,6 @@ INPUT_SHAPE = (3, 224, 224)
 PREPROCESS = PreprocessSpec()  # torchvision mean/std
 SEED = 50
 LAYERS = (3, 4, 6, 3)  # bottlenecks per stage
-WIDTHS = (64, 128, 256, 512)  # bottleneck widths per stage; outputs are 4x
 
 
 def build(weights: str | os.PathLike | None = None):
@@ -39,57 +38,11 @@ def build(weights: str | os.PathLike | None = None):
 
 
 def _resnet50(nn):
-    """Build the module tree (``nn`` is ``torch.nn``, passed in so torch stays a lazy import)."""
+    """The module tree (``nn`` is ``torch.nn``, passed in so torch stays a lazy import): torchvision's ResNet
+    family as ``torchvision_resnet`` writes it out, at ResNet-50's depths."""
+    from trtfuse.models.torchvision_resnet import _resnet
 
-    class Bottleneck(nn.Module):
-        def __init__(self, inplanes: int, width: int, stride: int, downsample):
-            super().__init__()
-            self.conv1 = nn.Conv2d(inplanes, width, 1, bias=False)
-            self.bn1 = nn.BatchNorm2d(width)
-            self.conv2 = nn.Conv2d(width, width, 3, stride=stride, padding=1, bias=False)
-            self.bn2 = nn.BatchNorm2d(width)
-            self.conv3 = nn.Conv2d(width, width * 4, 1, bias=False)
-            self.bn3 = nn.BatchNorm2d(width * 4)
-            self.relu = nn.ReLU(inplace=True)
-            self.downsample = downsample
-
-        def forward(self, x):
-            identity = x if self.downsample is None else self.downsample(x)
-            out = self.relu(self.bn1(self.conv1(x)))
-            out = self.relu(self.bn2(self.conv2(out)))
-            out = self.bn3(self.conv3(out))
-            return self.relu(out + identity)
-
-    class ResNet(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.conv1 = nn.Conv2d(3, 64, 7, stride=2, padding=3, bias=False)
-            self.bn1 = nn.BatchNorm2d(64)
-            self.relu = nn.ReLU(inplace=True)
-            self.maxpool = nn.MaxPool2d(kernel_size=3, stride=2, padding=1)
-            inplanes = 64
-            for stage, (blocks, width) in enumerate(zip(LAYERS, WIDTHS), start=1):
-                stride = 1 if stage == 1 else 2
-                downsample = nn.Sequential(
-                    nn.Conv2d(inplanes, width * 4, 1, stride=stride, bias=False),
-                    nn.BatchNorm2d(width * 4),
-                )
-                layer = [Bottleneck(inplanes, width, stride, downsample)]
-                inplanes = width * 4
-                layer += [Bottleneck(inplanes, width, 1, None) for _ in range(blocks - 1)]
-                setattr(self, f"layer{stage}", nn.Sequential(*layer))
-            self.avgpool = nn.AdaptiveAvgPool2d((1, 1))
-            self.fc = nn.Linear(512 * 4, NUM_CLASSES)
-            for m in self.modules():  # torchvision's initialisation
-                if isinstance(m, nn.Conv2d):
-                    nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
-
-        def forward(self, x):
-            x = self.maxpool(self.relu(self.bn1(self.conv1(x))))
-            x = self.layer4(self.layer3(self.layer2(self.layer1(x))))
-            return self.fc(self.avgpool(x).flatten(1))
-
-    return ResNet()
+    return _resnet(nn, LAYERS, 1, 64)
 
 
 def _randomize_batchnorm(model) -> None:
