@@ -37,7 +37,7 @@ Next steps:
   every setting: trtfuse run --help, configs/default.toml (--config FILE)"""
 
 
-def _add_run_arguments(p: argparse.ArgumentParser) -> None:
+def _add_run_arguments(p: argparse.ArgumentParser, compliance: bool = False) -> None:
     # Each flag maps onto a key of configs/default.toml; None means "not given, keep the config's".
     p.add_argument("--config", metavar="FILE", help="TOML settings on top of configs/default.toml")
     p.add_argument("--model", dest="run.model",
@@ -46,7 +46,8 @@ def _add_run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dataset", dest="run.dataset",
                    help="'demo', an ImageNet folder with val_map.txt, or a folder of <wnid>_*.JPEG")
     p.add_argument("--scenario", dest="run.scenario", choices=["offline", "server"])
-    p.add_argument("--mode", dest="run.mode", choices=["performance", "accuracy"])
+    if not compliance:  # a compliance test runs the modes it needs
+        p.add_argument("--mode", dest="run.mode", choices=["performance", "accuracy"])
     p.add_argument("--backend", dest="run.backend", choices=["auto", "onnxruntime", "tensorrt", "triton", "null"],
                    help="what runs the batches (triton: Triton servers at --triton-url)")
     p.add_argument("--batch-size", dest="run.batch_size", type=int)
@@ -61,8 +62,9 @@ def _add_run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--min-query-count", type=int)
     p.add_argument("--official", dest="run.official", action="store_const", const=True,
                    help="keep every mlperf.conf value (600 s, 24576 Offline queries, 15 ms); set only the QPS")
-    p.add_argument("--audit-config", dest="run.audit_config", metavar="FILE",
-                   help="run with an MLPerf compliance test's audit.config (TEST01, TEST04)")
+    if not compliance:  # a compliance test uses its own audit.config
+        p.add_argument("--audit-config", dest="run.audit_config", metavar="FILE",
+                       help="run with an MLPerf compliance test's audit.config (TEST01, TEST04)")
     p.add_argument("--output-dir", dest="run.output_dir", help="where run folders go (default runs/)")
     p.add_argument("--engine", dest="tensorrt.engine", metavar="FILE", help="TensorRT: a built engine")
     p.add_argument("--precision", dest="tensorrt.precision", help="TensorRT: int8, fp16, ...")
@@ -116,7 +118,7 @@ def _parser() -> argparse.ArgumentParser:
                       help="TEST01: reuse this accuracy run as the reference (default: run one first)")
     comp.add_argument("--mlperf-dir", dest="mlperf.inference_dir", metavar="DIR",
                       help="a checkout of mlcommons/inference (default $MLPERF_INFERENCE_DIR)")
-    _add_run_arguments(comp)
+    _add_run_arguments(comp, compliance=True)
 
     from trtfuse import compare_runs, engine_inspect, submission
     from trtfuse.triton import export, serve
@@ -225,14 +227,17 @@ def run(settings: dict, progress: bool = True, weights: str | None = None,
     come from the settings. ``command``: the command line that asked for the run, kept in the report
     (a submission's README says how each run was made).
     """
-    from trtfuse import accuracy, report, sysinfo
+    from trtfuse import accuracy, files, interrupts, report, sysinfo
     from trtfuse.lg_run import run_loadgen
 
     r = settings["run"]
+    given_dir = run_dir is not None
+    files.check_folder_path(run_dir or r["output_dir"], "--run-dir" if given_dir else "--output-dir")
     own_backend = backend is None
     model, dataset, backend = open_inputs(settings, weights, progress, model, dataset, backend)
     run_dir = Path(run_dir) if run_dir else _new_run_dir(r["output_dir"], model.name, r["scenario"], r["mode"])
-    run_dir.mkdir(parents=True)
+    files.new_folder(run_dir, "--run-dir" if given_dir else "--output-dir")
+    folder = interrupts.RunFolder(run_dir)  # complete in the end, or removed if the command is interrupted first
     accuracy.write_qsl_labels(run_dir, dataset.names, dataset.labels)
     if progress:
         print(f"trtfuse: {r['scenario']} {r['mode']} run of {model.name} on {backend.name}, "
@@ -242,6 +247,7 @@ def run(settings: dict, progress: bool = True, weights: str | None = None,
     finally:
         if own_backend:
             backend.close()
+    folder.measured()  # LoadGen's test ended by itself: a signal from now on completes the folder, marked
     results = report.read_loadgen_results(run_dir)
     mode = results["mode"] or r["mode"]  # LoadGen's effective mode: an audit.config may switch it
     result = {
@@ -271,6 +277,7 @@ def run(settings: dict, progress: bool = True, weights: str | None = None,
     from trtfuse.plots import write_run_plots
 
     write_run_plots(run_dir, result)  # latency_cdf.png, completed_over_time.png ([] without matplotlib)
+    folder.complete(lambda why: report.write_report(run_dir, {**result, "interrupted": why}))
     return result
 
 
@@ -386,7 +393,13 @@ def _delegate(command: str, argv: list[str]) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else list(argv)
+    from trtfuse import interrupts
+
+    with interrupts.handled():  # Ctrl-C, SIGTERM: exit 130, nothing half-written
+        return _main(sys.argv[1:] if argv is None else list(argv))
+
+
+def _main(argv: list[str]) -> int:
     try:
         if argv and argv[0] in ("build", "plugins"):
             return _delegate(argv[0], argv[1:])
@@ -405,4 +418,4 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
-        return 130
+        return 130  # 128 + SIGINT

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import mlperf_loadgen as lg
-from trtfuse import run_stalls
+from trtfuse import interrupts, run_stalls
 from trtfuse.errors import UserError
 from trtfuse.lg_monitor import RunMonitor
 from trtfuse.lg_qsl import SampleLibrary
@@ -33,6 +33,11 @@ LOADGEN_SCENARIO = {"offline": lg.TestScenario.Offline, "server": lg.TestScenari
 LOADGEN_MODE = {"performance": lg.TestMode.PerformanceOnly, "accuracy": lg.TestMode.AccuracyOnly}
 AUDIT_CONFIG = "audit.config"  # the name LoadGen looks for
 USER_CONF = "user.conf"
+# Ctrl-C: how long StartTest may take to return once the SUT has answered everything. Offline then
+# only writes its logs; the other scenarios go on issuing queries until their duration is over however
+# fast they are answered (LoadGen has no stop), so the process exits sooner, the run folder removed
+# (interrupts.wait_for).
+INTERRUPT_GRACE_S = {"offline": 30.0}
 
 
 @dataclass
@@ -215,7 +220,11 @@ def run_loadgen(backend, model, dataset, settings: dict, run_dir: Path, progress
     if scenario == "offline" and not accuracy:
         expected_s = max(ts.min_duration_ms / 1e3, 0)
 
-    lg_qsl = lg.ConstructQSL(total, qsl.performance_sample_count, guarded(qsl.load), guarded(qsl.unload))
+    def load(indices):
+        if not sut.interrupted:  # its samples are answered without being read
+            qsl.load(indices)
+
+    lg_qsl = lg.ConstructQSL(total, qsl.performance_sample_count, guarded(load), guarded(qsl.unload))
     lg_sut = lg.ConstructFastSUT(sut.guarded_issue, guarded(sut.flush))
     backend.start_trace()
     sut.start()
@@ -230,17 +239,19 @@ def run_loadgen(backend, model, dataset, settings: dict, run_dir: Path, progress
         gc.disable()
     try:
         with monitor, run_stalls.watch() as stalls:
-            lg.StartTestWithLogSettings(lg_sut, lg_qsl, ts, log_settings, str(audit_config))
+            interrupts.call(lambda: lg.StartTestWithLogSettings(lg_sut, lg_qsl, ts, log_settings, str(audit_config)),
+                            on_interrupt=sut.interrupt, grace_s=INTERRUPT_GRACE_S.get(scenario, 1.0))
     finally:
         if gc_was_enabled:
             gc.enable()
         wall, cpu = time.perf_counter() - start, _cpu_seconds() - cpu_start
         gpu = backend.stop_trace()
         # A worker stuck in a hung backend never returns: don't wait for it (it is a daemon thread).
-        sut.stop(timeout=0.1 if monitor.stalled else 5.0)
+        sut.stop(timeout=0.1 if monitor.stalled or sut.interrupted else 5.0)
         lg.DestroyFastSUT(lg_sut)
         lg.DestroyQSL(lg_qsl)
 
+    interrupts.raise_if_requested()
     if monitor.stalled:
         raise UserError(f"the run failed: {monitor.stalled}",
                         f"LoadGen's logs are in {run_dir}; check the backend, or raise run.watchdog_s")
