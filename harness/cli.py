@@ -345,6 +345,7 @@ def _cmd_accuracy(args) -> int:
     lines = [f"top-1  {result['top1'] * 100:.2f} %", f"top-5  {result['top5'] * 100:.2f} %",
              f"images {result['n']}"]
     if args.reference:
+        accuracy.check_same_images(Path(args.run_dir), Path(args.reference))
         verdict = accuracy.compare(result, accuracy.evaluate(Path(args.reference)))
         result["reference"] = verdict
         lines.append(f"ratio  {verdict['ratio'] * 100:.2f} % of the reference top-1 "

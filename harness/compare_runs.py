@@ -99,6 +99,7 @@ def summarize(report: dict, label: str, path: Path) -> dict:
         "scenario": scenario or None,
         "mode": mode or None,
         "batch_size": report.get("batch_size"),
+        "dataset": _dataset(report),
         "metric": metric if performance else None,
         "throughput": throughput if performance else None,
         "scheduled_qps": as_number(lg.get("scheduled_qps")) if server else None,
@@ -113,6 +114,15 @@ def summarize(report: dict, label: str, path: Path) -> dict:
         "top1": as_number(accuracy.get("top1")),
         "top5": as_number(accuracy.get("top5")),
     }
+
+
+def _dataset(report: dict) -> str | None:
+    """Where a run's images came from and how many: "demo (20 images)"."""
+    source, size = report.get("dataset"), report.get("dataset_size")
+    if source is None and size is None:
+        return None
+    name = Path(str(source)).name or str(source) if source is not None else "?"
+    return f"{name} ({size} images)" if size is not None else name
 
 
 def labels_for(paths: list[Path]) -> list[str]:
@@ -150,6 +160,7 @@ def table_rows(runs: list[dict]) -> list[tuple[str, list[str]]]:
         row("plugins", lambda r: "-" if r["plugins"] is None else r["plugins"]),
         row("scenario / mode", lambda r: f"{r['scenario'] or '-'} / {r['mode'] or '-'}"),
         row("batch size", lambda r: "-" if r["batch_size"] is None else str(r["batch_size"])),
+        row("dataset", lambda r: r.get("dataset") or "-"),
         row("throughput", lambda r: _num(r["throughput"])),
         row("  metric", lambda r: r["metric"] or "- (accuracy run)"),
     ]

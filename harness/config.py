@@ -115,6 +115,10 @@ def _check(s: Settings) -> None:
     if server["target_qps"] <= 0:
         raise UserError(f"server target QPS must be positive, not {server['target_qps']}",
                         "e.g. --target-qps 100")
+    if s["offline"]["target_qps"] < 0:
+        raise UserError(f"Offline target QPS (the samples/s LoadGen expects) must be positive, not "
+                        f"{s['offline']['target_qps']:g}", "e.g. --target-qps 2000, or leave it out for the "
+                        "warm-up's estimate")
     if server["target_latency_ms"] <= 0:
         raise UserError("server latency bound and batch timeout must be positive",
                         "e.g. --latency-bound-ms 15")

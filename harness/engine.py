@@ -431,6 +431,8 @@ def cli_main(argv: list[str]) -> int:
         raise UserError(f"--batch {args.batch} must be at least 1", "pass a positive batch size")
     if args.top_k < 0:
         raise UserError(f"--top-k {args.top_k} is negative", "pass 5 (MLPerf's responses) or 0 (scores only)")
+    if not args.quantize_only:
+        import_tensorrt()  # before the calibration (minutes): without TensorRT the build would fail after it
     if args.precision == "int8" and args.calibration:
         quantize_model_dir(model_dir, args.calibration, args.calib_method, args.percentile, args.calib_every)
     if args.quantize_only:

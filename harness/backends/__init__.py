@@ -139,7 +139,7 @@ BACKEND_NAMES = ("auto", *_REGISTRY)
 TENSORRT_MISSING = UserError(
     "TensorRT is not installed (or its Python API cannot be imported)",
     "install it with `pip install tensorrt` on a machine with an NVIDIA GPU and driver, "
-    "or use --backend onnxruntime",
+    "or run on the CPU: `trtfuse run --backend onnxruntime`",
 )
 
 
