@@ -307,7 +307,17 @@ def _cmd_run(args) -> int:
     result = run(settings, progress=not args.quiet, weights=args.weights, run_dir=args.run_dir,
                  command=["trtfuse", *args.argv])
     print(format_table(result))
-    return 0
+    return _invalid_exit(result)
+
+
+def _invalid_exit(result: dict) -> int:
+    """1, with one line that says why and what to change, for a run LoadGen called INVALID."""
+    from trtfuse.report import invalid_verdict
+
+    verdict = invalid_verdict(result)
+    if verdict:
+        print(f"error: {verdict}", file=sys.stderr)
+    return 1 if verdict else 0
 
 
 def _cmd_demo() -> int:
@@ -316,9 +326,13 @@ def _cmd_demo() -> int:
 
     print("trtfuse: no command given; a short Offline run on the 20 demo images "
           "(EfficientNet-Lite0, CPU unless TensorRT is usable).", file=sys.stderr)
+    from trtfuse.report import invalid_verdict
+
     for mode in ("performance", "accuracy"):
-        result = run(config.load(overrides={"run.mode": mode}), progress=True)
+        result = run(config.load(overrides={"run.mode": mode}), progress=True, command=["trtfuse"])
         print(format_table(result))
+        if invalid_verdict(result):  # a demonstration: said, not failed
+            print(f"note: {invalid_verdict(result)}", file=sys.stderr)
         print()
     print(NEXT_STEPS)
     return 0

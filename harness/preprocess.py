@@ -38,7 +38,7 @@ def _check_whole(path: str | os.PathLike) -> None:
     """A UserError for a truncated JPEG. OpenCV's libjpeg decodes one with a warning on stderr only,
     filling the missing rows with grey: a wrong input, cached and scored as if it were the photo.
     PIL's decoder raises on it; decoded at 1/8 scale (``draft``) it reads every byte cheaply."""
-    from PIL import Image
+    from PIL import Image, UnidentifiedImageError
 
     with open(path, "rb") as f:
         if f.read(2) != b"\xff\xd8":  # not a JPEG
@@ -47,6 +47,8 @@ def _check_whole(path: str | os.PathLike) -> None:
         with Image.open(path) as img:
             img.draft("RGB", (max(1, img.width // 8), max(1, img.height // 8)))
             img.load()
+    except UnidentifiedImageError:
+        return  # not a JPEG after all: OpenCV's decode says so
     except OSError as e:
         raise UserError(f"image {path} is damaged ({e})",
                         "remove the file or replace it with a whole copy") from None
