@@ -24,6 +24,7 @@ import sys
 import time
 from pathlib import Path
 
+from trtfuse.config import PLUGINS_HELP
 from trtfuse.errors import UserError
 
 NEXT_STEPS = """\
@@ -71,9 +72,7 @@ def _add_run_arguments(p: argparse.ArgumentParser, compliance: bool = False) -> 
     p.add_argument("--input-format", dest="tensorrt.input_format", choices=["float", "int8"],
                    help="TensorRT: the engine's input (int8: quantized on the host once, a quarter of the bytes)")
     p.add_argument("--plugins", dest="tensorrt.plugins", choices=["off", "tails", "all", "on"],
-                   help="TensorRT: off; tails: the bottleneck tails on trtfuse's fused kernels (on: the same); "
-                        "all: the tails and the stem (each also computing the next conv1 where it can), the "
-                        "projections and the narrow 3x3 convs")
+                   help=f"TensorRT: {PLUGINS_HELP} (on: the same as tails)")
     p.add_argument("--devices", dest="tensorrt.devices",
                    help="TensorRT: the GPUs to run on, one engine each (all, or e.g. 0,1; default GPU 0)")
     p.add_argument("--triton-url", dest="triton.url", metavar="HOST:PORT", nargs="+",
@@ -89,10 +88,20 @@ def _add_run_arguments(p: argparse.ArgumentParser, compliance: bool = False) -> 
     p.add_argument("--quiet", action="store_true", help="no progress output")
 
 
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("trtfuse")
+    except PackageNotFoundError:
+        return "(not installed)"
+
+
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="trtfuse", description=__doc__.split("\n")[0],
+    p = argparse.ArgumentParser(prog="trtfuse", description=__doc__.split("\n")[0].replace("``", ""),
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog="\n".join(__doc__.split("\n")[2:]))
+    p.add_argument("--version", action="version", version=f"trtfuse {_version()}")
     sub = p.add_subparsers(dest="command")
 
     prep = sub.add_parser("prepare", help="write a model's ONNX and description")

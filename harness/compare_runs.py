@@ -201,6 +201,11 @@ def format_table(runs: list[dict]) -> str:
 SCENARIO_COLORS = {"offline": "tab:blue", "server": "tab:green"}
 
 
+def _ms_text(v: float) -> str:
+    """Milliseconds as people write them: 14,200 and 1.42, never 1.42e+04."""
+    return f"{v:,.0f}" if abs(v) >= 100 else f"{v:.3g}" if abs(v) >= 0.001 else f"{v:.1e}"
+
+
 def draw_chart(mpl, runs: list[dict], path: Path) -> Path:
     """Throughput bars per run (colour: scenario; hatched: INVALID), p99 latency markers (right axis)."""
     n = len(runs)
@@ -236,7 +241,7 @@ def draw_chart(mpl, runs: list[dict], path: Path) -> Path:
         lat.plot([x + 0.2 for x, _ in p99], [v for _, v in p99], "D", color="tab:red", ms=8, ls="none",
                  zorder=5)
         for x, v in p99:
-            lat.annotate(f"{v:,.3g} ms", (x + 0.2, v), textcoords="offset points", xytext=(8, -4),
+            lat.annotate(f"{_ms_text(v)} ms", (x + 0.2, v), textcoords="offset points", xytext=(8, -4),
                          fontsize=8, color="tab:red",
                          bbox=dict(boxstyle="round,pad=0.15", fc="white", ec="none", alpha=0.85))
         for x, r in zip(xs, runs):
@@ -249,7 +254,7 @@ def draw_chart(mpl, runs: list[dict], path: Path) -> Path:
             lat.set_ylim(min(values) / 2, max(values) * 3)
             from matplotlib.ticker import FuncFormatter
 
-            lat.yaxis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:,.4g}"))
+            lat.yaxis.set_major_formatter(FuncFormatter(lambda v, _pos: _ms_text(v)))
         else:
             lat.set_ylim(0, max(values) * 1.25)
     lat.set_ylabel("p99 latency (ms)" + (", log scale" if lat.get_yscale() == "log" else ""), color="tab:red")

@@ -26,6 +26,10 @@ MODES = ("performance", "accuracy")
 # stem (each also computing the next conv1 where the kernel holds it), every projection and 3x3 conv the plugin runs
 # faster than TensorRT (models/residual_conv_rewrite.py).
 PLUGIN_MODES = ("off", "tails", "all")
+# --plugins, said the same by every command that takes it.
+PLUGINS_HELP = ("off: TensorRT's own kernels; tails: the bottleneck tails (conv + BN + residual + ReLU) on "
+                "trtfuse's fused int8 kernel; all: the tails and the stem (each also computing the next conv1 "
+                "where it can), the projections and the narrow 3x3 convs")
 
 
 def plugin_mode(value: Any) -> str:

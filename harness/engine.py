@@ -26,6 +26,7 @@ import sys
 import time
 from pathlib import Path
 
+from trtfuse.config import PLUGINS_HELP
 from trtfuse.errors import UserError
 
 QDQ_FILE = "model.int8.onnx"
@@ -390,9 +391,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("model_dir", metavar="MODEL", help="a model `trtfuse prepare` made: its name or its folder")
     p.add_argument("--precision", choices=("int8", "fp16", "fp32"), default="int8")
     p.add_argument("--plugins", choices=("off", "tails", "all", "on"), default="off",
-                   help="off: TensorRT's own kernels; tails: each bottleneck's conv + BN + residual + ReLU on "
-                        "trtfuse's fused int8 kernel (on: the same); all: the tails and the projections (downsample "
-                        "conv + BN) where the plugin is faster than TensorRT")
+                   help=f"{PLUGINS_HELP} (on: the same as tails)")
     p.add_argument("--batch", type=int, default=256)
     p.add_argument("--workspace", type=float, default=8.0, metavar="GB")
     p.add_argument("--input-format", choices=("float", "int8"), default="float")

@@ -634,8 +634,8 @@ def assemble(tree: Path, plan_: Plan, *, submitter: str, division: str, status: 
         "mlperf_rounds": sorted({r.loadgen.get("mlperf_round") for r in plan_.runs.values()} - {None, ""}),
         "entries": entries, "missing": missing, "notes": plan_.notes,
         "system_description": {"file": f"systems/{system}.json", "described_from": described_from,
-                               "fill_by_hand": sysinfo.unknown_fields(desc)
-                               + ([] if submitter else ["submitter"])},
+                               # a submitter not given is one of them (UNKNOWN in the description)
+                               "fill_by_hand": sysinfo.unknown_fields(desc)},
     }
     (tree / "submission.json").write_text(json.dumps(summary, indent=2) + "\n")
     return summary

@@ -167,3 +167,51 @@ def test_install_lines_leave_pip_nothing_to_complain_about():
     assert any(dep.startswith("foolbox") for dep in extras["demo"])
     readme = (REPO / "README.md").read_text()
     assert "--no-deps" not in readme and 'pip install ".[models,demo]"' in readme
+
+
+# 12 -----------------------------------------------------------------------------------------------
+def _help(argv, capsys) -> str:
+    with pytest.raises(SystemExit) as e:
+        cli.main(argv)
+    assert e.value.code == 0
+    return " ".join(capsys.readouterr().out.split())
+
+
+def test_help_texts_are_whole_and_say_plugins_the_same(capsys):
+    from trtfuse.config import PLUGINS_HELP
+
+    top = _help(["--help"], capsys)
+    assert "``" not in top
+    assert _help(["--version"], capsys).startswith("trtfuse ")
+    assert "from an engine trtfuse build made." in _help(["triton", "export", "--help"], capsys)
+    for command in (["run"], ["build"], ["serve"]):
+        assert PLUGINS_HELP in _help([*command, "--help"], capsys), command
+
+
+def test_numbers_on_charts_read_as_numbers():
+    from trtfuse.compare_runs import _ms_text
+    from trtfuse.plots import thousands_formatter
+
+    assert _ms_text(14200.0) == "14,200" and _ms_text(1.4234) == "1.42" and _ms_text(0.05) == "0.05"
+    fmt = thousands_formatter()
+    assert [fmt(v, 0) for v in (0, 2.5, 5, 7.5, 12500)] == ["0", "2.5", "5", "7.5", "12,500"]
+
+
+def test_the_cpu_fallback_note_is_said_once(monkeypatch, capsys):
+    """The default run makes two backends (performance, accuracy): one note, not two."""
+    from trtfuse import backends
+
+    class NoTensorRT:
+        @classmethod
+        def create(cls, **options):
+            raise UserError("TensorRT is not installed")
+
+    class Cpu:
+        @classmethod
+        def create(cls, **options):
+            return cls()
+
+    monkeypatch.setattr(backends, "_load_class", lambda name: NoTensorRT if name == "tensorrt" else Cpu)
+    monkeypatch.setattr(backends, "_NOTED", set())
+    assert all(isinstance(backends.create_backend("auto"), Cpu) for _ in range(2))
+    assert capsys.readouterr().err.count("using onnxruntime instead") == 1

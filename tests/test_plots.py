@@ -134,6 +134,11 @@ def test_timeline_of_a_run_starts_at_zero_and_ends_at_every_sample(runs):
         assert data["min_duration_s"] == pytest.approx(min_duration_s)
     server = plots.timeline_data(runs["server"][1])
     assert server["target_qps"] == pytest.approx(700.0)
+    # Marked: LoadGen's result, and the lead-in before its first query (no completion in it).
+    assert server["result_qps"] == runs["server"][1]["loadgen"]["completed_samples_per_s"]
+    lead_in = server["lead_in_s"] or 0.0
+    assert not any(n for t, n in zip(server["t_s"], server["completed"]) if t <= lead_in)
+    assert plots.timeline_data(runs["offline"][1])["result_qps"] is None
     assert server["loadgen_span"] is None  # Server: LoadGen's latencies are per query, not from one issue
     # The per-interval rates add up to every sample the run completed (how fast they came is the
     # machine's: not checked here).

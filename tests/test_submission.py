@@ -254,6 +254,8 @@ def test_refuses_an_invalid_run_unless_allowed(runs, tmp_path, capsys):
     summary = json.loads((tmp_path / "out" / "submission.json").read_text())
     assert summary["entries"][0]["verdict"] == "INVALID"
     assert any("INVALID" in n and "--allow-invalid" in n for n in summary["notes"])
+    fill = summary["system_description"]["fill_by_hand"]  # no --submitter: named once, like every field
+    assert fill.count("submitter") == 1 and len(set(fill)) == len(fill)
 
 
 def test_refuses_random_weights_for_accuracy(runs, tmp_path):

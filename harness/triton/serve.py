@@ -28,6 +28,7 @@ from pathlib import Path
 
 import numpy as np
 from trtfuse import interrupts
+from trtfuse.config import PLUGINS_HELP
 from trtfuse.errors import UserError
 
 
@@ -40,7 +41,7 @@ def add_parser(sub) -> None:
                         "once, to measure what the server and its transport cost)")
     p.add_argument("--engine", metavar="FILE", help="TensorRT: a built engine (default: built/cached for the model)")
     p.add_argument("--plugins", choices=["off", "tails", "all"], default="off",
-                   help="TensorRT: trtfuse's fused plugins (tails; all: tails and projections)")
+                   help=f"TensorRT: {PLUGINS_HELP}")
     p.add_argument("--precision", default="int8", help="TensorRT: int8, fp16, fp32")
     p.add_argument("--devices", default="", help='TensorRT: GPUs to serve from: "" (GPU 0), "all", or "0,1"')
     p.add_argument("--input-format", choices=["float", "int8"],
