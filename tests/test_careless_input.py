@@ -8,7 +8,6 @@ import re
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
 from conftest_harness import tiny_rgb_onnx
 from test_cli import jpeg_folder
