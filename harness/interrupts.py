@@ -38,6 +38,7 @@ class _State:
         self.requested = False
         self.deferring = 0
         self.on_interrupt: list = []
+        self.notices: list[str] = []  # what the innermost deferring section tells the user it does
         self.on_exit: list = []
         self.folders: list = []  # RunFolders not yet complete
 
@@ -83,7 +84,7 @@ def _handler(signum, frame) -> None:
         exit_now()
     _state.requested = True
     if _state.deferring:
-        _say("interrupted: stopping the run (Ctrl-C again to quit at once)")
+        _say(f"interrupted: {_state.notices[-1]} (Ctrl-C again to quit at once)")
         _run_all(_state.on_interrupt)
         return
     raise KeyboardInterrupt
@@ -112,10 +113,11 @@ def handled():
 
 
 @contextmanager
-def deferred(on_interrupt=None):
+def deferred(on_interrupt=None, stopping: str = "the run"):
     """A section a signal must not unwind: the signal is only noted (``requested()``) and
-    ``on_interrupt`` called, in the main thread. A signal that came before the section is acted on
-    at its start."""
+    ``on_interrupt`` called, in the main thread (the user is told it is ``stopping`` that). A signal
+    that came before the section is acted on at its start."""
+    _state.notices.append(f"stopping {stopping}")
     if on_interrupt is not None:
         _state.on_interrupt.append(on_interrupt)
         if _state.requested:
@@ -125,6 +127,7 @@ def deferred(on_interrupt=None):
         yield
     finally:
         _state.deferring -= 1
+        _state.notices.pop()
         if on_interrupt is not None:
             _state.on_interrupt.remove(on_interrupt)
 
@@ -197,6 +200,7 @@ class RunFolder:
         if not self._measured:
             self._measured = True
             _state.deferring += 1
+            _state.notices.append("finishing the run folder first (LoadGen's test had ended)")
 
     def complete(self, mark=None) -> None:
         """The folder is whole: kept from now on. ``mark(why)`` rewrites its report when a signal
@@ -206,6 +210,7 @@ class RunFolder:
         if self._measured:
             self._measured = False
             _state.deferring -= 1
+            _state.notices.pop()
         if _state.requested:
             if mark is not None:
                 mark("a signal came after LoadGen's test had ended: the measurement is whole")

@@ -172,6 +172,7 @@ def test_a_signal_while_the_report_is_written_completes_the_folder_marked(tmp_pa
     rc = cli.main(["run", "--model", str(model), "--dataset", str(images), "--backend", "onnxruntime",
                    "--batch-size", "2", "--min-duration-s", "0.1", "--run-dir", str(run_dir), "--quiet"])
     assert rc == 130
+    assert "interrupted: finishing the run folder first" in capsys.readouterr().err
     report = json.loads((run_dir / "report.json").read_text())
     assert "the measurement is whole" in report["interrupted"]
     assert (run_dir / "completed_over_time.png").is_file()

@@ -218,7 +218,7 @@ def serve(args, stop: threading.Event | None = None) -> dict:
     # second signal kills it and exits at once. The ready file goes first: a reader never finds one of
     # a server that is stopping.
     ready_file = Path(args.ready_file) if args.ready_file else None
-    with interrupts.deferred(on_interrupt=stop.set), interrupts.on_exit(server.kill), \
+    with interrupts.deferred(on_interrupt=stop.set, stopping="the server"), interrupts.on_exit(server.kill), \
             interrupts.on_exit(lambda: _remove_ready_file(ready_file)):
         try:
             server.wait_ready(spec.name, args.ready_timeout_s, stop)
