@@ -257,7 +257,7 @@ def test_warm_up_times_the_serving_path_not_plain_infer(tmp_path, monkeypatch):
 def test_warm_up_runs_batches_as_the_sut_does_several_at_once(tmp_path, monkeypatch):
     # A backend that runs 4 batches at once (streams, lanes, servers): timed one at a time it looks 4x
     # slower than it serves, and an Offline run sized by that ended before its min duration
-    # (INVALID). The timed batches run on 4 threads at once: each waits at a barrier for the other 3.
+    # (INVALID). The batches run on 4 threads at once: each waits at a barrier for the other 3.
     from trtfuse import lg_run
 
     together = threading.Barrier(4, timeout=30)  # broken, and the test failed, unless all 4 overlap
@@ -278,5 +278,5 @@ def test_warm_up_runs_batches_as_the_sut_does_several_at_once(tmp_path, monkeypa
     qsl = SampleLibrary(SyntheticDataset(16), 16, backend)
     monkeypatch.setattr(lg_run, "time", FakeClock(0.5))
     rate = warm_up(backend, qsl, 8, 2, threads=4)
-    assert FourAtOnce.calls == 5  # the first, then at least one per thread
-    assert rate == 8 * 4 / 0.5
+    assert FourAtOnce.calls == 1 + 4 + 8  # the first, one untimed per thread, then two timed per thread
+    assert rate == 8 * 8 / 0.5
