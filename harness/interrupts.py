@@ -84,7 +84,8 @@ def _handler(signum, frame) -> None:
         exit_now()
     _state.requested = True
     if _state.deferring:
-        _say(f"interrupted: {_state.notices[-1]} (Ctrl-C again to quit at once)")
+        notice = _state.notices[-1] if _state.notices else "stopping"
+        _say(f"interrupted: {notice} (Ctrl-C again to quit at once)")
         _run_all(_state.on_interrupt)
         return
     raise KeyboardInterrupt
@@ -207,10 +208,11 @@ class RunFolder:
         came while it was being completed; then KeyboardInterrupt."""
         if self in _state.folders:
             _state.folders.remove(self)
-        if self._measured:
+        if self._measured:  # (a folder of an earlier command's state, reset since, changes nothing)
             self._measured = False
-            _state.deferring -= 1
-            _state.notices.pop()
+            _state.deferring = max(0, _state.deferring - 1)
+            if _state.notices:
+                _state.notices.pop()
         if _state.requested:
             if mark is not None:
                 mark("a signal came after LoadGen's test had ended: the measurement is whole")
