@@ -57,6 +57,21 @@ def evaluate(run_dir: Path) -> dict:
     return {"top1": top1, "top5": top5, "n": len(indices)}
 
 
+def check_same_images(run_dir: Path, reference_dir: Path) -> None:
+    """A UserError unless both runs are over the same images (their qsl.json): a top-1 ratio of runs
+    over different datasets says nothing."""
+    def images(d):
+        path = Path(d) / QSL_FILE
+        return json.loads(path.read_text())["names"] if path.is_file() else None
+
+    mine, theirs = images(run_dir), images(reference_dir)
+    if mine is not None and theirs is not None and mine != theirs:
+        size = f"{len(mine)} and {len(theirs)} images" if len(mine) != len(theirs) else \
+            f"{len(mine)} images each, not the same ones"
+        raise UserError(f"{run_dir} and the reference {reference_dir} are runs over different images ({size})",
+                        "give a reference accuracy run over the same dataset (and --sample-count)")
+
+
 def compare(result: dict, reference: dict) -> dict:
     """``result`` against a reference run's accuracy: ratio of top-1 and pass/fail at 99 %."""
     ratio = result["top1"] / reference["top1"] if reference["top1"] > 0 else float("nan")

@@ -24,6 +24,7 @@ import sys
 import time
 from pathlib import Path
 
+from trtfuse.config import PLUGINS_HELP
 from trtfuse.errors import UserError
 
 NEXT_STEPS = """\
@@ -37,7 +38,7 @@ Next steps:
   every setting: trtfuse run --help, configs/default.toml (--config FILE)"""
 
 
-def _add_run_arguments(p: argparse.ArgumentParser) -> None:
+def _add_run_arguments(p: argparse.ArgumentParser, compliance: bool = False) -> None:
     # Each flag maps onto a key of configs/default.toml; None means "not given, keep the config's".
     p.add_argument("--config", metavar="FILE", help="TOML settings on top of configs/default.toml")
     p.add_argument("--model", dest="run.model",
@@ -46,7 +47,8 @@ def _add_run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dataset", dest="run.dataset",
                    help="'demo', an ImageNet folder with val_map.txt, or a folder of <wnid>_*.JPEG")
     p.add_argument("--scenario", dest="run.scenario", choices=["offline", "server", "singlestream", "multistream"])
-    p.add_argument("--mode", dest="run.mode", choices=["performance", "accuracy"])
+    if not compliance:  # a compliance test runs the modes it needs
+        p.add_argument("--mode", dest="run.mode", choices=["performance", "accuracy"])
     p.add_argument("--backend", dest="run.backend", choices=["auto", "onnxruntime", "tensorrt", "triton", "null"],
                    help="what runs the batches (triton: Triton servers at --triton-url)")
     p.add_argument("--sut", dest="run.sut", choices=["python", "native"],
@@ -68,17 +70,16 @@ def _add_run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--min-query-count", type=int)
     p.add_argument("--official", dest="run.official", action="store_const", const=True,
                    help="keep every mlperf.conf value (600 s, 24576 Offline queries, 15 ms); set only the QPS")
-    p.add_argument("--audit-config", dest="run.audit_config", metavar="FILE",
-                   help="run with an MLPerf compliance test's audit.config (TEST01, TEST04)")
+    if not compliance:  # a compliance test uses its own audit.config
+        p.add_argument("--audit-config", dest="run.audit_config", metavar="FILE",
+                       help="run with an MLPerf compliance test's audit.config (TEST01, TEST04)")
     p.add_argument("--output-dir", dest="run.output_dir", help="where run folders go (default runs/)")
     p.add_argument("--engine", dest="tensorrt.engine", metavar="FILE", help="TensorRT: a built engine")
     p.add_argument("--precision", dest="tensorrt.precision", help="TensorRT: int8, fp16, ...")
     p.add_argument("--input-format", dest="tensorrt.input_format", choices=["float", "int8"],
                    help="TensorRT: the engine's input (int8: quantized on the host once, a quarter of the bytes)")
     p.add_argument("--plugins", dest="tensorrt.plugins", choices=["off", "tails", "all", "on"],
-                   help="TensorRT: off; tails: the bottleneck tails on trtfuse's fused kernels (on: the same); "
-                        "all: the tails and the stem (each also computing the next conv1 where it can), the "
-                        "projections and the narrow 3x3 convs")
+                   help=f"TensorRT: {PLUGINS_HELP} (on: the same as tails)")
     p.add_argument("--devices", dest="tensorrt.devices",
                    help="TensorRT: the GPUs to run on, one engine each (all, or e.g. 0,1; default GPU 0)")
     p.add_argument("--triton-url", dest="triton.url", metavar="HOST:PORT", nargs="+",
@@ -94,10 +95,20 @@ def _add_run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quiet", action="store_true", help="no progress output")
 
 
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("trtfuse")
+    except PackageNotFoundError:
+        return "(not installed)"
+
+
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="trtfuse", description=__doc__.split("\n")[0],
+    p = argparse.ArgumentParser(prog="trtfuse", description=__doc__.split("\n")[0].replace("``", ""),
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog="\n".join(__doc__.split("\n")[2:]))
+    p.add_argument("--version", action="version", version=f"trtfuse {_version()}")
     sub = p.add_subparsers(dest="command")
 
     prep = sub.add_parser("prepare", help="write a model's ONNX and description")
@@ -123,7 +134,7 @@ def _parser() -> argparse.ArgumentParser:
                       help="TEST01: reuse this accuracy run as the reference (default: run one first)")
     comp.add_argument("--mlperf-dir", dest="mlperf.inference_dir", metavar="DIR",
                       help="a checkout of mlcommons/inference (default $MLPERF_INFERENCE_DIR)")
-    _add_run_arguments(comp)
+    _add_run_arguments(comp, compliance=True)
 
     from trtfuse import compare_runs, engine_inspect, submission
     from trtfuse.triton import export, serve
@@ -239,11 +250,13 @@ def run(settings: dict, progress: bool = True, weights: str | None = None,
     come from the settings. ``command``: the command line that asked for the run, kept in the report
     (a submission's README says how each run was made).
     """
-    from trtfuse import accuracy, report, sysinfo
+    from trtfuse import accuracy, files, interrupts, report, sysinfo
     from trtfuse.lg_run import run_loadgen
 
     r = settings["run"]
     native = r["sut"] == "native"
+    given_dir = run_dir is not None
+    files.check_folder_path(run_dir or r["output_dir"], "--run-dir" if given_dir else "--output-dir")
     own_backend = backend is None
     model, dataset, backend = open_inputs(settings, weights, progress, model, dataset, backend,
                                           with_backend=not native)
@@ -256,7 +269,8 @@ def run(settings: dict, progress: bool = True, weights: str | None = None,
             raise UserError(f"--sut native runs a native engine, not the {backend.name} backend given",
                             "pass a native_sut engine, or use --sut python")
     run_dir = Path(run_dir) if run_dir else _new_run_dir(r["output_dir"], model.name, r["scenario"], r["mode"])
-    run_dir.mkdir(parents=True)
+    files.new_folder(run_dir, "--run-dir" if given_dir else "--output-dir")
+    folder = interrupts.RunFolder(run_dir)  # complete in the end, or removed if the command is interrupted first
     accuracy.write_qsl_labels(run_dir, dataset.names, dataset.labels)
     if progress:
         print(f"trtfuse: {r['scenario']} {r['mode']} run of {model.name} on {backend.name} ({r['sut']} SUT), "
@@ -269,6 +283,7 @@ def run(settings: dict, progress: bool = True, weights: str | None = None,
     finally:
         if own_backend:
             backend.close()
+    folder.measured()  # LoadGen's test ended by itself: a signal from now on completes the folder, marked
     results = report.read_loadgen_results(run_dir)
     mode = results["mode"] or r["mode"]  # LoadGen's effective mode: an audit.config may switch it
     result = {
@@ -299,6 +314,7 @@ def run(settings: dict, progress: bool = True, weights: str | None = None,
     from trtfuse.plots import write_run_plots
 
     write_run_plots(run_dir, result)  # latency_cdf.png, completed_over_time.png ([] without matplotlib)
+    folder.complete(lambda why: report.write_report(run_dir, {**result, "interrupted": why}))
     return result
 
 
@@ -328,7 +344,17 @@ def _cmd_run(args) -> int:
     result = run(settings, progress=not args.quiet, weights=args.weights, run_dir=args.run_dir,
                  command=["trtfuse", *args.argv])
     print(format_table(result))
-    return 0
+    return _invalid_exit(result)
+
+
+def _invalid_exit(result: dict) -> int:
+    """1, with one line that says why and what to change, for a run LoadGen called INVALID."""
+    from trtfuse.report import invalid_verdict
+
+    verdict = invalid_verdict(result)
+    if verdict:
+        print(f"error: {verdict}", file=sys.stderr)
+    return 1 if verdict else 0
 
 
 def _cmd_demo() -> int:
@@ -337,9 +363,13 @@ def _cmd_demo() -> int:
 
     print("trtfuse: no command given; a short Offline run on the 20 demo images "
           "(EfficientNet-Lite0, CPU unless TensorRT is usable).", file=sys.stderr)
+    from trtfuse.report import invalid_verdict
+
     for mode in ("performance", "accuracy"):
-        result = run(config.load(overrides={"run.mode": mode}), progress=True)
+        result = run(config.load(overrides={"run.mode": mode}), progress=True, command=["trtfuse"])
         print(format_table(result))
+        if invalid_verdict(result):  # a demonstration: said, not failed
+            print(f"note: {invalid_verdict(result)}", file=sys.stderr)
         print()
     print(NEXT_STEPS)
     return 0
@@ -366,6 +396,7 @@ def _cmd_accuracy(args) -> int:
     lines = [f"top-1  {result['top1'] * 100:.2f} %", f"top-5  {result['top5'] * 100:.2f} %",
              f"images {result['n']}"]
     if args.reference:
+        accuracy.check_same_images(Path(args.run_dir), Path(args.reference))
         verdict = accuracy.compare(result, accuracy.evaluate(Path(args.reference)))
         result["reference"] = verdict
         lines.append(f"ratio  {verdict['ratio'] * 100:.2f} % of the reference top-1 "
@@ -414,7 +445,13 @@ def _delegate(command: str, argv: list[str]) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else list(argv)
+    from trtfuse import interrupts
+
+    with interrupts.handled():  # Ctrl-C, SIGTERM: exit 130, nothing half-written
+        return _main(sys.argv[1:] if argv is None else list(argv))
+
+
+def _main(argv: list[str]) -> int:
     try:
         if argv and argv[0] in ("build", "plugins"):
             return _delegate(argv[0], argv[1:])
@@ -433,4 +470,4 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
-        return 130
+        return 130  # 128 + SIGINT

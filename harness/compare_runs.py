@@ -103,6 +103,7 @@ def summarize(report: dict, label: str, path: Path) -> dict:
         "scenario": scenario or None,
         "mode": mode or None,
         "batch_size": report.get("batch_size"),
+        "dataset": _dataset(report),
         "metric": metric if performance else None,
         "throughput": throughput if performance else None,
         "scheduled_qps": as_number(lg.get("scheduled_qps")) if server else None,
@@ -117,6 +118,15 @@ def summarize(report: dict, label: str, path: Path) -> dict:
         "top1": as_number(accuracy.get("top1")),
         "top5": as_number(accuracy.get("top5")),
     }
+
+
+def _dataset(report: dict) -> str | None:
+    """Where a run's images came from and how many: "demo (20 images)"."""
+    source, size = report.get("dataset"), report.get("dataset_size")
+    if source is None and size is None:
+        return None
+    name = Path(str(source)).name or str(source) if source is not None else "?"
+    return f"{name} ({size} images)" if size is not None else name
 
 
 def labels_for(paths: list[Path]) -> list[str]:
@@ -154,6 +164,7 @@ def table_rows(runs: list[dict]) -> list[tuple[str, list[str]]]:
         row("plugins", lambda r: "-" if r["plugins"] is None else r["plugins"]),
         row("scenario / mode", lambda r: f"{r['scenario'] or '-'} / {r['mode'] or '-'}"),
         row("batch size", lambda r: "-" if r["batch_size"] is None else str(r["batch_size"])),
+        row("dataset", lambda r: r.get("dataset") or "-"),
         row("throughput", lambda r: _num(r["throughput"])),
         row("  metric", lambda r: r["metric"] or "- (accuracy run)"),
     ]
@@ -194,6 +205,11 @@ def format_table(runs: list[dict]) -> str:
 SCENARIO_COLORS = {"offline": "tab:blue", "server": "tab:green"}
 
 
+def _ms_text(v: float) -> str:
+    """Milliseconds as people write them: 14,200 and 1.42, never 1.42e+04."""
+    return f"{v:,.0f}" if abs(v) >= 100 else f"{v:.3g}" if abs(v) >= 0.001 else f"{v:.1e}"
+
+
 def draw_chart(mpl, runs: list[dict], path: Path) -> Path:
     """Throughput bars per run (colour: scenario; hatched: INVALID), p99 latency markers (right axis)."""
     n = len(runs)
@@ -229,7 +245,7 @@ def draw_chart(mpl, runs: list[dict], path: Path) -> Path:
         lat.plot([x + 0.2 for x, _ in p99], [v for _, v in p99], "D", color="tab:red", ms=8, ls="none",
                  zorder=5)
         for x, v in p99:
-            lat.annotate(f"{v:,.3g} ms", (x + 0.2, v), textcoords="offset points", xytext=(8, -4),
+            lat.annotate(f"{_ms_text(v)} ms", (x + 0.2, v), textcoords="offset points", xytext=(8, -4),
                          fontsize=8, color="tab:red",
                          bbox=dict(boxstyle="round,pad=0.15", fc="white", ec="none", alpha=0.85))
         for x, r in zip(xs, runs):
@@ -242,7 +258,7 @@ def draw_chart(mpl, runs: list[dict], path: Path) -> Path:
             lat.set_ylim(min(values) / 2, max(values) * 3)
             from matplotlib.ticker import FuncFormatter
 
-            lat.yaxis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:,.4g}"))
+            lat.yaxis.set_major_formatter(FuncFormatter(lambda v, _pos: _ms_text(v)))
         else:
             lat.set_ylim(0, max(values) * 1.25)
     lat.set_ylabel("p99 latency (ms)" + (", log scale" if lat.get_yscale() == "log" else ""), color="tab:red")

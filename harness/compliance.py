@@ -92,7 +92,12 @@ def run_compliance(test: str, settings: dict, out: str | Path | None = None,
         if (logged["scenario"], logged["mode"]) != (scenario, mode):
             raise UserError(f"the reference {mode} run {run_dir} is a {logged['scenario']} {logged['mode']} run",
                             f"give a {scenario} {mode} run (or --scenario {logged['scenario']})")
+    from trtfuse import files, interrupts
+
+    files.check_folder_path(out, "--out")
+    created = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
+    folder = interrupts.RunFolder(out, created)  # an interrupted test leaves no folder (or an empty one)
     for mode, run_dir in given.items():
         if run_dir:
             shutil.copytree(run_dir, ref_dirs[mode])
@@ -133,6 +138,7 @@ def run_compliance(test: str, settings: dict, out: str | Path | None = None,
                    reference_runs={m: str(given[m] or "run here") for m in ref_dirs}, audited_run=str(audited),
                    scores={"reference": _score(ref_dirs["performance"]), "audited": _score(audited)})
     (out / "compliance.json").write_text(json.dumps(verdict, indent=2) + "\n")
+    folder.complete()
     print(format_verdict(verdict))
     return verdict
 

@@ -26,6 +26,10 @@ MODES = ("performance", "accuracy")
 # stem (each also computing the next conv1 where the kernel holds it), every projection and 3x3 conv the plugin runs
 # faster than TensorRT (models/residual_conv_rewrite.py).
 PLUGIN_MODES = ("off", "tails", "all")
+# --plugins, said the same by every command that takes it.
+PLUGINS_HELP = ("off: TensorRT's own kernels; tails: the bottleneck tails (conv + BN + residual + ReLU) on "
+                "trtfuse's fused int8 kernel; all: the tails and the stem (each also computing the next conv1 "
+                "where it can), the projections and the narrow 3x3 convs")
 
 
 def plugin_mode(value: Any) -> str:
@@ -124,6 +128,10 @@ def _check(s: Settings) -> None:
     if server["target_qps"] <= 0:
         raise UserError(f"server target QPS must be positive, not {server['target_qps']}",
                         "e.g. --target-qps 100")
+    if s["offline"]["target_qps"] < 0:
+        raise UserError(f"Offline target QPS (the samples/s LoadGen expects) must be positive, not "
+                        f"{s['offline']['target_qps']:g}", "e.g. --target-qps 2000, or leave it out for the "
+                        "warm-up's estimate")
     if server["target_latency_ms"] <= 0:
         raise UserError("server latency bound and batch timeout must be positive",
                         "e.g. --latency-bound-ms 15")

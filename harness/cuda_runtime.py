@@ -43,7 +43,8 @@ def device_count() -> int:
 def require_gpu() -> None:
     if device_count() == 0:
         raise UserError("no CUDA GPU is visible (cudaGetDeviceCount found none or the driver is missing)",
-                        "run on a machine with an NVIDIA GPU and driver, or use --backend onnxruntime")
+                        "run on a machine with an NVIDIA GPU and driver, or on the CPU: "
+                        "`trtfuse run --backend onnxruntime`")
 
 
 def set_device(device: int) -> None:

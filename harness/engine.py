@@ -26,6 +26,7 @@ import sys
 import time
 from pathlib import Path
 
+from trtfuse.config import PLUGINS_HELP
 from trtfuse.errors import UserError
 
 QDQ_FILE = "model.int8.onnx"
@@ -395,9 +396,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("model_dir", metavar="MODEL", help="a model `trtfuse prepare` made: its name or its folder")
     p.add_argument("--precision", choices=("int8", "fp16", "fp32"), default="int8")
     p.add_argument("--plugins", choices=("off", "tails", "all", "on"), default="off",
-                   help="off: TensorRT's own kernels; tails: each bottleneck's conv + BN + residual + ReLU on "
-                        "trtfuse's fused int8 kernel (on: the same); all: the tails and the projections (downsample "
-                        "conv + BN) where the plugin is faster than TensorRT")
+                   help=f"{PLUGINS_HELP} (on: the same as tails)")
     p.add_argument("--batch", type=int, default=256)
     p.add_argument("--workspace", type=float, default=8.0, metavar="GB")
     p.add_argument("--input-format", choices=("float", "int8"), default="float")
@@ -436,6 +435,8 @@ def cli_main(argv: list[str]) -> int:
         raise UserError(f"--batch {args.batch} must be at least 1", "pass a positive batch size")
     if args.top_k < 0:
         raise UserError(f"--top-k {args.top_k} is negative", "pass 5 (MLPerf's responses) or 0 (scores only)")
+    if not args.quantize_only:
+        import_tensorrt()  # before the calibration (minutes): without TensorRT the build would fail after it
     if args.precision == "int8" and args.calibration:
         quantize_model_dir(model_dir, args.calibration, args.calib_method, args.percentile, args.calib_every)
     if args.quantize_only:

@@ -52,16 +52,17 @@ class RunMonitor:
         last_print = 0.0
         while not self._stop.wait(self.interval_s):
             ledger = self.sut.ledger
+            completed = ledger.completed  # before the clock: every sample counted had completed by `now`
             now = time.monotonic()
-            self.timeline.append((round(now - self._start, 3), ledger.completed))
+            self.timeline.append((round(now - self._start, 3), completed))
             if ledger.outstanding > 0 and now - ledger.last_progress > self.stall_s:
                 self._unstick(ledger.outstanding)
             # On a terminal: a line redrawn in place; in logs (CI): one line every 10 s.
             if self.progress and (self._tty or now - last_print >= 10):
                 elapsed = now - self._start
                 eta = f" of ~{self.expected_s:.0f} s" if self.expected_s else ""
-                line = (f"  {elapsed:6.1f} s{eta}  {ledger.completed:,} samples done"
-                        f"  ({ledger.completed / max(elapsed, 1e-9):,.0f}/s)")
+                line = (f"  {elapsed:6.1f} s{eta}  {completed:,} samples done"
+                        f"  ({completed / max(elapsed, 1e-9):,.0f}/s)")
                 print(("\r" + line) if self._tty else line, end="" if self._tty else "\n",
                       file=sys.stderr, flush=True)
                 self._printed = True

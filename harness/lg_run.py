@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import mlperf_loadgen as lg
-from trtfuse import run_stalls
+from trtfuse import interrupts, run_stalls
 from trtfuse.errors import UserError
 from trtfuse.gpu_energy import EnergySpan
 from trtfuse.lg_monitor import RunMonitor
@@ -37,6 +37,11 @@ LOADGEN_SCENARIO = {"offline": lg.TestScenario.Offline, "server": lg.TestScenari
 LOADGEN_MODE = {"performance": lg.TestMode.PerformanceOnly, "accuracy": lg.TestMode.AccuracyOnly}
 AUDIT_CONFIG = "audit.config"  # the name LoadGen looks for
 USER_CONF = "user.conf"
+# Ctrl-C: how long StartTest may take to return once the SUT has answered everything. Offline then
+# only writes its logs; the other scenarios go on issuing queries until their duration is over however
+# fast they are answered (LoadGen has no stop), so the process exits sooner, the run folder removed
+# (interrupts.wait_for).
+INTERRUPT_GRACE_S = {"offline": 30.0}
 
 
 @dataclass
@@ -156,7 +161,8 @@ def warm_up(backend, qsl: SampleLibrary, batch_size: int, batches: int, threads:
     """Run ``batches`` batches through the serving path: the first samples loaded into the QSL's store
     (the backend's memory, its input type), answered by ``classify_rows`` as the SUT will; then
     unloaded, leaving the store for LoadGen. Samples/s of all but the first batch (which pays
-    one-time setup), run as the SUT runs them: ``threads`` at once, at least one batch each.
+    one-time setup), run as the SUT runs them: ``threads`` at once; with several threads, after an
+    untimed batch per thread (its own setup), and at least two timed per thread.
     Timing plain ``infer`` instead counted a host conversion no query pays, and timing one batch at a
     time a backend that runs several at once (streams, lanes, servers): Offline runs sized by either
     ended before their min duration."""
@@ -169,9 +175,16 @@ def warm_up(backend, qsl: SampleLibrary, batch_size: int, batches: int, threads:
         backend.classify_rows(qsl.store, rows)
         if batches == 1:
             return None
-        timed = max(batches - 1, threads)
-        start = time.perf_counter()
+        timed = max(batches - 1, threads if threads == 1 else 2 * threads)
         with ThreadPoolExecutor(threads) as pool:
+            if threads > 1:
+                # A round untimed first: each worker's first batch pays its own setup (its scratch
+                # buffers, its requests' first trip). Timing that round too put Triton's estimate at
+                # 0.5-0.65 of the rate LoadGen then measured: short Offline runs ended before their min
+                # duration.
+                for _ in pool.map(lambda _: backend.classify_rows(qsl.store, rows), range(threads)):
+                    pass
+            start = time.perf_counter()
             for _ in pool.map(lambda _: backend.classify_rows(qsl.store, rows), range(timed)):
                 pass
         return len(rows) * timed / (time.perf_counter() - start)
@@ -237,7 +250,11 @@ def run_loadgen(backend, model, dataset, settings: dict, run_dir: Path, progress
     if scenario == "offline" and not accuracy:
         expected_s = max(ts.min_duration_ms / 1e3, 0)
 
-    lg_qsl = lg.ConstructQSL(total, qsl.performance_sample_count, guarded(qsl.load), guarded(qsl.unload))
+    def load(indices):
+        if not sut.interrupted:  # its samples are answered without being read
+            qsl.load(indices)
+
+    lg_qsl = lg.ConstructQSL(total, qsl.performance_sample_count, guarded(load), guarded(qsl.unload))
     lg_sut = lg.ConstructFastSUT(sut.guarded_issue, guarded(sut.flush))
     backend.start_trace()
     sut.start()
@@ -252,17 +269,19 @@ def run_loadgen(backend, model, dataset, settings: dict, run_dir: Path, progress
         gc.disable()
     try:
         with monitor, run_stalls.watch() as stalls, EnergySpan(on=backend.name == "tensorrt") as energy:
-            lg.StartTestWithLogSettings(lg_sut, lg_qsl, ts, log_settings, str(audit_config))
+            interrupts.call(lambda: lg.StartTestWithLogSettings(lg_sut, lg_qsl, ts, log_settings, str(audit_config)),
+                            on_interrupt=sut.interrupt, grace_s=INTERRUPT_GRACE_S.get(scenario, 1.0))
     finally:
         if gc_was_enabled:
             gc.enable()
         wall, cpu = time.perf_counter() - start, _cpu_seconds() - cpu_start
         gpu = backend.stop_trace()
         # A worker stuck in a hung backend never returns: don't wait for it (it is a daemon thread).
-        sut.stop(timeout=0.1 if monitor.stalled else 5.0)
+        sut.stop(timeout=0.1 if monitor.stalled or sut.interrupted else 5.0)
         lg.DestroyFastSUT(lg_sut)
         lg.DestroyQSL(lg_qsl)
 
+    interrupts.raise_if_requested()
     if monitor.stalled:
         raise UserError(f"the run failed: {monitor.stalled}",
                         f"LoadGen's logs are in {run_dir}; check the backend, or raise run.watchdog_s")

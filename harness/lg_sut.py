@@ -100,6 +100,7 @@ class BatchSUT:
         self.label_offset = label_offset  # model class index - ImageNet class index (1001-class models: 1)
         self.ledger = Ledger()
         self.errors: list[BaseException] = []
+        self.interrupted = False  # Ctrl-C: every sample is answered at once, without inference
         self._work: queue.SimpleQueue = queue.SimpleQueue()
         self._threads = [threading.Thread(target=self._worker, name=f"trtfuse-worker-{k}", daemon=True)
                          for k in range(max(1, threads))]
@@ -134,7 +135,7 @@ class BatchSUT:
             key = self.ledger.open(ids)
             top = None
             try:
-                if not self.errors:  # after a failure, finish the run quickly without inferring
+                if not (self.errors or self.interrupted):  # after a failure, finish quickly without inferring
                     # Rows of the QSL's store, not a gathered batch: the backend reads them in place.
                     top = self.backend.classify_rows(self.qsl.store, self.qsl.rows(indices))
                     if self.label_offset:
@@ -167,6 +168,12 @@ class BatchSUT:
         self.ledger.note_completed(abandoned)
         return abandoned
 
+    def interrupt(self) -> int:
+        """Ctrl-C: answer everything outstanding, and every later query, at once with empty
+        responses, so that LoadGen's StartTest returns (its Python binding has no way to stop a test)."""
+        self.interrupted = True
+        return self.abandon()
+
     def _abandon_queued(self, item) -> int:
         """Complete one queued work item with empty responses; the samples it held."""
         complete(item[0])
@@ -176,7 +183,7 @@ class BatchSUT:
         """LoadGen's issue callback (ConstructFastSUT: two lists of ints). Never raises."""
         try:
             self.ledger.note_issued(len(ids))
-            if self.errors:  # the run has failed: answer at once so LoadGen finishes soon
+            if self.errors or self.interrupted:  # answer at once so LoadGen finishes soon
                 complete(ids)
                 self.ledger.note_completed(len(ids))
                 return

@@ -14,7 +14,6 @@ machine without a GPU).
 from __future__ import annotations
 
 import ctypes
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -242,7 +241,12 @@ class NativeSession:
             raise UserError("the native SUT refused the session", "check the dataset size and batch size")
 
     def _load(self, _user, idx, n, dst) -> int:
-        """LoadGen's load, from C: samples ``idx[:n]`` in the engine's input type into ``dst``."""
+        """LoadGen's load, from C: samples ``idx[:n]`` in the engine's input type into ``dst``. After a
+        Ctrl-C nothing is loaded: the session answers without inference and the run is discarded."""
+        from trtfuse import interrupts
+
+        if interrupts.requested():
+            return 0
         try:
             indices = np.ctypeslib.as_array(idx, shape=(n,)).copy()
             images = self.engine.to_input(self.dataset.images(indices))
@@ -262,9 +266,12 @@ class NativeSession:
             raise self._error(f"the warm-up failed: {err.value.decode()}")
         return rate or None
 
-    def run(self, model_name: str, scenario: str, settings_lines: str, log_dir: Path, audit_config: Path) -> None:
-        """StartTest in C, on a thread of its own so that Ctrl-C reaches this one: an interrupt stops the
-        session (every sample answered at once), waits for LoadGen to return, and re-raises."""
+    def run(self, model_name: str, scenario: str, settings_lines: str, log_dir: Path, audit_config: Path,
+            grace_s: float) -> None:
+        """StartTest in C, on a worker thread while the main thread waits (``interrupts.call``): a Ctrl-C
+        stops the session (every sample answered at once, no more inference) so that StartTest returns."""
+        from trtfuse import interrupts
+
         err = ctypes.create_string_buffer(_ERR_LEN)
         rc = [None]
 
@@ -273,16 +280,8 @@ class NativeSession:
                                                    settings_lines.encode(), str(log_dir).encode(),
                                                    str(audit_config).encode(), err, _ERR_LEN)
 
-        thread = threading.Thread(target=start_test, name="trtfuse-native-starttest", daemon=True)
-        thread.start()
-        try:
-            while thread.is_alive():
-                thread.join(0.2)
-        except KeyboardInterrupt:
-            self.stop("interrupted")
-            thread.join()
-            raise
-        if rc[0] != 0:
+        interrupts.call(start_test, on_interrupt=lambda: self.stop("interrupted"), grace_s=grace_s)
+        if rc[0] != 0 and not interrupts.requested():
             raise self._error(err.value.decode() or "the native run failed")
 
     def _error(self, message: str) -> Exception:
@@ -350,10 +349,10 @@ def loadgen_version() -> str:
 def run_native(engine: NativeEngine, model, dataset, settings: dict, run_dir: Path, progress: bool = True):
     """``lg_run.run_loadgen`` with the native SUT: the same settings, run folder, user.conf, warm-up
     and monitor; the test itself in C++. Returns an ``lg_run.LoadGenRun``."""
-    from trtfuse import run_stalls
+    from trtfuse import interrupts, run_stalls
     from trtfuse.gpu_energy import EnergySpan
     from trtfuse.lg_monitor import RunMonitor
-    from trtfuse.lg_run import (LoadGenRun, _cpu_seconds, audit_config_path, loadgen_settings,
+    from trtfuse.lg_run import (INTERRUPT_GRACE_S, LoadGenRun, _cpu_seconds, audit_config_path, loadgen_settings,
                                 offline_expected_qps, write_user_conf)
     from trtfuse.lg_scenarios import (SCENARIO_NAME, STREAM_SCENARIOS, set_expected_latency,
                                       stream_expected_latency_ns)
@@ -384,10 +383,12 @@ def run_native(engine: NativeEngine, model, dataset, settings: dict, run_dir: Pa
         failure = None
         with monitor, run_stalls.watch() as stalls, EnergySpan(on=engine.name == "tensorrt") as energy:
             try:
-                session.run(run["mlperf_model"], SCENARIO_NAME[scenario], settings_lines(ts), run_dir, audit_config)
+                session.run(run["mlperf_model"], SCENARIO_NAME[scenario], settings_lines(ts), run_dir, audit_config,
+                            grace_s=INTERRUPT_GRACE_S.get(scenario, 1.0))
             except RuntimeError as e:
                 failure = e
         wall, cpu = time.perf_counter() - start, _cpu_seconds() - cpu_start
+        interrupts.raise_if_requested()
         if monitor.stalled:
             raise UserError(f"the run failed: {monitor.stalled}",
                             f"LoadGen's logs are in {run_dir}; check the engine, or raise run.watchdog_s")

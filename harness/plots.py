@@ -179,11 +179,17 @@ def timeline_data(report: dict) -> dict | None:
     min_ms = as_number(eff.get("min_duration_ms")) if mode != "accuracy" else None
     target = as_number(lg.get("target_qps") if scenario == "server" else eff.get("target_qps"))
     target = target if mode != "accuracy" else None
+    server_perf = scenario == "server" and mode == "performance"
+    # Server: LoadGen generates its whole query schedule before the first query (seconds, on a CPU):
+    # up to the last sample before the first completion, nothing can have completed.
+    lead_in = next((t[k - 1] for k in range(1, len(t)) if completed[k] > 0), None) if server_perf else None
     return {
         "t_s": t, "completed": completed,
         "rate_from_s": [r[0] for r in rates], "rate_to_s": [r[1] for r in rates],
         "rate": [r[2] for r in rates],
         "loadgen_span": loadgen_offline_span(report, t, completed),
+        "lead_in_s": lead_in or None,
+        "result_qps": as_number(lg.get("completed_samples_per_s")) if server_perf else None,
         "min_duration_s": min_ms / 1e3 if min_ms else None,
         "target_qps": target if target else None,
         "target_label": ("LoadGen's target QPS" if scenario == "server"
@@ -294,6 +300,9 @@ def draw_completed_over_time(mpl, data: dict, path: Path) -> Path:
                                                   hspace=0.08))
     top.plot(data["t_s"], data["completed"], "-", color="tab:blue", lw=1.8, marker=".", ms=4)
     top.set_ylabel("samples completed")
+    from matplotlib.ticker import MaxNLocator
+
+    top.yaxis.set_major_locator(MaxNLocator(integer=True))  # counts: 20 samples tick 0, 5, 10, not 2.5
     top.yaxis.set_major_formatter(thousands_formatter())
     if data["rate"]:
         # Steps: each value is the rate over its own interval; a line between them would draw a ramp.
@@ -314,12 +323,20 @@ def draw_completed_over_time(mpl, data: dict, path: Path) -> Path:
                        label=labels["first"] if ax is top else None)
         bottom.axhline(span["samples_per_s"], color="tab:red", ls="--", lw=1.2,
                        label=f"LoadGen's result {span['samples_per_s']:,.0f}/s = all samples / timed span")
+    if data.get("lead_in_s"):
+        for ax in (top, bottom):
+            ax.axvspan(0, data["lead_in_s"], color="0.85", alpha=0.5, lw=0, zorder=0,
+                       label=f"before LoadGen's first query ({data['lead_in_s']:.1f} s: it generates its "
+                             "schedule)" if ax is top else None)
+    if data.get("result_qps"):
+        bottom.axhline(data["result_qps"], color="tab:red", ls="--", lw=1.2,
+                       label=f"LoadGen's result {data['result_qps']:,.1f} completed samples/s")
     if data["target_qps"]:
         bottom.axhline(data["target_qps"], color="tab:purple", ls=":", lw=1.2,
                        label=f"{data['target_label']} {data['target_qps']:,.0f}/s")
     bottom.set_ylabel("samples/s")
     bottom.yaxis.set_major_formatter(thousands_formatter())
-    lines = [data["target_qps"] or 0.0, span["samples_per_s"] if span else 0.0]
+    lines = [data["target_qps"] or 0.0, span["samples_per_s"] if span else 0.0, data.get("result_qps") or 0.0]
     bottom.set_ylim(0, max(data["rate"] + lines + [1.0]) * 1.18)
     bottom.set_xlabel("seconds since StartTest (harness timeline, sampled every 0.5 s)")
     if data["min_duration_s"]:
@@ -344,7 +361,7 @@ def draw_completed_over_time(mpl, data: dict, path: Path) -> Path:
 def thousands_formatter():
     from matplotlib.ticker import FuncFormatter
 
-    return FuncFormatter(lambda x, _pos: f"{x:,.0f}")
+    return FuncFormatter(lambda x, _pos: f"{x:,.0f}" if float(x).is_integer() or abs(x) >= 100 else f"{x:,.2g}")
 
 
 def write_run_plots(run_dir, report: dict | None = None) -> list[Path]:

@@ -47,7 +47,15 @@ def plugins_source_dir(source: str | os.PathLike | None = None) -> Path:
 
 
 def default_build_dir() -> Path:
-    return Path(os.environ.get("TRTFUSE_BUILD_DIR", REPO_ROOT / "build" / "plugins"))
+    """$TRTFUSE_BUILD_DIR; else build/plugins of the checkout trtfuse runs from (an editable install);
+    else (an installed package, whose folder is site-packages) $TRTFUSE_HOME/plugins."""
+    if os.environ.get("TRTFUSE_BUILD_DIR"):
+        return Path(os.environ["TRTFUSE_BUILD_DIR"])
+    if (REPO_ROOT / "pyproject.toml").is_file() and (REPO_ROOT / "plugins").is_dir():
+        return REPO_ROOT / "build" / "plugins"
+    from trtfuse.models.prepared import trtfuse_home
+
+    return trtfuse_home() / "plugins"
 
 
 def find_nvcc() -> str:

@@ -17,7 +17,7 @@ from trtfuse.errors import UserError
 from trtfuse.models.prepared import PreprocessSpec
 
 # Bump when the algorithm below changes: it is part of every data cache key.
-PREPROCESS_VERSION = 1
+PREPROCESS_VERSION = 2  # 2: truncated JPEGs are refused (a cache of 1 may hold one)
 
 
 def read_rgb(path: str | os.PathLike) -> np.ndarray:
@@ -25,12 +25,33 @@ def read_rgb(path: str | os.PathLike) -> np.ndarray:
     # cv2.imread like the reference (it also applies the EXIF orientation, as the reference gets).
     if not os.path.isfile(path):
         raise UserError(f"image {path} does not exist", "check the dataset folder")
+    _check_whole(path)
     bgr = cv2.imread(os.fspath(path), cv2.IMREAD_COLOR)
     if bgr is None:
         raise UserError(
             f"cannot decode image {path}", "remove the file or replace it with a valid JPEG/PNG"
         )
     return cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB)
+
+
+def _check_whole(path: str | os.PathLike) -> None:
+    """A UserError for a truncated JPEG. OpenCV's libjpeg decodes one with a warning on stderr only,
+    filling the missing rows with grey: a wrong input, cached and scored as if it were the photo.
+    PIL's decoder raises on it; decoded at 1/8 scale (``draft``) it reads every byte cheaply."""
+    from PIL import Image, UnidentifiedImageError
+
+    with open(path, "rb") as f:
+        if f.read(2) != b"\xff\xd8":  # not a JPEG
+            return
+    try:
+        with Image.open(path) as img:
+            img.draft("RGB", (max(1, img.width // 8), max(1, img.height // 8)))
+            img.load()
+    except UnidentifiedImageError:
+        return  # not a JPEG after all: OpenCV's decode says so
+    except OSError as e:
+        raise UserError(f"image {path} is damaged ({e})",
+                        "remove the file or replace it with a whole copy") from None
 
 
 def resize_shorter_side(img: np.ndarray, shorter: int) -> np.ndarray:

@@ -197,3 +197,24 @@ def format_table(report: dict) -> str:
     rows.append(("run folder", str(report["run_dir"])))
     width = max(len(name) for name, _ in rows)
     return "\n".join(f"  {name:<{width}}  {value}" for name, value in rows)
+
+
+def invalid_verdict(report: dict) -> str | None:
+    """One line for a performance run LoadGen called INVALID: why, and what to change (None when
+    VALID, or for an accuracy run, which has no verdict)."""
+    lg = report.get("loadgen") or {}
+    if report.get("mode") != "performance" or lg.get("valid", True):
+        return None
+    reasons = lg.get("invalid_reasons") or ["see mlperf_log_summary.txt"]
+    line = f"LoadGen's result is INVALID ({reasons[0]})"
+    harness = report.get("harness") or {}
+    expected = (harness.get("effective") or {}).get("offline_expected_qps")
+    rate = lg.get("samples_per_s")
+    if report.get("scenario") == "offline" and "min duration not met" in reasons and rate and expected:
+        given = (report.get("settings") or {}).get("offline", {}).get("target_qps")
+        told = "told" if given else "sized by the warm-up's estimate to expect"
+        return (f"{line}: LoadGen was {told} {expected:,.0f} samples/s, the backend ran {rate:,.0f}/s and "
+                f"answered them all too soon. Run again with --target-qps {rate * 1.5:.0f}")
+    if report.get("scenario") == "server" and "latency constraint not met" in reasons:
+        return f"{line}. Lower --target-qps, or raise --latency-bound-ms for a quick run"
+    return f"{line}. The reasons are in {report.get('run_dir', 'the run folder')}/mlperf_log_summary.txt"

@@ -821,8 +821,8 @@ def assemble(tree: Path, plan_: Plan, *, submitter: str, division: str, status: 
         # The accuracy logs truncate_accuracy_log.py cut to 8 KB; the full ones stay at "original".
         "truncated_accuracy_logs": truncated,
         "system_description": {"file": f"systems/{system}.json", "described_from": described_from,
-                               "fill_by_hand": sysinfo.unknown_fields(desc)
-                               + ([] if submitter else ["submitter"])},
+                               # a submitter not given is one of them (UNKNOWN in the description)
+                               "fill_by_hand": sysinfo.unknown_fields(desc)},
     }
     (tree / "submission.json").write_text(json.dumps(summary, indent=2) + "\n")
     return summary

@@ -73,7 +73,9 @@ def prepare(
     else:
         if name not in MODELS:
             raise UserError(
-                f"unknown model {name!r}", f"choose one of {', '.join(MODELS)}, or pass --onnx FILE"
+                f"unknown model {name!r}",
+                f"choose one of {', '.join(MODELS)}, or give an ONNX classifier (`trtfuse run --model "
+                "FILE.onnx`, `trtfuse prepare --onnx FILE`)"
             )
         weights_digest = None
         if weights is not None:

@@ -1,6 +1,7 @@
 """benchmarks/bench_runs.py, the LoadGen rows and the Server search of the GPU machine's benchmark
 scripts, run here on ONNX Runtime and a tiny model."""
 
+import json
 import sys
 from pathlib import Path
 
@@ -17,14 +18,19 @@ def test_a_row_of_an_offline_run(tmp_path):
     backend = create_backend("onnxruntime")
     backend.load(model, 8)
     try:
-        # 2000/s x 10 s = 20,000 samples, which the tiny model answers in well under 10 s: LoadGen's
-        # verdict (INVALID, min duration not met) must reach the row as it is.
-        row = loadgen_row(backend, model, SyntheticDataset(64), "offline", 8, 2000.0, tmp_path / "runs", "tiny")
+        # 200/s x 10 s, and LoadGen's 10 % more: 2200 samples in batches of 8. LoadGen's verdict and its samples/s, whatever this
+        # machine made of them, reach the row as they are.
+        row = loadgen_row(backend, model, SyntheticDataset(64), "offline", 8, 200.0, tmp_path / "runs", "tiny")
     finally:
         backend.close()
-    assert row["valid"] is False and "min duration not met" in row["invalid_reasons"]
-    assert row["samples_per_s"] > 2000 and row["mean_batch"] == 8
-    assert row["lanes"] is None and len(list((tmp_path / "runs").glob("tiny-*/report.json"))) == 1
+    reports = list((tmp_path / "runs").glob("tiny-*/report.json"))
+    assert len(reports) == 1
+    report = json.loads(reports[0].read_text())
+    lg = report["loadgen"]
+    assert (row["valid"], row["invalid_reasons"], row["samples_per_s"]) == (
+        lg["valid"], lg["invalid_reasons"], lg["samples_per_s"])
+    assert report["harness"]["issued"] == 2200 and row["mean_batch"] == 8
+    assert row["lanes"] is None
 
 
 def test_the_search_keeps_the_highest_passing_target_and_every_try():

@@ -43,7 +43,7 @@ class Lane(Backend):
         self.calls.append(len(batch))
         self.log.append(self.name)
         if self.gate is not None:
-            self.gate.wait(10)
+            self.gate.wait(60)
         if self.error:
             raise self.error
         time.sleep(self.delay_s)
@@ -62,7 +62,7 @@ def _batch(n, seed=0):
     return SyntheticDataset(max(n, 1), seed=seed).images(range(n))
 
 
-def _wait_until(condition, timeout_s=5.0):
+def _wait_until(condition, timeout_s=60.0):  # a bound on a hang, not a measurement
     end = time.monotonic() + timeout_s
     while not condition():
         assert time.monotonic() < end, "timed out"

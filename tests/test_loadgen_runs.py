@@ -22,8 +22,9 @@ def settings(tmp_path, **overrides):
         "server.min_duration_ms": 1000,
         "server.min_query_count": 700,
         "server.target_qps": 700.0,
-        # A generous bound: CI shares 2 cores; the real bounds are measured in benchmarks/.
-        "server.target_latency_ms": 1000.0,
+        # A bound no query of a ~1 s run can miss unless the run hangs: whether a Server run is VALID must
+        # not depend on the machine's speed here (CI shares 2 cores); real bounds are measured in benchmarks/.
+        "server.target_latency_ms": 60000.0,
     }
     return config.load(overrides={**base, **overrides})
 
@@ -71,21 +72,34 @@ def test_server_performance_run_meets_its_latency_bound(tmp_path):
     report = run(tmp_path, SyntheticDataset(64), **{"run.scenario": "server"})
     lg = report["loadgen"]
     assert lg["scenario"] == "server" and lg["valid"], lg
-    assert lg["latency_ns"]["99.00"] <= 1000e6
+    assert lg["latency_ns"]["99.00"] <= 60000e6
     assert report["harness"]["issued"] == report["harness"]["completed"] >= 700
     assert lg["errors"] == 0
 
 
-def test_server_batch_leaves_at_once_when_a_worker_is_idle(tmp_path):
-    # 100 QPS against batches of 64: a batcher that waited for full batches would hold every query
-    # for ~0.6 s. A free worker takes what is pending at once.
+def test_server_batch_leaves_at_once_when_a_worker_is_idle():
+    # A free worker takes what is pending at once, however far from a full batch (64): a batcher that
+    # waited for full batches held every query of a 100 QPS run ~0.6 s. Queries that arrive while
+    # the workers are busy go together in the next batch.
+    from trtfuse.lg_sut import ServerSUT
+
+    sut = ServerSUT(backend=None, qsl=None, batch_size=64, poll_s=3600.0)  # a poll would hang the test
+    sut.issue([7], [70])
+    ids, indices = sut._next_work()
+    assert ids.tolist() == [7] and indices.tolist() == [70]
+    for q in ([1], [2, 3], [4]):
+        sut.issue(q, [i * 10 for i in q])
+    ids, indices = sut._next_work()
+    assert ids.tolist() == [1, 2, 3, 4] and indices.tolist() == [10, 20, 30, 40]
+
+
+def test_server_run_with_a_batch_larger_than_the_load_answers_every_query(tmp_path):
+    # 100 QPS against batches of 64: every query comes back, none waits for a batch to fill.
     report = run(tmp_path, SyntheticDataset(64), **{
         "run.scenario": "server", "run.batch_size": 64,
         "server.target_qps": 100.0, "server.min_query_count": 100, "server.min_duration_ms": 1000})
-    lg = report["loadgen"]  # (too few queries for LoadGen's early-stopping rule to call it VALID)
     assert report["harness"]["issued"] == report["harness"]["completed"] >= 100
-    assert lg["latency_ns"]["99.00"] < 300e6, lg["latency_ns"]
-    assert report["harness"]["mean_batch"] < 8  # mostly single queries, not batches filled up
+    assert report["loadgen"]["latency_ns"]["99.00"] > 0
 
 
 @pytest.mark.parametrize("scenario", ["offline", "server"])
@@ -131,16 +145,21 @@ def test_offline_splits_its_one_huge_query_into_batches(tmp_path):
     assert len(loadgen_calls) == -(-issued // 8)
 
 
-def test_null_backend_offline_and_server_keep_up(tmp_path):
+def test_null_backend_offline_and_server_answer_every_sample_in_full_batches(tmp_path):
+    # How fast the harness itself goes is measured by benchmarks/harness_cpu.py, not here: a loaded
+    # CI machine decides that. Here: Offline's 20,000 samples go in full batches, each answered once;
+    # Server's 3000 queries all come back.
     dataset = SyntheticDataset(256)
     offline = run(
         tmp_path,
         dataset,
         backend="null",
-        **{"run.batch_size": 64, "offline.target_qps": 1e6, "offline.min_duration_ms": 100},
+        **{"run.batch_size": 64, "offline.target_qps": 0.0, "offline.min_duration_ms": 0,
+           "offline.min_query_count": 20_000},
     )
-    assert offline["loadgen"]["valid"], offline["loadgen"]
-    assert offline["loadgen"]["samples_per_s"] > 20000
+    assert offline["loadgen"]["valid"], offline["loadgen"]  # min duration 0: met at any speed
+    assert offline["harness"]["issued"] == offline["harness"]["completed"] == 20_000
+    assert offline["harness"]["mean_batch"] == pytest.approx(20_000 / 313)  # 312 full batches and one of 32
     server = run(
         tmp_path,
         dataset,
@@ -153,7 +172,7 @@ def test_null_backend_offline_and_server_keep_up(tmp_path):
         },
     )
     assert server["loadgen"]["valid"], server["loadgen"]
-    assert server["harness"]["issued"] == server["harness"]["completed"]
+    assert server["harness"]["issued"] == server["harness"]["completed"] >= 3000
 
 
 class GcProbe(ScriptedBackend):

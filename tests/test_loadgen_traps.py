@@ -2,7 +2,6 @@
 
 import json
 import threading
-import time
 
 import numpy as np
 import pytest
@@ -216,41 +215,68 @@ def test_server_workers_split_coalesced_queries_into_batches():
     assert sut._next_work() is None
 
 
-def test_warm_up_times_the_serving_path_not_plain_infer(tmp_path):
+class FakeClock:
+    """lg_run's ``time``: perf_counter steps ``step_s`` per call, so a rate follows from the calls."""
+
+    def __init__(self, step_s: float):
+        self.now, self.step_s = 0.0, step_s
+
+    def perf_counter(self) -> float:
+        self.now += self.step_s
+        return self.now
+
+
+def test_warm_up_times_the_serving_path_not_plain_infer(tmp_path, monkeypatch):
     # A backend like TensorRT's: serving from a store it allocated is fast, plain infer of a host batch
     # pays a conversion. Sizing an Offline run by plain infer made LoadGen expect too few samples/s,
-    # and the run ended before its min duration (INVALID).
+    # and the run ended before its min duration (INVALID). The warm-up runs what the SUT runs.
+    from trtfuse import lg_run
+
+    calls = []
+
     class StoreFast(NullBackend):
         def infer(self, batch):
-            time.sleep(0.02)
+            calls.append("infer")
             return super().infer(batch)
 
         def infer_rows(self, store, rows):
+            calls.append("infer_rows")
             return self._answer[: len(rows)]
 
     model = tiny_model(tmp_path)
     backend = StoreFast()
     backend.load(model, 8)
     qsl = SampleLibrary(SyntheticDataset(16), 16, backend)
+    monkeypatch.setattr(lg_run, "time", FakeClock(0.5))
     rate = warm_up(backend, qsl, 8, 4)
-    assert rate > 8 / 0.02 * 5  # at least 5x what plain infer could reach
+    assert calls == ["infer_rows"] * 4  # the serving path only, never plain infer
+    assert rate == 8 * 3 / 0.5  # all but the first batch, over the timed span
     assert qsl.loaded_indices.size == 0 and qsl.load_calls == []  # nothing left for LoadGen to trip on
 
 
-def test_warm_up_runs_batches_as_the_sut_does_several_at_once(tmp_path):
-    # A backend that runs 4 batches at once (streams, lanes, servers), each taking 50 ms: timed one at a
-    # time it looks 4x slower than it serves, and an Offline run sized by that ended before its min
-    # duration (INVALID).
+def test_warm_up_runs_batches_as_the_sut_does_several_at_once(tmp_path, monkeypatch):
+    # A backend that runs 4 batches at once (streams, lanes, servers): timed one at a time it looks 4x
+    # slower than it serves, and an Offline run sized by that ended before its min duration
+    # (INVALID). The batches run on 4 threads at once: each waits at a barrier for the other 3.
+    from trtfuse import lg_run
+
+    together = threading.Barrier(4, timeout=30)  # broken, and the test failed, unless all 4 overlap
+
     class FourAtOnce(NullBackend):
         concurrency = 4
+        calls = 0
 
         def infer_rows(self, store, rows):
-            time.sleep(0.05)
+            FourAtOnce.calls += 1
+            if FourAtOnce.calls > 1:  # the first batch (one-time setup) runs alone, untimed
+                together.wait()
             return self._answer[: len(rows)]
 
     model = tiny_model(tmp_path)
     backend = FourAtOnce()
     backend.load(model, 8)
     qsl = SampleLibrary(SyntheticDataset(16), 16, backend)
+    monkeypatch.setattr(lg_run, "time", FakeClock(0.5))
     rate = warm_up(backend, qsl, 8, 2, threads=4)
-    assert rate > 2.5 * 8 / 0.05  # one at a time gives at most 8 / 0.05
+    assert FourAtOnce.calls == 1 + 4 + 8  # the first, one untimed per thread, then two timed per thread
+    assert rate == 8 * 8 / 0.5

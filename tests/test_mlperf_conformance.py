@@ -21,7 +21,9 @@ def settings(tmp_path, **overrides):
     base = {"run.output_dir": str(tmp_path / "runs"), "run.batch_size": 8, "run.warmup_batches": 1,
             "run.watchdog_s": 30.0, "offline.min_duration_ms": 500, "offline.target_qps": 4000.0,
             "server.min_duration_ms": 1000, "server.min_query_count": 700, "server.target_qps": 700.0,
-            "server.target_latency_ms": 1000.0,  # a generous bound: CI shares 2 cores
+            # A bound no query of a ~1 s run can miss unless it hangs: a Server run's validity here must not
+            # depend on the speed of CI's 2 shared cores (MLCommons' checks refuse INVALID runs).
+            "server.target_latency_ms": 60000.0,
             "mlperf.inference_dir": str(MLPERF_DIR or "")}
     return config.load(overrides={**base, **overrides})
 

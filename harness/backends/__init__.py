@@ -139,7 +139,7 @@ BACKEND_NAMES = ("auto", *_REGISTRY)
 TENSORRT_MISSING = UserError(
     "TensorRT is not installed (or its Python API cannot be imported)",
     "install it with `pip install tensorrt` on a machine with an NVIDIA GPU and driver, "
-    "or use --backend onnxruntime",
+    "or run on the CPU: `trtfuse run --backend onnxruntime`",
 )
 
 
@@ -156,6 +156,9 @@ def _load_class(name: str) -> type[Backend]:
     return getattr(module, class_name)
 
 
+_NOTED: set[str] = set()
+
+
 def create_backend(name: str, **options) -> Backend:
     """A backend by name: "onnxruntime", "tensorrt", "null", or "auto" (TensorRT if usable), made by
     its class's ``create`` from ``options`` (each backend ignores the options it does not take)."""
@@ -168,6 +171,9 @@ def create_backend(name: str, **options) -> Backend:
             if options.get("devices"):
                 raise  # GPUs named on purpose (--devices): their problem is the answer, not a CPU run
             # Why one line, not silence: a user on a GPU box must notice they are timing the CPU.
-            print(f"note: {e.problem}; using onnxruntime instead", file=sys.stderr)
+            note = f"note: {e.problem}; using onnxruntime instead"
+            if note not in _NOTED:  # once per process: the default run makes two backends
+                _NOTED.add(note)
+                print(note, file=sys.stderr)
             return _load_class("onnxruntime").create(**options)
     return _load_class(name).create(**options)

@@ -87,7 +87,8 @@ def parse_devices(spec: str, count: int) -> list[int]:
     devices existed); "all": every one; "0,1,3": those."""
     if count < 1:
         raise UserError("no CUDA GPU is visible (cudaGetDeviceCount found none or the driver is missing)",
-                        "run on a machine with an NVIDIA GPU and driver, or use --backend onnxruntime")
+                        "run on a machine with an NVIDIA GPU and driver, or on the CPU: "
+                        "`trtfuse run --backend onnxruntime`")
     spec = str(spec).strip()
     if spec == "":
         return [0]

@@ -403,7 +403,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                               description="NVIDIA Triton Inference Server and trtfuse's models.")
     sub = p.add_subparsers(dest="triton_command", required=True, metavar="COMMAND")
     e = sub.add_parser("export", help="a model repository for Triton's TensorRT backend from a built engine",
-                       description=__doc__.split("\n")[0].replace("``", ""))
+                       description=" ".join(__doc__.split("\n\n")[0].split()).replace("``", ""))
     e.add_argument("model", metavar="MODEL",
                    help="the prepared model the engine was built from (a name, a prepared folder, or an .onnx file)")
     e.add_argument("--engine", required=True, metavar="FILE", help="the engine `trtfuse build` printed")

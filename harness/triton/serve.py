@@ -19,7 +19,6 @@ import argparse
 import json
 import os
 import shutil
-import signal
 import sys
 import tempfile
 import threading
@@ -28,6 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from trtfuse import interrupts
+from trtfuse.config import PLUGINS_HELP
 from trtfuse.errors import UserError
 
 
@@ -40,7 +41,7 @@ def add_parser(sub) -> None:
                         "once, to measure what the server and its transport cost)")
     p.add_argument("--engine", metavar="FILE", help="TensorRT: a built engine (default: built/cached for the model)")
     p.add_argument("--plugins", choices=["off", "tails", "all"], default="off",
-                   help="TensorRT: trtfuse's fused plugins (tails; all: tails and projections)")
+                   help=f"TensorRT: {PLUGINS_HELP}")
     p.add_argument("--precision", default="int8", help="TensorRT: int8, fp16, fp32")
     p.add_argument("--devices", default="", help='TensorRT: GPUs to serve from: "" (GPU 0), "all", or "0,1"')
     p.add_argument("--input-format", choices=["float", "int8"],
@@ -206,9 +207,6 @@ def serve(args, stop: threading.Event | None = None) -> dict:
     workspace = Path(args.workspace) if args.workspace else Path(tempfile.mkdtemp(prefix="trtfuse-serve-"))
     workspace.mkdir(parents=True, exist_ok=True)
     stop = stop or threading.Event()
-    if threading.current_thread() is threading.main_thread():  # signals reach the main thread only
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(sig, lambda *_: stop.set())
     t0 = time.perf_counter()
     repo = write_repository(workspace, served, args.instances, args.max_queue_delay_us)
     backend_config, flags = _server_options(served, args.instances)
@@ -216,37 +214,51 @@ def serve(args, stop: threading.Event | None = None) -> dict:
                                        metrics_port=args.metrics_port, log_verbose=args.log_verbose,
                                        backend_config=backend_config, flags=flags, dist=dist)
     ran = None
-    try:
-        server.wait_ready(spec.name, args.ready_timeout_s)
-        instances = args.instances * (len(served.gpus) if served.gpus else 1)
-        ready = {"grpc_url": server.grpc_url, "http_url": f"localhost:{args.http_port}",
-                 "model": spec.name, "backend": served.backend, "input": spec.input.dtype,
-                 "max_batch_size": spec.max_batch_size, "instances": instances, "gpus": served.gpus,
-                 "device_input": served.device_input, "concurrency": served.concurrency,
-                 "decoupled": served.concurrency > 1, "pid": os.getpid()}
-        print(f"trtfuse serve: Triton serving {spec.name!r} ({served.backend}, {spec.input.dtype} input, "
-              f"max batch {spec.max_batch_size}, {instances} instance(s)) at grpc {ready['grpc_url']}, "
-              f"http {ready['http_url']}; ready in {time.perf_counter() - t0:.1f} s; log {server.log}; "
-              "Ctrl-C stops", file=sys.stderr, flush=True)
-        if args.ready_file:
-            tmp = Path(args.ready_file).with_suffix(".tmp")
-            tmp.write_text(json.dumps(ready) + "\n")
-            tmp.replace(args.ready_file)  # whole or absent: a reader never sees half a file
-        while not stop.wait(0.5):
-            if server.proc.poll() is not None:
-                raise UserError(f"tritonserver exited (code {server.proc.returncode}) while serving:\n"
-                                f"{server.errors()}", f"the whole log: {server.log}")
-        ran = server.statistics(spec.name)
-    finally:
-        server.stop()
-        if not args.workspace:
-            shutil.rmtree(workspace, ignore_errors=True)
+    # Ctrl-C, SIGTERM: the server stops cleanly (in-flight requests finish, instances finalize); a
+    # second signal kills it and exits at once. The ready file goes first: a reader never finds one of
+    # a server that is stopping.
+    ready_file = Path(args.ready_file) if args.ready_file else None
+    with interrupts.deferred(on_interrupt=stop.set, stopping="the server"), interrupts.on_exit(server.kill), \
+            interrupts.on_exit(lambda: _remove_ready_file(ready_file)):
+        try:
+            server.wait_ready(spec.name, args.ready_timeout_s, stop)
+            instances = args.instances * (len(served.gpus) if served.gpus else 1)
+            ready = {"grpc_url": server.grpc_url, "http_url": f"localhost:{args.http_port}",
+                     "model": spec.name, "backend": served.backend, "input": spec.input.dtype,
+                     "max_batch_size": spec.max_batch_size, "instances": instances, "gpus": served.gpus,
+                     "device_input": served.device_input, "concurrency": served.concurrency,
+                     "decoupled": served.concurrency > 1, "pid": os.getpid()}
+            if not stop.is_set():
+                print(f"trtfuse serve: Triton serving {spec.name!r} ({served.backend}, {spec.input.dtype} input, "
+                      f"max batch {spec.max_batch_size}, {instances} instance(s)) at grpc {ready['grpc_url']}, "
+                      f"http {ready['http_url']}; ready in {time.perf_counter() - t0:.1f} s; log {server.log}; "
+                      "Ctrl-C stops", file=sys.stderr, flush=True)
+                if ready_file:
+                    tmp = ready_file.with_suffix(".tmp")
+                    tmp.write_text(json.dumps(ready) + "\n")
+                    tmp.replace(ready_file)  # whole or absent: a reader never sees half a file
+            while not stop.wait(0.5):
+                if server.proc.poll() is not None:
+                    raise UserError(f"tritonserver exited (code {server.proc.returncode}) while serving:\n"
+                                    f"{server.errors()}", f"the whole log: {server.log}")
+            ran = server.statistics(spec.name)
+        finally:
+            _remove_ready_file(ready_file)
+            server.stop()
+            if not args.workspace:
+                shutil.rmtree(workspace, ignore_errors=True)
     counts = (f"{ran['requests']} requests, {ran['samples']} samples in {ran['batches']} batches" if ran
               else "counts unknown (the server stopped first)")
     print(f"trtfuse serve: stopped after {counts}", file=sys.stderr)
     return ran or {}
 
 
+def _remove_ready_file(path: Path | None) -> None:
+    if path is not None:
+        path.unlink(missing_ok=True)
+        path.with_suffix(".tmp").unlink(missing_ok=True)
+
+
 def main(args: argparse.Namespace) -> int:
     serve(args)
-    return 0
+    return interrupts.EXIT_CODE if interrupts.requested() else 0  # stopped by Ctrl-C/SIGTERM: 130

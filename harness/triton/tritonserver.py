@@ -138,14 +138,15 @@ class TritonServer:
         found = [line for line in text if _ERROR.search(line)]
         return "\n".join((found or text)[-lines:])
 
-    def wait_ready(self, model: str, timeout_s: float) -> None:
-        """Until ``model`` is ready; a UserError with the server's errors if it exits or times out."""
+    def wait_ready(self, model: str, timeout_s: float, stop=None) -> None:
+        """Until ``model`` is ready (or the ``stop`` event is set); a UserError with the server's errors
+        if it exits or times out."""
         import tritonclient.grpc as grpcclient
 
         client = grpcclient.InferenceServerClient(self.grpc_url)
         deadline = time.monotonic() + timeout_s
         try:
-            while True:
+            while stop is None or not stop.is_set():
                 if self.proc.poll() is not None:
                     raise UserError(f"tritonserver exited (code {self.proc.returncode}) before {model!r} was "
                                     f"ready:\n{self.errors()}", f"the whole log: {self.log}")
@@ -175,6 +176,12 @@ class TritonServer:
         s = stats.get("model_stats", [{}])[0]
         return {"requests": int(s.get("inference_stats", {}).get("success", {}).get("count", 0)),
                 "samples": int(s.get("inference_count", 0)), "batches": int(s.get("execution_count", 0))}
+
+    def kill(self) -> None:
+        """At once (a second Ctrl-C): the server and its stub processes, which it started."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=30)
 
     def stop(self) -> None:
         if self.proc.poll() is None:
