@@ -120,8 +120,9 @@ def _check(s: Settings) -> None:
                         "use --sut python for onnxruntime or triton, or --backend tensorrt / null")
     if s["native"]["samples"] not in ("host", "device"):
         raise UserError(f"native.samples must be host or device, not {s['native']['samples']!r}", 'e.g. samples = "host"')
-    if s["native"]["batch_timeout_us"] < 0:
-        raise UserError("native.batch_timeout_us is negative", "use 0 (no waiting) or a positive number of microseconds")
+    if s["native"]["batch_timeout_us"] < 0 or s["native"]["null_batch_us"] < 0:
+        raise UserError("native.batch_timeout_us and native.null_batch_us must not be negative",
+                        "use 0 (none) or a positive number of microseconds")
     if run["watchdog_s"] <= 0:
         raise UserError("run.watchdog_s must be positive", "e.g. watchdog_s = 120")
     server = s["server"]

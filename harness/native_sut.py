@@ -199,7 +199,8 @@ def open_engine(settings: dict, model, dataset, progress=print) -> NativeEngine:
         sample = dataset.images(np.array([0]))[0]
         lanes = max(1, len(settings["tensorrt"]["devices"].split(","))) if settings["tensorrt"]["devices"] else 1
         return null_engine(sample, model.num_classes, settings["run"]["batch_size"], lanes=lanes,
-                           slots_per_lane=max(1, int(settings["tensorrt"]["streams"])))
+                           slots_per_lane=max(1, int(settings["tensorrt"]["streams"])),
+                           us_per_batch=float(settings["native"]["null_batch_us"]))
     if backend in ("tensorrt", "auto"):
         return tensorrt_engine(model, settings, progress=progress)
     raise UserError(f"the native SUT runs TensorRT engines and the null engine, not --backend {backend}",

@@ -101,6 +101,24 @@ def test_server_run_ends_at_ctrl_c_and_leaves_no_run_folder(tmp_path, inputs):
     assert not run_dir.exists()
 
 
+@pytest.mark.parametrize("scenario", ["offline", "server"])
+def test_native_sut_run_ends_at_ctrl_c_and_leaves_no_run_folder(tmp_path, inputs, scenario):
+    """--sut native: StartTest runs in C++; the first signal stops the session (everything answered at
+    once), and the command ends as with the Python SUT."""
+    run_dir = tmp_path / "run"
+    conf = tmp_path / "native.toml"
+    conf.write_text("[native]\nnull_batch_us = 50000.0\n")  # the null engine: 50 ms a batch
+    args = ["run", "--model", inputs["model"], "--dataset", inputs["images"], "--sut", "native", "--backend", "null",
+            "--batch-size", "2", "--run-dir", str(run_dir), "--config", str(conf), "--min-duration-s", "600",
+            "--scenario", scenario, "--target-qps", "20", "--latency-bound-ms", "1000"]
+    proc = start(tmp_path, args, delay_s=0.0)
+    wait_for_file(proc, run_dir / "mlperf_log_detail.txt")
+    proc.send_signal(signal.SIGINT)
+    rc, err = finish(proc)
+    assert rc == 130, err
+    assert not run_dir.exists()
+
+
 def test_a_second_ctrl_c_quits_at_once(tmp_path, inputs):
     """The SUT ignores the first signal here (as a backend stuck in a call would): the Offline run goes
     on, and the second signal quits, removing the run folder."""
