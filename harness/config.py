@@ -24,7 +24,8 @@ SCENARIOS = ("offline", "server", "singlestream", "multistream")
 MODES = ("performance", "accuracy")
 # tensorrt.plugins: which layers run on trtfuse's fused plugins. "tails": the bottleneck tails; "all": the tails and the
 # stem (each also computing the next conv1 where the kernel holds it), every projection and 3x3 conv the plugin runs
-# faster than TensorRT (models/residual_conv_rewrite.py).
+# faster than TensorRT, the pool head, and in a float build the LayerNorms. Each fusion and the modes that enable it:
+# models/fusions.py. Normalized here, once, as settings load; everything after reads one of these three.
 PLUGIN_MODES = ("off", "tails", "all")
 
 

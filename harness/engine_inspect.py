@@ -21,14 +21,21 @@ from pathlib import Path
 import numpy as np
 from trtfuse.errors import UserError
 
-OUR_LAYERS = ("TrtfuseResidualConv", "TrtfuseLayerNorm", "TrtfuseSkipLayerNorm")
 TOP_LAYERS = 25
+
+
+def our_layers() -> tuple[str, ...]:
+    """The plugin op types of the fusion registry (models/fusions.py), imported when first asked: the CLI's start
+    stays without onnx."""
+    from trtfuse.models.fusions import plugin_ops
+
+    return plugin_ops()
 
 
 def is_ours(layer_name: str) -> bool:
     """A layer of trtfuse's plugins (TensorRT names a plugin layer after its ONNX node, which the
     rewrites name after the plugin)."""
-    return any(name in layer_name for name in OUR_LAYERS)
+    return any(name in layer_name for name in our_layers())
 
 
 def summarize(layers: dict[str, float], batch: int) -> dict:
