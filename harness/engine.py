@@ -186,10 +186,12 @@ def rewrite_for_build(model_dir: Path, model, cfg: BuildConfig):
         print("trtfuse: not fused (candidates per kind; the first refusal):\n  "
               + result.report.table().replace("\n", "\n  "), file=sys.stderr)
     if result.nodes == 0:
-        elsewhere = sorted({p for f in FUSIONS if f.enabled(cfg.plugins, p) for p in f.precisions} - {cfg.precision})
+        # the precisions whose builds this mode has other fusions for (int8: the conv family; fp32/fp16: LayerNorms)
+        elsewhere = sorted({p for f in FUSIONS if cfg.plugins in f.modes and cfg.precision not in f.precisions
+                            for p in f.precisions}, reverse=True)
         raise UserError(f"--plugins {cfg.plugins} found no layer to fuse in this model at --precision {cfg.precision}",
-                        "use --plugins off for it" + (f" (or --precision {' / '.join(elsewhere)}: the fusions "
-                                                      "of other precisions)" if elsewhere else ""))
+                        "use --plugins off for it" + (f" (or --precision {' or '.join(elsewhere)}, whose fusions "
+                                                      "differ)" if elsewhere else ""))
     onnx.save(result.model, model_dir / rewritten_file(cfg.precision, cfg.plugins))
     return result.model
 
