@@ -6,9 +6,9 @@
 int8 needs an explicitly quantized graph: ``MODEL_DIR/model.int8.onnx`` (written by the quantize step
 from ``--calibration``, reused afterwards). ``--plugins tails`` rewrites its residual tails into
 TrtfuseResidualConv nodes (``model.int8.plugins.onnx``), ``--plugins all`` its projections too, each one that only a
-tail reads fused with that tail into one node where the kernel holds both, and the rest of the fusion registry
-(models/fusions.py: the stem, 3x3 convs, chained conv1s, the pool head; in a fp32/fp16 build the LayerNorms)
-(``model.int8.plugins-all.onnx``; the counts per kind are printed), and loads the plugin library before parsing.
+tail reads fused with that tail into one node where the kernel holds both, and every other fusion of the registry
+(models/fusions.py: the stem, 3x3 convs, chained conv1s, the pool head; in a fp32/fp16 build the LayerNorms) into
+``model.int8.plugins-all.onnx``; the counts per kind are printed, and the plugin library is loaded before parsing.
 Engines are cached under ``$TRTFUSE_HOME/engines/`` keyed by the hash of the ONNX bytes handed to
 the parser + the build config + the TensorRT version (its major also in the file name) + the GPU name;
 a timing cache lives beside them. TensorRT 8.5 to 11 (``trt_compat``): where weak typing is gone (11),
@@ -34,8 +34,6 @@ QDQ_FILE = "model.int8.onnx"
 # that k int32 per sample leave the device instead of the scores. The scores stay an output too
 # (for `infer`, agreement checks); the serving path copies back only this one.
 TOP_CLASSES = "top_classes"
-PLUGIN_FILE = "model.int8.plugins.onnx"          # --plugins tails (rewritten_file)
-PLUGIN_ALL_FILE = "model.int8.plugins-all.onnx"  # --plugins all
 QUANT_META = "quantize.json"
 
 
@@ -169,8 +167,8 @@ def onnx_for_build(model_dir: Path, cfg: BuildConfig) -> bytes:
 
 
 def rewritten_file(precision: str, plugins: str) -> str:
-    """Where the rewritten graph is kept in the model folder (for a look at it): PLUGIN_FILE, PLUGIN_ALL_FILE for
-    int8."""
+    """Where the rewritten graph is kept in the model folder, for a look at it: model.int8.plugins.onnx (tails),
+    model.int8.plugins-all.onnx (all); model.fp32.plugins-all.onnx ..."""
     return f"model.{precision}.plugins{'' if plugins == 'tails' else '-' + plugins}.onnx"
 
 

@@ -25,16 +25,16 @@ TOP_LAYERS = 25
 
 
 def our_layers() -> tuple[str, ...]:
-    """The plugin op types of the fusion registry (models/fusions.py), imported when first asked: the CLI's start
-    stays without onnx."""
-    from trtfuse.models.fusions import plugin_ops
+    """What the names of the fusion registry's plugin nodes hold (models/fusions.py: layer_marks), imported when first
+    asked: the CLI's start stays without onnx."""
+    from trtfuse.models.fusions import layer_marks
 
-    return plugin_ops()
+    return layer_marks()
 
 
 def is_ours(layer_name: str) -> bool:
     """A layer of trtfuse's plugins (TensorRT names a plugin layer after its ONNX node, which the
-    rewrites name after the plugin)."""
+    rewrites name after the plugin, or the LayerNorm rewrite with "_trtfuse")."""
     return any(name in layer_name for name in our_layers())
 
 

@@ -10,7 +10,7 @@ whose graph it applies to. What iterates over it:
   the pass's keyword (None: on whenever the pass runs);
 * ``Rewrite.summary()`` and ``Rewrite.report.table()``: the counts ``trtfuse build`` prints and its refusal table
   (kind, candidates found, fused, the first refusal);
-* ``plugin_ops()``: the plugin layers ``trtfuse profile`` marks as ours (engine_inspect.is_ours);
+* ``layer_marks()``: how ``trtfuse profile`` tells our plugin layers by their names (engine_inspect.is_ours);
 * tests/test_fusions.py.
 
 A new fusion: its matcher and emitter in its family's rewrite module (a new family: its rewrite as a pass in
@@ -47,6 +47,8 @@ class Fusion:
     note: str = ""                 # printed after the count
     own_node: bool = True          # False: computed inside another kind's node (counted apart from the nodes)
     plural: str = ""               # the label's plural where it is not label + "s"
+    # what the names of its nodes hold, besides plugin_op: TensorRT names a plugin layer after its ONNX node
+    names: tuple[str, ...] = ()
 
     def enabled(self, mode: str, precision: str = "int8") -> bool:
         return mode in self.modes and precision in self.precisions
@@ -69,8 +71,9 @@ def _op_count(op: str) -> Callable[[onnx.ModelProto], int]:
 
 _CONV = dict(plugin_op=rcr.PLUGIN_OP, precisions=INT8, family="residual_conv", emitter=rcr.plugin_node,
              reference=rcr.plugin_reference)
+# The LayerNorm rewrite names its nodes after the first node they replace, + "_trtfuse<k>".
 _LAYERNORM = dict(precisions=FLOAT, family="layernorm", matchers=(lr._match_layernormalization, lr._match_decomposed),
-                  emitter=lr._apply, reference=lr.expand_plugins)
+                  emitter=lr._apply, reference=lr.expand_plugins, names=("_trtfuse",))
 
 # In the order ``trtfuse build`` lists them (residual_conv_rewrite.KINDS for the conv family).
 FUSIONS: tuple[Fusion, ...] = (
@@ -125,6 +128,12 @@ def plugin_ops() -> tuple[str, ...]:
     return tuple(dict.fromkeys(f.plugin_op for f in FUSIONS))
 
 
+def layer_marks() -> tuple[str, ...]:
+    """What the name of a plugin node a rewrite writes holds (its plugin op, or its ``names``), once each: TensorRT
+    names the plugin's layer after the node (engine_inspect.is_ours)."""
+    return tuple(dict.fromkeys(m for f in FUSIONS for m in (f.plugin_op, *f.names)))
+
+
 def options(family: str, mode: str, precision: str = "int8") -> dict[str, bool]:
     """The keywords of ``family``'s pass for ``mode``: each of its fusions' option, on where the mode enables it."""
     return {f.option: f.enabled(mode, precision) for f in FUSIONS if f.family == family and f.option}
@@ -146,7 +155,7 @@ def _layernorm_pass(model: onnx.ModelProto, weight_dtype: str, **opts) -> tuple[
     for kind, refusals in (("layernorm", r.skipped), ("skip_layernorm", r.residual_not_fused)):
         if refusals:
             kinds[kind].first_node, kinds[kind].first_reason = refusals[0]
-    return (out if r.total else model), sum(lr.count_plugin_nodes(out).values()) if r.total else 0, kinds
+    return (out if r.total else model), r.total, kinds
 
 
 # family -> its rewrite: (model, weight_dtype, **options) -> (model, plugin nodes, {kind: KindReport})

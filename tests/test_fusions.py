@@ -67,6 +67,7 @@ def test_modes_enable_what_the_build_enabled_before():
 def test_profile_counts_every_registered_plugin_as_ours():
     for op in fusions.plugin_ops():
         assert is_ours(f"{op}_0"), op
+    assert set(fusions.plugin_ops()) <= set(fusions.layer_marks())
     assert is_ours("TrtfuseAvgPool_0") and not is_ours("/avgpool/GlobalAveragePool")
     profile = summarize({"TrtfuseAvgPool_0": 0.1, "TrtfuseResidualConv_3": 0.2, "/fc/Gemm": 0.3}, 8)
     assert profile["ours_layers"] == 2
@@ -220,6 +221,9 @@ def test_plugins_all_rewrites_layernorms_in_a_float_build(tmp_path, capsys, prec
     assert ("trtfuse: --plugins all: TrtfuseLayerNorm for 1 LayerNorm; TrtfuseSkipLayerNorm for 1 LayerNorm with "
             "its residual Add\n") in err
     assert "TrtfuseResidualConv" not in err and "not fused" not in err
+    # the profile counts their layers as ours (TensorRT names a plugin layer after its node)
+    assert all(is_ours(n.name) for n in out.graph.node if n.domain == "trtfuse")
+    assert not any(is_ours(n.name) for n in model.graph.node)
     # the rewritten graph computes what the model computes (the plugins expanded back to standard ONNX)
     feeds = {n: np.random.default_rng(1).normal(size=(2, 5, 8)).astype(np.float32) for n in ("x", "r")}
     want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
