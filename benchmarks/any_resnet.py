@@ -82,16 +82,14 @@ def fill_weights(model, names: list[str], seed: int = 41) -> None:
 def fusion_counts(qdq) -> dict:
     """plugin_counts under --plugins tails and all (as trtfuse build rewrites), the all report's rows, and the tails
     found / fused."""
-    from trtfuse.engine import POOL_HEAD_IN_ALL
-    from trtfuse.models.residual_conv_rewrite import plugin_counts, rewrite_report
+    from trtfuse.models.fusions import rewrite
+    from trtfuse.models.residual_conv_rewrite import plugin_counts
 
     out = {}
     for mode in ("tails", "all"):
-        every = mode == "all"
-        model, n, report = rewrite_report(qdq, projections=every, conv3x3=every, stem=every, chain_next=every,
-                                          pool_head=every and POOL_HEAD_IN_ALL)
-        out[mode] = {"nodes": n, **plugin_counts(model)}
-        out[f"report_{mode}"] = report.rows()
+        result = rewrite(qdq, mode, "int8")
+        out[mode] = {"nodes": result.nodes, **plugin_counts(result.model)}
+        out[f"report_{mode}"] = result.report.rows()
     tail = next(r for r in out["report_all"] if r["kind"] == "tail")
     out["tails_found"], out["tails_fused"] = tail["found"], tail["fused"]
     return out

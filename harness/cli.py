@@ -165,8 +165,6 @@ def load_settings(args: argparse.Namespace) -> dict:
                             f"drop {', '.join(given)}, or drop --official for a quick run")
     if isinstance(plain.get("triton.url"), list):  # --triton-url A B, or A,B: one comma-separated list
         plain["triton.url"] = ",".join(plain["triton.url"])
-    if plain.get("tensorrt.plugins") is not None:
-        plain["tensorrt.plugins"] = config.plugin_mode(plain["tensorrt.plugins"])
     # The scenario flags apply to the scenario being run: the config's, unless --scenario.
     scenario = config.load(args.config, plain)["run"]["scenario"]
     min_duration_ms = None if args.min_duration_s is None else int(args.min_duration_s * 1000)

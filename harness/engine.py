@@ -6,8 +6,9 @@
 int8 needs an explicitly quantized graph: ``MODEL_DIR/model.int8.onnx`` (written by the quantize step
 from ``--calibration``, reused afterwards). ``--plugins tails`` rewrites its residual tails into
 TrtfuseResidualConv nodes (``model.int8.plugins.onnx``), ``--plugins all`` its projections too, each one that only a
-tail reads fused with that tail into one node where the kernel holds both (``model.int8.plugins-all.onnx``; the
-counts per kind are printed), and loads the plugin library before parsing.
+tail reads fused with that tail into one node where the kernel holds both, and every other fusion of the registry
+(models/fusions.py: the stem, 3x3 convs, chained conv1s, the pool head; in a fp32/fp16 build the LayerNorms) into
+``model.int8.plugins-all.onnx``; the counts per kind are printed, and the plugin library is loaded before parsing.
 Engines are cached under ``$TRTFUSE_HOME/engines/`` keyed by the hash of the ONNX bytes handed to
 the parser + the build config + the TensorRT version (its major also in the file name) + the GPU name;
 a timing cache lives beside them. TensorRT 8.5 to 11 (``trt_compat``): where weak typing is gone (11),
@@ -34,15 +35,6 @@ QDQ_FILE = "model.int8.onnx"
 # that k int32 per sample leave the device instead of the scores. The scores stay an output too
 # (for `infer`, agreement checks); the serving path copies back only this one.
 TOP_CLASSES = "top_classes"
-PLUGIN_FILE = "model.int8.plugins.onnx"          # --plugins tails
-PLUGIN_ALL_FILE = "model.int8.plugins-all.onnx"  # --plugins all
-# Whether --plugins all also puts the network's head on TrtfuseAvgPool (rewrite's pool_head: GlobalAveragePool of a
-# dequantized int8 tensor -> TrtfuseAvgPool -> int8 hi, lo -> DequantizeLinear(hi, s) + DequantizeLinear(lo, s / 256)
-# -> Add: the mean to s / 512). On the H100 with TensorRT 8.5.3.1 ResNet-50 builds with it, the head takes 0.14 ms
-# instead of 0.43, and the logits agree with plugins off as before it (docs/residual_conv.md, Version 19). The fp32
-# output of version 1 made TensorRT 8.5's Q/DQ optimizer refuse /fc/Gemm; version 2's single int8 output moved the
-# network (centered top-1 agreement 0.836 -> 0.648). False leaves the head to TensorRT (A/B).
-POOL_HEAD_IN_ALL = True
 QUANT_META = "quantize.json"
 
 
@@ -144,17 +136,21 @@ def quantize_model_dir(model_dir: Path, calibration: str, method: str = "auto", 
 
 
 def onnx_for_build(model_dir: Path, cfg: BuildConfig) -> bytes:
-    """The ONNX bytes the parser gets for ``cfg`` (int8: Q/DQ graph, rewritten when plugins on)."""
+    """The ONNX bytes the parser gets for ``cfg`` (int8: Q/DQ graph), rewritten by the fusions ``cfg.plugins`` enables
+    at ``cfg.precision`` (models/fusions.py)."""
     import onnx
     from trtfuse.models import load_prepared
+    from trtfuse.models.fusions import enabled
     from trtfuse.models.quantize import weights_as_float_qdq
-    from trtfuse.models.residual_conv_rewrite import PLUGIN_DOMAIN, POOL_OP, plugin_counts, rewrite_report
 
     if cfg.precision != "int8":
-        if cfg.plugins != "off":
+        source = Path(load_prepared(model_dir).onnx_path)
+        if cfg.plugins == "off":
+            return source.read_bytes()
+        if not enabled(cfg.plugins, cfg.precision):
             raise UserError(f"--plugins {cfg.plugins} needs --precision int8 (the fused plugin is int8)",
                             "add --precision int8, or use --plugins off")
-        return Path(load_prepared(model_dir).onnx_path).read_bytes()
+        return rewrite_for_build(model_dir, onnx.load(source), cfg).SerializeToString()
     qdq = model_dir / QDQ_FILE
     if not qdq.is_file():
         raise UserError(f"{qdq} does not exist: int8 needs a calibrated Q/DQ model",
@@ -162,36 +158,41 @@ def onnx_for_build(model_dir: Path, cfg: BuildConfig) -> bytes:
                         "IMAGES --quantize-only` (IMAGES: a folder of labelled images)")
     model = onnx.load(qdq)
     if cfg.plugins != "off":
-        everything = cfg.plugins == "all"
-        model, n, report = rewrite_report(model, cfg.weight_dtype, projections=everything, conv3x3=everything,
-                                          stem=everything, chain_next=everything,
-                                          pool_head=everything and POOL_HEAD_IN_ALL)
-        counts = plugin_counts(model)
-        pools = sum(nd.op_type == POOL_OP and nd.domain == PLUGIN_DOMAIN for nd in model.graph.node)
-        def n_of(n: int, what: str) -> str:
-            return f"{n} {what}{'' if n == 1 else 's'}"
-
-        # "next": tails (and fused pairs) and the stem that also compute the next bottleneck's conv1, no node of their
-        # own. The pool head (TrtfuseAvgPool) where the rewrite was asked for it.
-        head = (f"; TrtfuseAvgPool for {n_of(pools, 'pool head')} (int8 hi + lo, the mean to 1/256 LSB)"
-                if everything and POOL_HEAD_IN_ALL else "")
-        print(f"trtfuse: --plugins {cfg.plugins}: TrtfuseResidualConv for {n_of(counts['tail'], 'residual tail')}, "
-              f"{n_of(counts['proj'], 'projection')}, {n_of(counts['fused'], 'projection + tail pair')} (one node "
-              f"each), {n_of(counts['conv3x3'], '3x3 conv')} and {n_of(counts['stem'], 'stem')}; "
-              f"{n_of(counts['next'], 'next conv1')} computed by the tail or stem before it{head}", file=sys.stderr)
-        if report.any_refused():   # what the plugin did not take, and the first reason per kind
-            print("trtfuse: not fused (candidates per kind; the first refusal):\n  "
-                  + report.table().replace("\n", "\n  "), file=sys.stderr)
-        if n == 0:
-            raise UserError(f"--plugins {cfg.plugins} found no layer to fuse in this model",
-                            "use --plugins off for it")
-        onnx.save(model, model_dir / (PLUGIN_FILE if cfg.plugins == "tails" else PLUGIN_ALL_FILE))
+        model = rewrite_for_build(model_dir, model, cfg)
     # TensorRT 8.5's parser wants quantized weights as float constants behind a QuantizeLinear; every
     # later version parses that form too, so it is the one handed over.
     model = weights_as_float_qdq(model)
     if cfg.input_format == "int8":
         model = int8_input_graph(model)
     return model.SerializeToString()
+
+
+def rewritten_file(precision: str, plugins: str) -> str:
+    """Where the rewritten graph is kept in the model folder, for a look at it: model.int8.plugins.onnx (tails),
+    model.int8.plugins-all.onnx (all); model.fp32.plugins-all.onnx ..."""
+    return f"model.{precision}.plugins{'' if plugins == 'tails' else '-' + plugins}.onnx"
+
+
+def rewrite_for_build(model_dir: Path, model, cfg: BuildConfig):
+    """``model`` rewritten for ``cfg`` (fusions.rewrite); prints the counts per kind and, where a candidate was
+    refused, the refusal table; keeps the graph in the model folder (rewritten_file)."""
+    import onnx
+    from trtfuse.models.fusions import FUSIONS, rewrite
+
+    result = rewrite(model, cfg.plugins, cfg.precision, cfg.weight_dtype)
+    print(f"trtfuse: {result.summary()}", file=sys.stderr)
+    if result.report.any_refused():   # what the plugins did not take, and the first reason per kind
+        print("trtfuse: not fused (candidates per kind; the first refusal):\n  "
+              + result.report.table().replace("\n", "\n  "), file=sys.stderr)
+    if result.nodes == 0:
+        # the precisions whose builds this mode has other fusions for (int8: the conv family; fp32/fp16: LayerNorms)
+        elsewhere = sorted({p for f in FUSIONS if cfg.plugins in f.modes and cfg.precision not in f.precisions
+                            for p in f.precisions}, reverse=True)
+        raise UserError(f"--plugins {cfg.plugins} found no layer to fuse in this model at --precision {cfg.precision}",
+                        "use --plugins off for it" + (f" (or --precision {' or '.join(elsewhere)}, whose fusions "
+                                                      "differ)" if elsewhere else ""))
+    onnx.save(result.model, model_dir / rewritten_file(cfg.precision, cfg.plugins))
+    return result.model
 
 
 def int8_input_graph(model):

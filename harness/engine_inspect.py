@@ -21,14 +21,21 @@ from pathlib import Path
 import numpy as np
 from trtfuse.errors import UserError
 
-OUR_LAYERS = ("TrtfuseResidualConv", "TrtfuseLayerNorm", "TrtfuseSkipLayerNorm")
 TOP_LAYERS = 25
+
+
+def our_layers() -> tuple[str, ...]:
+    """What the names of the fusion registry's plugin nodes hold (models/fusions.py: layer_marks), imported when first
+    asked: the CLI's start stays without onnx."""
+    from trtfuse.models.fusions import layer_marks
+
+    return layer_marks()
 
 
 def is_ours(layer_name: str) -> bool:
     """A layer of trtfuse's plugins (TensorRT names a plugin layer after its ONNX node, which the
-    rewrites name after the plugin)."""
-    return any(name in layer_name for name in OUR_LAYERS)
+    rewrites name after the plugin, or the LayerNorm rewrite with "_trtfuse")."""
+    return any(name in layer_name for name in our_layers())
 
 
 def summarize(layers: dict[str, float], batch: int) -> dict:

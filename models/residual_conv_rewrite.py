@@ -84,7 +84,8 @@ agreement with the stock engine fell from 0.836 to 0.648 and the largest logit d
 888.5). The new nodes are named after the plugin's (``TrtfuseAvgPool_<k>_...``; benchmarks/resnet50_fullnet.py:
 pool_head_row).
 
-Each fusion kind (KINDS) has its own section below: its pattern (a dataclass), ``find_*`` and ``_match_*``; a matcher
+Each fusion kind (KINDS; each registered in models/fusions.py with the --plugins modes that enable it) has its own
+section below: its pattern (a dataclass), ``find_*`` and ``_match_*``; a matcher
 answers a match, None (not a candidate) or ``Refused(reason)``, and ``rewrite_report`` returns, with the rewritten
 model, a FusionReport (per kind: candidates found, fused, the first refusal) that ``trtfuse build`` prints. The
 matchers read the math, not one exporter's spelling: constants through Identity / Constant nodes, ReLU or Clip(0, inf),

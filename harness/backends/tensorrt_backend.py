@@ -48,7 +48,7 @@ _NP = {"FLOAT": np.float32, "HALF": np.float16, "INT8": np.int8, "INT32": np.int
 def engine_file(model, batch_size: int, precision: str = "int8", plugins: str = "off", input_format: str = "float",
                 streams: int = 2, tactic_sources: str | None = None, plugin_lib: str | None = None) -> Path:
     """The engine for ``model`` with these settings: found in the cache, else built (and cached)."""
-    cfg = BuildConfig(precision=precision, plugins=plugin_mode(plugins), batch=batch_size,
+    cfg = BuildConfig(precision=precision, plugins=plugins, batch=batch_size,
                       input_format=input_format, profiles=streams)
     if tactic_sources:
         cfg.tactic_sources = tactic_sources
@@ -58,8 +58,8 @@ def engine_file(model, batch_size: int, precision: str = "int8", plugins: str = 
 def register_plugins(plugins: str, plugin_lib: str | None = None) -> None:
     """Register trtfuse's plugin creators with TensorRT before an engine is deserialized. An engine
     built with plugins needs them even when the caller did not say so: with ``plugins`` off the library
-    is loaded if it is built, and quietly skipped if not."""
-    if plugin_mode(plugins) != "off":
+    is loaded if it is built, and quietly skipped if not. ``plugins``: a normalized mode (config.plugin_mode)."""
+    if plugins != "off":
         load_plugin_library(plugin_lib)
         return
     try:
@@ -230,6 +230,7 @@ class TensorRTBackend(Backend):
         self.device = int(device)
         self.engine_path = engine
         self._engine_of = None  # a lane loaded before this one, whose engine this one loads too (create)
+        # Settings arrive normalized (config.load); callers of the Python API may still say true/false.
         self.precision, self.plugins = precision, plugin_mode(plugins)
         self.n_streams, self.cuda_graphs, self.input_format = int(streams), bool(cuda_graphs), input_format
         self.plugin_lib = plugin_lib
