@@ -180,6 +180,7 @@ def test_a_signal_while_the_report_is_written_completes_the_folder_marked(tmp_pa
     images = jpeg_folder(tmp_path / "images")
     monkeypatch.setenv("TRTFUSE_HOME", str(tmp_path / "home"))
     write_plots = plots.write_run_plots
+    before = signal.getsignal(signal.SIGINT)  # Python's own, or SIG_IGN where the parent ignores SIGINT
 
     def signalled_then_plots(run_dir, result):
         os.kill(os.getpid(), signal.SIGINT)  # handled before the next bytecode, in this (main) thread
@@ -194,7 +195,7 @@ def test_a_signal_while_the_report_is_written_completes_the_folder_marked(tmp_pa
     report = json.loads((run_dir / "report.json").read_text())
     assert "the measurement is whole" in report["interrupted"]
     assert (run_dir / "completed_over_time.png").is_file()
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # restored after the command
+    assert signal.getsignal(signal.SIGINT) is before  # restored after the command
 
 
 def test_run_folder_is_removed_only_while_unfinished(tmp_path):

@@ -16,6 +16,7 @@ included.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -210,16 +211,19 @@ def serve(args, stop: threading.Event | None = None) -> dict:
     t0 = time.perf_counter()
     repo = write_repository(workspace, served, args.instances, args.max_queue_delay_us)
     backend_config, flags = _server_options(served, args.instances)
-    server = tritonserver.TritonServer(repo, workspace, grpc_port=args.grpc_port, http_port=args.http_port,
-                                       metrics_port=args.metrics_port, log_verbose=args.log_verbose,
-                                       backend_config=backend_config, flags=flags, dist=dist)
     ran = None
     # Ctrl-C, SIGTERM: the server stops cleanly (in-flight requests finish, instances finalize); a
     # second signal kills it and exits at once. The ready file goes first: a reader never finds one of
-    # a server that is stopping.
+    # a server that is stopping. The section starts before the server does: a signal while it starts
+    # stops it the same way.
     ready_file = Path(args.ready_file) if args.ready_file else None
-    with interrupts.deferred(on_interrupt=stop.set, stopping="the server"), interrupts.on_exit(server.kill), \
-            interrupts.on_exit(lambda: _remove_ready_file(ready_file)):
+    with contextlib.ExitStack() as section:
+        section.enter_context(interrupts.deferred(on_interrupt=stop.set, stopping="the server"))
+        section.enter_context(interrupts.on_exit(lambda: _remove_ready_file(ready_file)))
+        server = tritonserver.TritonServer(repo, workspace, grpc_port=args.grpc_port, http_port=args.http_port,
+                                           metrics_port=args.metrics_port, log_verbose=args.log_verbose,
+                                           backend_config=backend_config, flags=flags, dist=dist)
+        section.enter_context(interrupts.on_exit(server.kill))
         try:
             server.wait_ready(spec.name, args.ready_timeout_s, stop)
             instances = args.instances * (len(served.gpus) if served.gpus else 1)
