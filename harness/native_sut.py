@@ -148,7 +148,7 @@ def null_engine(sample: np.ndarray, classes: int, batch: int, lanes: int = 1, sl
 def tensorrt_engine(model, settings: dict, progress=print) -> NativeEngine:
     """The TensorRT engine of the run's settings ([tensorrt]: the engine file, or the cached build for
     the model), on each device of ``tensorrt.devices``."""
-    from trtfuse.backends.tensorrt_backend import engine_file, parse_devices, register_plugins
+    from trtfuse.backends.tensorrt_backend import engine_file, register_plugins
     from trtfuse.engine import QDQ_FILE, TOP_CLASSES, import_tensorrt, input_scale
 
     trt_opts, batch = settings["tensorrt"], settings["run"]["batch_size"]

@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-from conftest_harness import SyntheticDataset, tiny_model
+from conftest_harness import SyntheticDataset
 from test_loadgen_runs import run
 from trtfuse import lg_sut
 from trtfuse.lg_monitor import RunMonitor
