@@ -5,9 +5,13 @@ performance only), the engine alone, LoadGen Offline and Server, each SUT on the
 
 Stages add to one JSON (--out) so that they can spread over several device calls on one warm machine:
   engines   build the engines (plugins all, int8 input, 2 optimization profiles) at batch 2048 and 256
-  engine    the 2048 engine alone on the run's inputs (TensorRTBackend.engine_throughput), the Offline bar's denominator
+  engine    the 2048 engine alone on the run's inputs (TensorRTBackend.engine_throughput), the Offline bar's denominator:
+            8 s, then --seconds as long as a LoadGen run, each with the GPU's power and SM clock (a 700 W cap
+            lowers the clock over a long run: the engine over the run's length tells that from a run-loop loss)
   offline   LoadGen Offline at batch 2048, native then Python, --seconds each
   server    LoadGen Server at batch 256: native at each --server-qps, then Python at the first
+  attribution  the Python SUT's Server at each --attribution-qps with server.query_timeline: where its p99 goes
+            (queued, inference, completion, and LoadGen's p99 beyond the SUT's: before the SUT saw the query)
 Inputs: --images N random int8 images (seeded), the same bytes for every run: the bundle's photos are not needed
 for a throughput A/B of two run loops. GPU energy: NVML's counter over LoadGen's span (not MLPerf Power).
 """
@@ -26,7 +30,7 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parent.parent
 BUNDLE = Path("/tmp/trtfuse-e2e")
-STAGES = ("engines", "engine", "offline", "server")
+STAGES = ("engines", "engine", "offline", "server", "attribution")
 
 
 def log(msg: str) -> None:
@@ -53,6 +57,48 @@ class RandomImages:
 
     def images(self, indices) -> np.ndarray:
         return self.array[np.asarray(indices, dtype=np.int64).reshape(-1)]
+
+
+class GpuSampler:
+    """The GPU's SM clock and power every 0.2 s (NVML) while in the block: mean and min of each."""
+
+    def __init__(self, device: int = 0):
+        self.device, self.clocks, self.watts = device, [], []
+
+    def __enter__(self):
+        import threading
+
+        try:
+            import pynvml
+
+            from trtfuse import cuda_runtime
+
+            pynvml.nvmlInit()
+            handle = pynvml.nvmlDeviceGetHandleByPciBusId(cuda_runtime.pci_bus_id(self.device))
+        except Exception as e:  # noqa: BLE001 - no NVML: no samples, the figures stand without them
+            log(f"no GPU sampling: {e}")
+            return self
+        self._stop = threading.Event()
+
+        def sample():
+            while not self._stop.wait(0.2):
+                self.clocks.append(pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_SM))
+                self.watts.append(pynvml.nvmlDeviceGetPowerUsage(handle) / 1000.0)
+
+        self._thread = threading.Thread(target=sample, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        if getattr(self, "_thread", None):
+            self._stop.set()
+            self._thread.join()
+
+    def summary(self) -> dict:
+        if not self.clocks:
+            return {}
+        return {"sm_clock_mhz_mean": round(float(np.mean(self.clocks)), 1), "sm_clock_mhz_min": int(min(self.clocks)),
+                "power_w_mean": round(float(np.mean(self.watts)), 1), "power_w_max": round(max(self.watts), 1)}
 
 
 def engine_path(model_dir: Path, batch: int) -> Path:
@@ -87,7 +133,8 @@ def loadgen_run(model, data, scenario: str, sut: str, engine: Path, batch: int, 
                                   input_format="int8")
         backend.load(model, batch)
     try:
-        report = cli.run(s, progress=False, model=model, dataset=data, backend=backend)
+        with GpuSampler() as gpu:
+            report = cli.run(s, progress=False, model=model, dataset=data, backend=backend)
     finally:
         backend.close()
     lg, h = report["loadgen"], report["harness"]
@@ -96,7 +143,8 @@ def loadgen_run(model, data, scenario: str, sut: str, engine: Path, batch: int, 
            "batch": batch, "mean_batch": h.get("mean_batch"), "invalid_reasons": lg.get("invalid_reasons"),
            "avg_watts": energy.get("avg_watts"), "samples_per_joule": energy.get("samples_per_joule"),
            "cpu_per_wall": round(h["cpu_s"] / h["wall_s"], 2) if h.get("wall_s") else None,
-           "run_dir": report["run_dir"], "samples": s["native"]["samples"] if sut == "native" else "host"}
+           "run_dir": report["run_dir"], "samples": s["native"]["samples"] if sut == "native" else "host",
+           **gpu.summary()}
     if scenario == "offline":
         row["samples_per_s"] = lg.get("samples_per_s")
     else:
@@ -104,6 +152,8 @@ def loadgen_run(model, data, scenario: str, sut: str, engine: Path, batch: int, 
         row.update(target_qps=extra.get("server.target_qps"), completed_samples_per_s=lg.get("completed_samples_per_s"),
                    p50_ms=round(lat.get("50.00", 0) / 1e6, 3), p99_ms=round(lat.get("99.00", 0) / 1e6, 3),
                    batch_timeout_us=s["native"]["batch_timeout_us"] if sut == "native" else None)
+        if h.get("query_timeline"):
+            row["query_timeline"] = h["query_timeline"]
     log(f"{scenario} {sut}: {row}")
     return row
 
@@ -153,11 +203,16 @@ def run(args) -> int:
         b = TensorRTBackend(engine=str(engine_path(model.dir, 2048)), plugins="all", streams=2, input_format="int8")
         b.load(model, 2048)
         try:
-            this["engine_samples_per_s"] = round(b.engine_throughput(2048, 8.0, images=images.images(range(256)),
-                                                                     serial=True), 1)
+            for seconds, key in ((8.0, "engine_samples_per_s"), (args.seconds, "engine_long")):
+                with GpuSampler() as gpu:
+                    rate = round(b.engine_throughput(2048, seconds, images=images.images(range(256)), serial=True), 1)
+                if key == "engine_long":
+                    this[key] = {"seconds": seconds, "samples_per_s": rate, **gpu.summary()}
+                else:
+                    this[key], this["engine_gpu"] = rate, gpu.summary()
+                log(f"engine alone, {seconds:g} s: {rate:,.0f} samples/s {gpu.summary()}")
         finally:
             b.close()
-        log(f"engine alone: {this['engine_samples_per_s']:,.0f} samples/s")
 
     def offline():
         eng = engine_path(model.dir, 2048)
@@ -167,9 +222,12 @@ def run(args) -> int:
                                                **{"offline.target_qps": target, "native.samples": args.samples}))
             save()
         alone = this.get("engine_samples_per_s")
+        long = (this.get("engine_long") or {}).get("samples_per_s")
         for row in this["offline"]:
             if alone and row.get("samples_per_s"):
                 row["of_engine_alone"] = round(row["samples_per_s"] / alone, 4)
+            if long and row.get("samples_per_s"):
+                row["of_engine_alone_same_length"] = round(row["samples_per_s"] / long, 4)
 
     def server():
         eng = engine_path(model.dir, 256)
@@ -185,7 +243,21 @@ def run(args) -> int:
             lowest = min(native_rows, key=lambda r: r["target_qps"])
             this["server_half_load"] = {"sut": "native", "target_qps": lowest["target_qps"], "p99_ms": lowest["p99_ms"]}
 
-    for name, fn in (("engines", engines), ("engine", engine), ("offline", offline), ("server", server)):
+    def attribution():
+        eng = engine_path(model.dir, 256)
+        rows = this.setdefault("tail_attribution", [])
+        for qps in args.attribution_qps:
+            extra = {"server.target_qps": qps, "server.target_latency_ms": 15.0, "server.min_query_count": 100,
+                     "server.query_timeline": True}
+            rows.append(loadgen_run(model, images, "server", "python", eng, 256, args.seconds, **extra))
+            save()
+        data["tail_attribution"] = {"lease": args.lease, "cpu_model": this["cpu_model"], "sut": "python",
+                                    "runs": [{k: r.get(k) for k in ("target_qps", "completed_samples_per_s", "p50_ms",
+                                                                    "p99_ms", "valid", "query_timeline")}
+                                             for r in rows]}
+
+    for name, fn in (("engines", engines), ("engine", engine), ("offline", offline), ("server", server),
+                     ("attribution", attribution)):
         stage(name, fn)
     return 1 if data["errors"] else 0
 
@@ -201,12 +273,14 @@ def main(argv=None) -> int:
     r.add_argument("--images", type=int, default=1024)
     r.add_argument("--suts", default="native,python")
     r.add_argument("--server-qps", default="73500,36750")
+    r.add_argument("--attribution-qps", default="12000,36750", help="the Python SUT's loads for the attribution")
     r.add_argument("--batch-timeout-us", type=float, default=0.0)
     r.add_argument("--samples", default="host", help="native.samples of the native runs: host or device")
     args = p.parse_args(argv)
     args.stages = [s for s in args.stages.split(",") if s]
     args.suts = [s for s in args.suts.split(",") if s]
     args.server_qps = [float(q) for q in args.server_qps.split(",") if q]
+    args.attribution_qps = [float(q) for q in args.attribution_qps.split(",") if q]
     return run(args)
 
 

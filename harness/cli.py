@@ -299,6 +299,8 @@ def run(settings: dict, progress: bool = True, weights: str | None = None,
                     "cpu_s": lg_run.cpu_s, "mean_batch": lg_run.mean_batch,
                     "effective": lg_run.effective, "stalls": lg_run.stalls, "gpu": lg_run.gpu,
                     "energy": lg_run.energy,
+                    "query_timeline": lg_run.query_timeline.summary(results.get("latency_ns"))
+                    if lg_run.query_timeline else None,
                     "timeline": {"t_s": [t for t, _ in lg_run.timeline],
                                  "completed": [n for _, n in lg_run.timeline]}},
     }

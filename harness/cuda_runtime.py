@@ -53,6 +53,13 @@ def set_device(device: int) -> None:
     check(cudart.cudaSetDevice(int(device)), f"cudaSetDevice({device})")
 
 
+def pci_bus_id(device: int) -> str:
+    """The device's PCI bus id ("0000:18:00.0"): the name NVML knows it by, whatever CUDA_VISIBLE_DEVICES
+    renumbered."""
+    bus = check(cudart.cudaDeviceGetPCIBusId(32, int(device)), "cudaDeviceGetPCIBusId")
+    return (bus.decode() if isinstance(bus, bytes) else str(bus)).rstrip("\x00").strip()
+
+
 def device_name(device: int = 0) -> str:
     props = check(cudart.cudaGetDeviceProperties(device), "cudaGetDeviceProperties")
     name = props.name

@@ -13,10 +13,11 @@ NOTE = "the GPUs' own energy counter (NVML), not an MLPerf Power measurement at 
 
 
 class EnergySpan:
-    """``with EnergySpan(devices) as span: ...`` then ``span.result(samples)``."""
+    """``with EnergySpan(cuda_devices) as span: ...`` then ``span.result(samples)``: the energy of the run's
+    GPUs (CUDA device numbers, as the run names them), not of every GPU of the host."""
 
-    def __init__(self, devices: list[int] | None = None, on: bool = True):
-        self._devices, self._on = devices, on
+    def __init__(self, cuda_devices: list[int] | None = None, on: bool = True):
+        self._devices, self._on = cuda_devices, on
         self._nvml = None
         self._handles: list = []
         self._start_mj: list[int] = []
@@ -31,9 +32,7 @@ class EnergySpan:
             import pynvml
 
             pynvml.nvmlInit()
-            count = pynvml.nvmlDeviceGetCount()
-            indices = self._devices if self._devices else range(count)
-            self._handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in indices]
+            self._handles = _handles(pynvml, self._devices)
             self._start_mj = [pynvml.nvmlDeviceGetTotalEnergyConsumption(h) for h in self._handles]
             self._nvml = pynvml
         except Exception:  # noqa: BLE001 - no NVML, no GPU, no counter: the span has no energy
@@ -64,3 +63,23 @@ class EnergySpan:
             return None
         return {"joules": round(joules, 1), "seconds": round(seconds, 3), "avg_watts": round(joules / seconds, 1),
                 "samples_per_joule": round(samples / joules, 2), "gpus": len(self._start_mj), "source": NOTE}
+
+
+def _handles(pynvml, cuda_devices: list[int] | None) -> list:
+    """NVML's handles of the CUDA devices (by PCI bus id: NVML numbers GPUs its own way and ignores
+    CUDA_VISIBLE_DEVICES); every GPU NVML sees when none are named."""
+    if not cuda_devices:
+        return [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
+    from trtfuse import cuda_runtime
+
+    return [pynvml.nvmlDeviceGetHandleByPciBusId(cuda_runtime.pci_bus_id(d)) for d in cuda_devices]
+
+
+def gpus(runner, settings: dict) -> tuple[list[int] | None, bool]:
+    """EnergySpan's arguments for a run: a TensorRT run's GPUs (``tensorrt.devices``); off for other backends."""
+    if runner.name != "tensorrt":
+        return None, False
+    from trtfuse import cuda_runtime
+    from trtfuse.backends.tensorrt_backend import parse_devices
+
+    return parse_devices(settings["tensorrt"]["devices"], cuda_runtime.device_count()), True

@@ -25,12 +25,13 @@ from pathlib import Path
 import mlperf_loadgen as lg
 from trtfuse import interrupts, run_stalls
 from trtfuse.errors import UserError
-from trtfuse.gpu_energy import EnergySpan
+from trtfuse.gpu_energy import EnergySpan, gpus
 from trtfuse.lg_monitor import RunMonitor
 from trtfuse.lg_qsl import SampleLibrary
 from trtfuse.lg_scenarios import (SCENARIO_NAME, STREAM_SCENARIOS, samples_per_query, set_expected_latency,
                                   stream_expected_latency_ns)
 from trtfuse.lg_sut import OfflineSUT, ServerSUT, StreamSUT
+from trtfuse.query_timeline import QueryTimeline
 
 LOADGEN_SCENARIO = {"offline": lg.TestScenario.Offline, "server": lg.TestScenario.Server,
                     "singlestream": lg.TestScenario.SingleStream, "multistream": lg.TestScenario.MultiStream}
@@ -60,6 +61,7 @@ class LoadGenRun:
     stalls: dict = field(default_factory=dict)  # what took the CPU away during StartTest (run_stalls)
     gpu: dict | None = None  # the backend's trace of StartTest's batches (gpu_trace), where it keeps one
     energy: dict | None = None  # the GPUs' energy over StartTest (gpu_energy), on a GPU backend
+    query_timeline: QueryTimeline | None = None  # Server, server.query_timeline: where each query's time went
 
 
 def loadgen_settings(settings: dict, total_count: int, measured_qps: float | None) -> lg.TestSettings:
@@ -230,6 +232,8 @@ def run_loadgen(backend, model, dataset, settings: dict, run_dir: Path, progress
         sut = StreamSUT(backend, qsl, **common)
     else:
         sut = ServerSUT(backend, qsl, **common)
+        if settings["server"]["query_timeline"]:
+            sut.timeline = QueryTimeline()
 
     def guarded(fn):
         def callback(*args):
@@ -268,7 +272,7 @@ def run_loadgen(backend, model, dataset, settings: dict, run_dir: Path, progress
     if run["gc_disable"]:
         gc.disable()
     try:
-        with monitor, run_stalls.watch() as stalls, EnergySpan(on=backend.name == "tensorrt") as energy:
+        with monitor, run_stalls.watch() as stalls, EnergySpan(*gpus(backend, settings)) as energy:
             interrupts.call(lambda: lg.StartTestWithLogSettings(lg_sut, lg_qsl, ts, log_settings, str(audit_config)),
                             on_interrupt=sut.interrupt, grace_s=INTERRUPT_GRACE_S.get(scenario, 1.0))
     finally:
@@ -296,7 +300,7 @@ def run_loadgen(backend, model, dataset, settings: dict, run_dir: Path, progress
         completed=sut.ledger.completed, qsl_load_calls=len(qsl.load_calls), mean_batch=sut.mean_batch(),
         qsl_loaded_samples=sum(len(c) for c in qsl.load_calls), wall_s=wall, cpu_s=cpu,
         timeline=monitor.timeline + [(round(wall, 3), sut.ledger.completed)], stalls=stalls, gpu=gpu,
-        energy=energy.result(sut.ledger.completed),
+        energy=energy.result(sut.ledger.completed), query_timeline=sut.timeline,
         effective={"offline_expected_qps": ts.offline_expected_qps,
                    "performance_sample_count": ts.performance_sample_count_override,
                    "min_duration_ms": ts.min_duration_ms, "min_query_count": ts.min_query_count,

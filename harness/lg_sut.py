@@ -21,6 +21,7 @@ import time
 
 import mlperf_loadgen as lg
 import numpy as np
+from trtfuse import query_timeline
 
 
 class Ledger:
@@ -101,6 +102,7 @@ class BatchSUT:
         self.ledger = Ledger()
         self.errors: list[BaseException] = []
         self.interrupted = False  # Ctrl-C: every sample is answered at once, without inference
+        self.timeline = None  # a query_timeline.QueryTimeline: the Server SUT records where latency goes
         self._work: queue.SimpleQueue = queue.SimpleQueue()
         self._threads = [threading.Thread(target=self._worker, name=f"trtfuse-worker-{k}", daemon=True)
                          for k in range(max(1, threads))]
@@ -131,7 +133,8 @@ class BatchSUT:
 
     def _worker(self) -> None:
         while (item := self._next_work()) is not None:
-            ids, indices = item
+            taken = query_timeline.now()
+            ids, indices, *seen = item  # seen: when each sample reached the SUT, where a timeline is on
             key = self.ledger.open(ids)
             top = None
             try:
@@ -143,12 +146,15 @@ class BatchSUT:
             except BaseException as e:  # noqa: BLE001 - reported after StartTest returns
                 self.errors.append(e)
                 top = None
+            inferred = query_timeline.now()
             if self.ledger.close(key):
                 try:
                     complete(ids, top)
                 except BaseException as e:  # noqa: BLE001
                     self.errors.append(e)
                 self.ledger.note_completed(len(ids), batch=True)
+                if seen and top is not None:
+                    self.timeline.add(seen[0], taken, inferred, query_timeline.now())
 
     def abandon(self) -> int:
         """Complete everything still queued or in flight with empty responses (watchdog)."""
@@ -275,26 +281,29 @@ class ServerSUT(BatchSUT):
 
     def issue(self, ids, indices):
         # Plain lists, no numpy: this runs once per query on LoadGen's thread, holding the GIL.
-        self._pending.append((ids, indices))  # deque.append: atomic, no lock
+        self._pending.append((ids, indices, query_timeline.now()))  # deque.append: atomic, no lock
 
     def _next_work(self):
         """The next batch: every pending query up to the batch size, as soon as there is one."""
-        pending, size = self._pending, self.batch_size
+        pending, size, timed = self._pending, self.batch_size, self.timeline is not None
         while True:
-            ids, idx = [], []
+            ids, idx, seen = [], [], []
             while len(ids) < size:
                 try:
-                    new_ids, new_idx = pending.popleft()  # atomic: each query goes to one worker
+                    new_ids, new_idx, t = pending.popleft()  # atomic: each query goes to one worker
                 except IndexError:
                     break
                 room = size - len(ids)
                 if len(new_ids) > room:  # a coalesced query larger than the room left: split it
-                    pending.appendleft((new_ids[room:], new_idx[room:]))
+                    pending.appendleft((new_ids[room:], new_idx[room:], t))
                     new_ids, new_idx = new_ids[:room], new_idx[:room]
                 ids += new_ids
                 idx += new_idx
+                if timed:
+                    seen += [t] * len(new_ids)
             if ids:
-                return np.array(ids, dtype=np.uint64), np.array(idx, dtype=np.int64)
+                batch = np.array(ids, dtype=np.uint64), np.array(idx, dtype=np.int64)
+                return (*batch, seen) if timed else batch
             if not self._running:
                 return None
             time.sleep(self.poll_s)
@@ -303,7 +312,7 @@ class ServerSUT(BatchSUT):
         abandoned = 0
         while True:
             try:
-                ids, _ = self._pending.popleft()
+                ids, _, _ = self._pending.popleft()
             except IndexError:
                 break
             complete(ids)

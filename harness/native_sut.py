@@ -351,7 +351,7 @@ def run_native(engine: NativeEngine, model, dataset, settings: dict, run_dir: Pa
     """``lg_run.run_loadgen`` with the native SUT: the same settings, run folder, user.conf, warm-up
     and monitor; the test itself in C++. Returns an ``lg_run.LoadGenRun``."""
     from trtfuse import interrupts, run_stalls
-    from trtfuse.gpu_energy import EnergySpan
+    from trtfuse.gpu_energy import EnergySpan, gpus
     from trtfuse.lg_monitor import RunMonitor
     from trtfuse.lg_run import (INTERRUPT_GRACE_S, LoadGenRun, _cpu_seconds, audit_config_path, loadgen_settings,
                                 offline_expected_qps, write_user_conf)
@@ -382,7 +382,7 @@ def run_native(engine: NativeEngine, model, dataset, settings: dict, run_dir: Pa
         monitor = RunMonitor(session, stall_s=run["watchdog_s"], expected_s=expected_s, progress=progress)
         start, cpu_start = time.perf_counter(), _cpu_seconds()
         failure = None
-        with monitor, run_stalls.watch() as stalls, EnergySpan(on=engine.name == "tensorrt") as energy:
+        with monitor, run_stalls.watch() as stalls, EnergySpan(*gpus(engine, settings)) as energy:
             try:
                 session.run(run["mlperf_model"], SCENARIO_NAME[scenario], settings_lines(ts), run_dir, audit_config,
                             grace_s=INTERRUPT_GRACE_S.get(scenario, 1.0))

@@ -6,6 +6,7 @@ import json
 import re
 from pathlib import Path
 
+from trtfuse import query_timeline
 from trtfuse.errors import UserError
 from trtfuse.gpu_trace import describe
 
@@ -176,6 +177,9 @@ def format_table(report: dict) -> str:
             line = describe(trace)
             if line:
                 rows.append(("GPU" + (f" {lane}" if "lanes" in gpu else ""), line))
+        where = query_timeline.describe((report.get("harness") or {}).get("query_timeline"))
+        if where:
+            rows.append(("where p99 goes", where))
         energy = (report.get("harness") or {}).get("energy")
         if energy:
             rows.append(("GPU energy", f"{energy['avg_watts']:,.0f} W average, {energy['samples_per_joule']:,.1f} "

@@ -146,11 +146,16 @@ class BundleImages:
     """The carried int8 evaluation images as a dataset (``names``, ``labels``, ``images(idx)``)."""
 
     def __init__(self, bundle: Path):
-        parts = [np.load(bundle / f"images{i}" / f"eval_int8_{i}.npy", mmap_mode="r")
-                 for i in range(IMAGE_PARTS)]
-        self.array = np.concatenate(parts)
-        self.labels = np.load(bundle / "models" / "eval_labels.npy")
-        self.names = (bundle / "models" / "eval_names.txt").read_text().split()
+        # The parts carried (a performance run needs no more than the first): the images are in order.
+        here = [i for i in range(IMAGE_PARTS) if (bundle / f"images{i}").is_dir()]
+        if here != list(range(len(here))) or not here:
+            raise FileNotFoundError(f"{bundle}: image parts {here} of {IMAGE_PARTS}; need images0 and each part before")
+        if len(here) < IMAGE_PARTS:
+            log(f"{bundle}: {len(here)} of {IMAGE_PARTS} image parts carried: their images only")
+        self.array = np.concatenate([np.load(bundle / f"images{i}" / f"eval_int8_{i}.npy", mmap_mode="r")
+                                     for i in here])
+        self.labels = np.load(bundle / "models" / "eval_labels.npy")[:len(self.array)]
+        self.names = (bundle / "models" / "eval_names.txt").read_text().split()[:len(self.array)]
 
     def __len__(self) -> int:
         return len(self.array)

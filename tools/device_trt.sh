@@ -39,6 +39,9 @@
 # triton-native (Triton's own TensorRT backend, carried in build/triton_backend/tensorrt: the toy engine with our
 # plugins exported and served by it, answers equal to direct; needs gpu-test's staging; the benchmark:
 # triton:native-offline,native-server,native-accuracy).
+# bg:STEP+STEP... (those steps detached, from a copy of the tree, with this call's environment: run one per GPU
+# with CUDA_VISIBLE_DEVICES=K set, so that each GPU of a host works on its own; results and logs in
+# $RESULTS/gpuK), bg-wait (wait up to $WAIT_S s for every bg job; their logs' tails).
 # A failing step does not stop the next. Logs and results accumulate in /tmp/trtfuse-results (outside
 # the work tree, which each call replaces); $OUT gets the JSON results and logs.tgz (at most 8 files come back).
 # Exit status: the number of failed steps.
@@ -51,7 +54,7 @@ source /opt/trt85/env.sh
 # shellcheck disable=SC1091
 source tools/dev_env.sh
 OUT=${OUT:-/tmp/trtfuse-out}
-RESULTS=/tmp/trtfuse-results
+RESULTS=${TRTFUSE_RESULTS:-/tmp/trtfuse-results}   # a bg job's own: $RESULTS/gpuK
 mkdir -p "$OUT" "$RESULTS/logs"
 export PYTHONUNBUFFERED=1
 export TRTFUSE_BUILD_DIR=/tmp/trtfuse-build   # kept between calls on a warm machine
@@ -162,6 +165,23 @@ for step in "$@"; do
                 run_step native-build python3.10 -m trtfuse.plugin_build build --native --tensorrt-root "$TENSORRT_ROOT" ;;
         native:*) run_step "native-${step#native:}" python3.10 benchmarks/native_sut.py run \
                       --out "$RESULTS/native_sut_h100.json" --stages "${step#native:}" ${NATIVE_ARGS:-} ;;
+        bg:*)
+            job=gpu${CUDA_VISIBLE_DEVICES:-all}; job=${job//,/_}; dir=$RESULTS/$job; steps=${step#bg:}
+            if [ -f "$dir/bg.pid" ] && kill -0 "$(cat "$dir/bg.pid")" 2>/dev/null; then
+                echo "=== $job busy (pid $(cat "$dir/bg.pid"))"; failed=$((failed + 1)); continue; fi
+            rm -rf "/tmp/trtfuse-bg-tree-$job" && cp -r "$PWD" "/tmp/trtfuse-bg-tree-$job" && mkdir -p "$dir"
+            (cd "/tmp/trtfuse-bg-tree-$job" && TRTFUSE_RESULTS=$dir OUT=$dir/out \
+                 setsid nohup bash tools/device_trt.sh ${steps//+/ } > "$dir/bg.log" 2>&1 < /dev/null &
+             echo $! > "$dir/bg.pid")
+            echo "=== $job started: ${step#bg:} (pid $(cat "$dir/bg.pid"))" ;;
+        bg-wait) t0=$SECONDS
+            while [ $((SECONDS - t0)) -lt "${WAIT_S:-500}" ]; do
+                alive=$(for f in "$RESULTS"/gpu*/bg.pid; do [ -f "$f" ] && kill -0 "$(cat "$f")" 2>/dev/null && echo "$f"; done)
+                [ -z "$alive" ] && break
+                sleep 5
+            done
+            for f in "$RESULTS"/gpu*/bg.log; do [ -f "$f" ] && { echo "--- $f"; tail -n "${TAIL:-6}" "$f"; }; done
+            [ -n "$alive" ] && echo "=== still running: $alive" ;;
         *) echo "unknown step $step"; failed=$((failed + 1)) ;;
     esac
 done

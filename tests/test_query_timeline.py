@@ -1,0 +1,54 @@
+"""The Python SUT's per-query timeline (server.query_timeline): the arithmetic, and a real Server run."""
+
+import numpy as np
+import pytest
+from conftest_harness import ScriptedBackend, SyntheticDataset, tiny_model
+from test_loadgen_runs import settings
+from trtfuse import cli, report
+from trtfuse.backends import create_backend
+from trtfuse.query_timeline import QueryTimeline, describe
+
+
+def test_segments_and_the_attribution_of_the_slow_samples():
+    t = QueryTimeline()
+    # 99 fast samples in one batch, then one slow sample that waited 50 ms in the queue
+    t.add([0.0] * 99, taken=0.001, inferred=0.003, completed=0.0031)
+    t.add([1.0], taken=1.050, inferred=1.052, completed=1.0521)
+    seg = t.segments_ms()
+    assert len(t) == 100 and seg["total"].shape == (100,)
+    assert np.allclose(seg["queued"] + seg["inference"] + seg["completion"], seg["total"])
+    s = t.summary({"50.00": 4_000_000, "99.00": 60_000_000})
+    slow = s["attribution_ms"]["p99"]
+    assert slow["queued"] == pytest.approx(50.0) and slow["inference"] == pytest.approx(2.0)
+    assert s["percentiles_ms"]["total"]["p50"] == pytest.approx(3.1)
+    # LoadGen's p50 4 ms against the SUT's 3.1 ms: 0.9 ms before the SUT saw the query
+    assert s["before_seen_ms"]["p50"] == pytest.approx(0.9)
+    assert "queued 50.00 ms" in describe(s)
+
+
+def test_an_empty_timeline_has_no_summary():
+    assert QueryTimeline().summary() is None and describe(None) is None
+
+
+def test_a_server_run_times_every_completed_sample(tmp_path):
+    s = settings(tmp_path, **{"run.scenario": "server", "run.backend": "onnxruntime", "server.query_timeline": True})
+    model = tiny_model(tmp_path)
+    backend = ScriptedBackend(create_backend("onnxruntime"), delay_s=0.002)
+    backend.load(model, s["run"]["batch_size"])
+    result = cli.run(s, progress=False, model=model, dataset=SyntheticDataset(64), backend=backend)
+    where = result["harness"]["query_timeline"]
+    assert where["samples"] == result["harness"]["completed"] > 0
+    pct = where["percentiles_ms"]
+    assert min(v for seg in pct.values() for v in seg.values()) >= 0
+    assert pct["inference"]["p50"] >= 2.0  # the scripted backend sleeps 2 ms per batch
+    assert set(where["before_seen_ms"]) == {"p50", "p90", "p99"}
+    assert "where p99 goes" in report.format_table(result)
+
+
+def test_the_timeline_is_off_by_default(tmp_path):
+    s = settings(tmp_path, **{"run.scenario": "server"})
+    model = tiny_model(tmp_path)
+    backend = create_backend("onnxruntime")
+    backend.load(model, s["run"]["batch_size"])
+    result = cli.run(s, progress=False, model=model, dataset=SyntheticDataset(64), backend=backend)
+    assert result["harness"]["query_timeline"] is None
