@@ -137,7 +137,7 @@ class Edge:
         model = self.model()
         perf, _ = self.datasets()
         rows = self.data.setdefault("latency", {})
-        for scenario in ("singlestream", "multistream"):
+        for scenario in self.args.latency_scenarios:
             for plugins in ("off", self.args.plugins):
                 s = self.settings(scenario, plugins, **{f"{scenario}.min_duration_ms": int(self.args.latency_s * 1000)})
                 backend = self.backend(s, model)
@@ -233,6 +233,9 @@ class Edge:
         except Exception as e:  # noqa: BLE001 - the tree needs no GPU
             self.data["gpu"] = f"none ({type(e).__name__})"
         self.data["lease_started"] = time.strftime("%Y-%m-%dT%H:%M:%S")
+        from native_sut import cpu_model
+
+        self.data["cpu_model"] = cpu_model()
         for name in todo:
             log(f"{name} ...")
             t0 = time.time()
@@ -262,6 +265,8 @@ def main(argv=None) -> int:
     p.add_argument("--plugins", default="all", choices=["tails", "all"])
     p.add_argument("--offline-batch", type=int, default=2048)
     p.add_argument("--latency-s", type=float, default=60.0)
+    p.add_argument("--latency-scenarios", default="singlestream,multistream",
+                   help="the latency unit's scenarios (one per GPU of a host: run two processes)")
     p.add_argument("--ss-expected-ms", type=float, default=0.0,
                    help="SingleStream's expected latency (default: from the warm-up)")
     p.add_argument("--ms-expected-ms", type=float, default=0.0)
@@ -270,6 +275,10 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     args.expected_latency_ms = {k: v for k, v in (("singlestream", args.ss_expected_ms),
                                                   ("multistream", args.ms_expected_ms)) if v}
+    args.latency_scenarios = [x for x in args.latency_scenarios.split(",") if x]
+    unknown = set(args.latency_scenarios) - {"singlestream", "multistream"}
+    if unknown:
+        p.error(f"--latency-scenarios: {sorted(unknown)} (singlestream, multistream)")
     return Edge(args).run(units(args.units))
 
 

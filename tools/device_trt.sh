@@ -187,5 +187,7 @@ for step in "$@"; do
 done
 echo "conv tile cache: $TRTFUSE_RESIDUAL_CONV_CACHE"
 cp "$RESULTS"/*.json "$OUT"/ 2>/dev/null
-tar -C "$RESULTS" -czf "$OUT/logs.tgz" .
+# At most 8 files of 16 MiB come back: a bg job's edge runs (accuracy logs of several MB) in a file of their own
+tar -C "$RESULTS" --exclude='./gpu*/out' --exclude='./gpu*/edge' -czf "$OUT/logs.tgz" .
+for d in "$RESULTS"/gpu*/edge; do [ -d "$d" ] && tar -C "$d/.." -czf "$OUT/edge-$(basename "$(dirname "$d")").tgz" edge; done
 exit "$failed"
