@@ -18,7 +18,6 @@
 #include <sched.h>
 
 #include <algorithm>
-#include <cctype>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -287,8 +286,12 @@ class TensorRTEngine final : public Engine {
   bool place_lane(Lane& lane, int device, std::string* err) {
     char bus[64] = {0};
     TF_CUDA(cudaDeviceGetPCIBusId(bus, int(sizeof(bus)), device), "cudaDeviceGetPCIBusId");
-    std::string id(bus);
-    for (auto& c : id) c = char(std::tolower(static_cast<unsigned char>(c)));
+    // sysfs names the device domain:bus:device.function in lower-case hex, a 4-digit domain
+    unsigned domain = 0, bus_n = 0, dev = 0, fn = 0;
+    if (std::sscanf(bus, "%x:%x:%x.%x", &domain, &bus_n, &dev, &fn) != 4) return true;
+    char name[32];
+    std::snprintf(name, sizeof(name), "%04x:%02x:%02x.%x", domain, bus_n, dev, fn);
+    const std::string id(name);
     const std::string dir = "/sys/bus/pci/devices/" + id + "/";
     int node = -1;
     if (std::sscanf(read_line(dir + "numa_node").c_str(), "%d", &node) != 1 || node < 0) return true;
