@@ -40,6 +40,10 @@ class _Stats(ctypes.Structure):
                 ("gpu_busy_ms", ctypes.c_double), ("last_progress_s", ctypes.c_double)]
 
 
+class _LaneStats(ctypes.Structure):
+    _fields_ = [("batches", ctypes.c_int64), ("samples", ctypes.c_int64), ("busy_ms", ctypes.c_double)]
+
+
 _LOAD_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.POINTER(ctypes.c_int64), ctypes.c_size_t,
                             ctypes.c_void_p)
 _ERR_LEN = 4096
@@ -58,6 +62,7 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
         "tf_session_warmup": (dbl, [P, i32, s, sz]),
         "tf_session_run": (ctypes.c_int, [P, s, s, s, s, s, s, sz]),
         "tf_session_stats": (None, [P, ctypes.POINTER(_Stats)]),
+        "tf_session_lane_stats": (ctypes.c_int, [P, i32, ctypes.POINTER(_LaneStats)]),
         "tf_session_stop": (None, [P, s]),
         "tf_session_abandon": (i64, [P, s]),
         "tf_session_free": (None, [P]),
@@ -109,6 +114,13 @@ class NativeEngine:
     slots: int
     engine_path: str | None = None
     hung: bool = False  # a session abandoned batches inside it: a slot may still be in there
+    devices: tuple[int, ...] = ()  # the GPU of each lane (TensorRT)
+    last_lanes: list[dict] | None = None  # the last run's per-lane rows (run_native)
+
+    def lane_stats(self) -> list[dict]:
+        """Per lane (GPU) of the last run: samples, batches, device busy time and the rates over
+        LoadGen's span (``lane_rows``); the report's per-GPU rows."""
+        return list(self.last_lanes or [])
 
     def to_input(self, images: np.ndarray) -> np.ndarray:
         from trtfuse.backends.tensorrt_backend import engine_input
@@ -176,6 +188,7 @@ def tensorrt_engine(model, settings: dict, progress=print) -> NativeEngine:
     if (Path(model.dir) / QDQ_FILE).is_file():
         scale = np.float32(input_scale(model.dir))
     engine = _engine(lib, handle, "tensorrt", scale, str(path))
+    engine.devices = tuple(devices)
     if engine.in_dtype == np.int8 and scale is None:
         engine.close()
         raise UserError(f"{path} takes int8 input but {model.name} has no Q/DQ model to quantize images with",
@@ -298,6 +311,16 @@ class NativeSession:
         self.engine.lib.tf_session_stats(self._handle, ctypes.byref(out))
         return out
 
+    def lane_stats(self) -> list[dict]:
+        """Each lane's batches, samples and device busy ms in the last run."""
+        rows = []
+        for lane in range(self.engine.lanes):
+            st = _LaneStats()
+            if self.engine.lib.tf_session_lane_stats(self._handle, lane, ctypes.byref(st)) != 0:
+                raise RuntimeError(f"the native session has no lane {lane}")
+            rows.append({"batches": st.batches, "samples": st.samples, "busy_ms": st.busy_ms})
+        return rows
+
     def stop(self, reason: str) -> None:
         self.engine.lib.tf_session_stop(self._handle, reason.encode())
 
@@ -343,8 +366,37 @@ _SETTINGS_FIELDS = (
 )
 
 
+def lane_rows(raw: list[dict], names: list[str], samples_per_s: float | None) -> list[dict]:
+    """Per-lane report rows: each lane's share of LoadGen's rate (its samples over LoadGen's span, the
+    span being all samples over LoadGen's samples/s), its mean batch and its device busy fraction of
+    that span (None where LoadGen logged no rate)."""
+    total = sum(r["samples"] for r in raw)
+    span_s = total / samples_per_s if samples_per_s and total else None
+    rows = []
+    for i, (r, name) in enumerate(zip(raw, names)):
+        rows.append({
+            "lane": i, "name": name, "samples": r["samples"], "batches": r["batches"],
+            "mean_batch": round(r["samples"] / r["batches"], 1) if r["batches"] else None,
+            "share": round(r["samples"] / total, 4) if total else None,
+            "samples_per_s": round(r["samples"] / span_s, 1) if span_s else None,
+            "busy_ms": round(r["busy_ms"], 3),
+            "busy_fraction": round(r["busy_ms"] / 1e3 / span_s, 4) if span_s else None,
+        })
+    return rows
+
+
 def loadgen_version() -> str:
     return library().tf_loadgen_version().decode()
+
+
+def _run_lanes(engine: NativeEngine, session: NativeSession, run_dir: Path) -> list[dict]:
+    from trtfuse.report import read_loadgen_results
+
+    lg = read_loadgen_results(run_dir)
+    rate = lg.get("samples_per_s") or lg.get("completed_samples_per_s")
+    names = ([f"GPU {d}" for d in engine.devices] if len(engine.devices) == engine.lanes
+             else [f"{engine.name} lane {i}" for i in range(engine.lanes)])
+    return lane_rows(session.lane_stats(), names, rate)
 
 
 def run_native(engine: NativeEngine, model, dataset, settings: dict, run_dir: Path, progress: bool = True):
@@ -367,6 +419,7 @@ def run_native(engine: NativeEngine, model, dataset, settings: dict, run_dir: Pa
     if run["batch_size"] > engine.max_batch:
         raise UserError(f"batch size {run['batch_size']} is larger than the engine's {engine.max_batch}",
                         f"pass --batch-size {engine.max_batch} or less, or build the engine for a larger batch")
+    engine.last_lanes = None
     audit_config = audit_config_path(run_dir, run["audit_config"])
     ts = loadgen_settings(settings, len(dataset), None)
     session = NativeSession(engine, dataset, ts.performance_sample_count_override, run["batch_size"],
@@ -398,6 +451,7 @@ def run_native(engine: NativeEngine, model, dataset, settings: dict, run_dir: Pa
         if session.errors:
             raise session._error("the sample loader failed")
         st = session.stats()
+        engine.last_lanes = _run_lanes(engine, session, run_dir)
         return LoadGenRun(
             run_dir=run_dir, warmup_samples_per_s=measured, issued=st.issued, completed=st.completed,
             qsl_load_calls=st.qsl_load_calls, qsl_loaded_samples=st.qsl_loaded_samples, wall_s=wall,

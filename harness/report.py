@@ -177,6 +177,7 @@ def format_table(report: dict) -> str:
             line = describe(trace)
             if line:
                 rows.append(("GPU" + (f" {lane}" if "lanes" in gpu else ""), line))
+        rows.extend(lane_lines(report.get("lanes") or []))
         where = query_timeline.describe((report.get("harness") or {}).get("query_timeline"))
         if where:
             rows.append(("where p99 goes", where))
@@ -201,6 +202,31 @@ def format_table(report: dict) -> str:
     rows.append(("run folder", str(report["run_dir"])))
     width = max(len(name) for name, _ in rows)
     return "\n".join(f"  {name:<{width}}  {value}" for name, value in rows)
+
+
+def lane_lines(lanes: list[dict]) -> list[tuple[str, str]]:
+    """Several lanes (GPUs): a line each (samples, share, batches, and where known the rate over LoadGen's
+    span and the device's busy fraction), and the spread of samples across them."""
+    if len(lanes) < 2:
+        return []
+    rows = []
+    for i, lane in enumerate(lanes):
+        parts = [f"{lane.get('samples', 0):,} samples"]
+        if lane.get("share") is not None:
+            parts[0] += f" ({lane['share'] * 100:.1f} %)"
+        mean = lane.get("mean_batch") or (lane["samples"] / lane["batches"] if lane.get("batches") else None)
+        parts.append(f"{lane.get('batches', 0):,} batches" + (f" (mean {mean:,.0f})" if mean else ""))
+        if lane.get("samples_per_s") is not None:
+            parts.append(f"{lane['samples_per_s']:,.0f} samples/s")
+        if lane.get("busy_fraction") is not None:
+            parts.append(f"device busy {lane['busy_fraction'] * 100:.1f} %")
+        rows.append((f"lane {lane.get('lane', i)}", f"{lane.get('name', '')}: " + ", ".join(parts)))
+    samples = [lane.get("samples", 0) for lane in lanes]
+    batches = [lane.get("batches", 0) for lane in lanes]
+    spread = f"{max(samples) / min(samples):.3f}" if min(samples) > 0 else "inf (a lane answered nothing)"
+    rows.append(("lane spread", f"max/min samples {spread} over {len(lanes)} lanes; batches "
+                 f"{min(batches):,}..{max(batches):,}"))
+    return rows
 
 
 def invalid_verdict(report: dict) -> str | None:

@@ -4,6 +4,7 @@ both modes, MLCommons' compliance scripts, a hung engine, bad input), never a ra
 where a test needs LoadGen's VALID, the engine's emulated run time sets the pace, so a slower machine only
 makes the run longer."""
 
+import ctypes
 import json
 import shutil
 from pathlib import Path
@@ -12,6 +13,7 @@ import numpy as np
 import pytest
 from conftest_harness import SyntheticDataset, tiny_model
 from trtfuse import cli, config, native_sut
+from trtfuse import report as report_module
 from trtfuse.errors import UserError
 
 MLPERF_DIR = Path(__file__).resolve().parents[1].parent / "shared" / "third_party" / "mlperf"
@@ -232,3 +234,67 @@ def test_tensorrt_engine_without_tensorrt_is_one_clear_error(lib):
     err = ctypes.create_string_buffer(256)
     assert not lib.tf_engine_tensorrt(b"x.plan", None, 0, 8, 2, 0, 0, b"top_classes", err, 256)
     assert b"without TensorRT" in err.value
+
+
+def lanes_engine(dataset, model, lanes, us_per_batch=0.0, slots=2):
+    return native_sut.null_engine(dataset.images(np.array([0]))[0], model.num_classes, 8, lanes=lanes,
+                                  slots_per_lane=slots, us_per_batch=us_per_batch)
+
+
+@pytest.mark.parametrize("lanes", [2, 4])
+def test_offline_on_several_lanes_reports_each_lanes_share(tmp_path, lib, lanes):
+    # Each lane emulates its own device (1 ms a batch): while one lane's slots sleep, the others take
+    # batches, so every lane runs some; the per-lane counts must add up to the session's.
+    data, model = SyntheticDataset(64), tiny_model(tmp_path)
+    eng = lanes_engine(data, model, lanes, us_per_batch=1000.0)
+    report = cli.run(settings(tmp_path), progress=False, model=model, dataset=data, backend=eng)
+    h, rows = report["harness"], report["lanes"]
+    assert [r["lane"] for r in rows] == list(range(lanes))
+    assert sum(r["samples"] for r in rows) == h["completed"] == h["issued"] > 0
+    assert sum(r["batches"] for r in rows) == pytest.approx(h["completed"] / h["mean_batch"])
+    assert all(r["batches"] > 0 for r in rows), rows
+    for r in rows:  # the emulated device's time: 1 ms per batch this lane ran
+        assert r["busy_ms"] == pytest.approx(r["batches"] * 1.0)
+        assert r["samples_per_s"] > 0 and 0 < r["share"] < 1
+    assert sum(r["samples_per_s"] for r in rows) == pytest.approx(report["loadgen"]["samples_per_s"], rel=1e-3)
+    table = report_module.format_table(report)
+    for i in range(lanes):
+        assert f"lane {i}" in table
+    assert "lane spread" in table and "max/min samples" in table
+    eng.close()
+
+
+def test_every_sample_is_answered_once_across_lanes(tmp_path, lib):
+    data, model = SyntheticDataset(40), tiny_model(tmp_path)
+    eng = lanes_engine(data, model, 3, us_per_batch=200.0)
+    acc = cli.run(settings(tmp_path, **{"run.mode": "accuracy"}), progress=False, model=model, dataset=data,
+                  backend=eng)
+    answers = accuracy_log(acc["run_dir"])
+    assert sorted(answers) == list(range(40))
+    assert answers[5] == expected_answer(data, eng, 5)  # the same answer whichever lane ran it
+    assert sum(r["samples"] for r in acc["lanes"]) == 40
+    eng.close()
+
+
+def test_lane_stats_cover_one_run_and_refuse_a_lane_out_of_range(tmp_path, lib):
+    data, model = SyntheticDataset(16), tiny_model(tmp_path)
+    eng = lanes_engine(data, model, 2)
+    session = native_sut.NativeSession(eng, data, 16, 8, 0.0, 0)
+    try:
+        session.warmup(3)
+        assert [r["batches"] for r in session.lane_stats()] == [0, 0]  # the warm-up is no lane's run
+        out = native_sut._LaneStats()
+        assert lib.tf_session_lane_stats(session._handle, 2, ctypes.byref(out)) != 0
+        assert lib.tf_session_lane_stats(session._handle, -1, ctypes.byref(out)) != 0
+    finally:
+        session.close()
+        eng.close()
+
+
+def test_a_single_lane_run_prints_no_lane_lines(tmp_path, lib):
+    data, model = SyntheticDataset(32), tiny_model(tmp_path)
+    eng = engine(data, model)
+    report = cli.run(settings(tmp_path), progress=False, model=model, dataset=data, backend=eng)
+    assert len(report["lanes"]) == 1 and report["lanes"][0]["samples"] == report["harness"]["completed"]
+    assert "lane spread" not in report_module.format_table(report)
+    eng.close()

@@ -28,8 +28,9 @@
 # pytriton-stash (unzip the carried .devcache/pytriton/nvidia_pytriton-*.whl into /opt/trt85: its wheel is
 # manylinux_2_35, which stage-trt.sh's platform list does not take; only its tritonserver is used),
 # triton:STAGES (benchmarks/triton_h100.py run --stages STAGES, extra arguments from $TRITON_ARGS),
-# multigpu (benchmarks/multigpu.py: engine-only per GPU, LoadGen on 1..N GPUs, extra arguments from
-# $MULTIGPU_ARGS), gpu-test (the GPU/TensorRT tests of the lanes, the TensorRT backend, the Triton export
+# multigpu or multigpu-native (benchmarks/multigpu.py: the native SUT on N GPUs, engine alone per GPU, the
+# null engine's host path; after native-build; extra arguments from $MULTIGPU_ARGS, e.g. --stages, --counts,
+# --out), gpu-test (the GPU/TensorRT tests of the lanes, the TensorRT backend, the Triton export
 # and trtfuse serve with TensorRT over each transport), switch (benchmarks/experiments/server_switch_interval.py: Server
 # p50/p99 against Python's GIL switch interval; extra arguments from $SWITCH_ARGS), native-build (the native SUT with
 # TensorRT), native:STAGES (benchmarks/native_sut.py: the native SUT against the Python one; extra arguments from
@@ -150,7 +151,8 @@ for step in "$@"; do
                       --out "$RESULTS/triton_h100.json" --stages "${step#triton:}" ${TRITON_ARGS:-} ;;
         triton-native) run_step triton-native python3.10 -m pytest -q -m tensorrt -p no:cacheprovider tests/test_triton_native.py ;;
         switch) run_step switch python3.10 benchmarks/experiments/server_switch_interval.py ${SWITCH_ARGS:-} ;;
-        multigpu) run_step multigpu python3.10 benchmarks/multigpu.py run --out "$RESULTS/multigpu_h200.json" ${MULTIGPU_ARGS:-} ;;
+        multigpu|multigpu-native) run_step "$step" python3.10 benchmarks/multigpu.py run \
+                                      --out "$RESULTS/multigpu_h100.json" ${MULTIGPU_ARGS:-} ;;
         # gpu-test needs pytest and onnxruntime (cp310): a staging made with them, or both on $PYTHONPATH
         # any-resnet: benchmarks/any_resnet.py run on the carried .devcache/any_resnet (made by its prepare on the CPU
         # machine); extra arguments from $ANY_RESNET_ARGS (e.g. "--stages build" then "--stages engine")

@@ -36,20 +36,30 @@ typedef struct {
   int64_t batches, batch_samples;     // what the slots ran
   int64_t qsl_load_calls, qsl_loaded_samples;
   int64_t failed;                     // nonzero once a sample was answered without a response
-  double gpu_busy_ms;                 // engine runs on the device clock (0 for the null engine)
+  double gpu_busy_ms;                 // engine runs on the device clock (null engine: emulated time)
   double last_progress_s;             // CLOCK_MONOTONIC seconds of the last completion, or of the first
                                       // issue after the SUT was idle (the stall clock's start)
 } tf_stats;
 
+// One lane's (one GPU's) share of the last tf_session_run: the batches its slots answered, their
+// samples, and its device time during that run (TensorRT: its runs' events; the null engine: its
+// emulated time, 0 without). Summed over lanes: the session's batches and batch_samples of that run.
+typedef struct {
+  int64_t batches, samples;
+  double busy_ms;
+} tf_lane_stats;
+
 // A host-only engine: every sample's top-k classes from a hash of its bytes (deterministic, the same in
-// both LoadGen modes). `us_per_batch` + n * `us_per_sample` of sleep emulate a device's run time.
+// both LoadGen modes). `us_per_batch` + n * `us_per_sample` of sleep emulate a device's run time: one
+// device per lane, each running one batch at a time.
 TF_API tf_engine* tf_engine_null(int64_t sample_bytes, int32_t c, int32_t h, int32_t w, int32_t dtype,
                                  int32_t top_k, int32_t classes, int32_t max_batch, int32_t lanes,
                                  int32_t slots_per_lane, double us_per_batch, double us_per_sample);
 // A TensorRT plan on each of `devices` (one lane each), `streams` slots per lane, CUDA graphs per
 // batch bucket (`graph_buckets` sizes, 0: none). Samples in page-locked host memory, copied per batch
 // by the copy engines; `samples_on_device`: resident on each GPU and gathered by a kernel instead.
-// Plugins the plan uses must be registered already. Returns NULL with the reason in err when the
+// On a host of several NUMA nodes, a lane's slot threads run on its GPU's node's CPUs and its
+// page-locked memory comes from that node. Plugins the plan uses must be registered already. Returns NULL with the reason in err when the
 // library was built without TensorRT or the plan fails.
 TF_API tf_engine* tf_engine_tensorrt(const char* plan_path, const int32_t* devices, int32_t n_devices,
                                      int32_t max_batch, int32_t streams, int32_t graph_buckets,
@@ -74,6 +84,8 @@ TF_API double tf_session_warmup(tf_session* s, int32_t batches, char* err, size_
 TF_API int tf_session_run(tf_session* s, const char* model, const char* scenario_name, const char* settings,
                           const char* log_dir, const char* audit_config, char* err, size_t err_len);
 TF_API void tf_session_stats(const tf_session* s, tf_stats* out);
+// `lane` in [0, tf_engine_info.lanes): fills out and returns 0; nonzero for another lane.
+TF_API int tf_session_lane_stats(const tf_session* s, int32_t lane, tf_lane_stats* out);
 // Ends the run early (an interrupt, the watchdog): every waiting and later sample is answered at once
 // without a response, so StartTest returns; the run fails with `reason`.
 TF_API void tf_session_stop(tf_session* s, const char* reason);

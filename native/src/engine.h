@@ -22,8 +22,14 @@ class Engine {
   // Runs rows[0..n) on `slot`: returns n * top_k int32 (valid until the slot's next run), or nullptr
   // with the reason in err.
   virtual const int32_t* run(int slot, const int32_t* rows, int n, std::string* err) = 0;
-  // Device time of the engine runs so far (ms), where the engine has a device clock.
+  // Device time of the engine runs so far (ms), where the engine has a device clock (the null engine:
+  // its emulated time).
   virtual double busy_ms() const { return 0.0; }
+  // The same for one lane (slots lane * slots_per_lane ..): per-GPU figures.
+  virtual double lane_busy_ms(int lane) const { return lane == 0 ? busy_ms() : 0.0; }
+  // Called on each thread that will drive `slot` before its first run: where the engine wants that
+  // thread (the TensorRT engine: on the CPUs of its GPU's NUMA node).
+  virtual void on_slot_thread(int slot) { (void)slot; }
 };
 
 }  // namespace tf

@@ -20,7 +20,8 @@ class NullEngine final : public Engine {
  public:
   NullEngine(tf_engine_info info, int classes, double us_per_batch, double us_per_sample)
       : info_(info), classes_(classes), us_batch_(us_per_batch), us_sample_(us_per_sample),
-        answers_(info.slots, std::vector<int32_t>(size_t(info.max_batch) * info.top_k)) {}
+        answers_(info.slots, std::vector<int32_t>(size_t(info.max_batch) * info.top_k)),
+        devices_(size_t(info.lanes)) {}
 
   tf_engine_info info() const override { return info_; }
 
@@ -54,17 +55,32 @@ class NullEngine final : public Engine {
     for (int i = 0; i < n; ++i) classify(&store_[size_t(rows[i]) * info_.sample_bytes], &out[size_t(i) * info_.top_k]);
     double us = us_batch_ + us_sample_ * n;
     if (us > 0) {
+      Device& d = devices_[size_t(slot / (info_.slots / info_.lanes))];
       Clock::time_point finish;
       {
-        std::lock_guard<std::mutex> lock(device_);
-        finish = std::max(last_finish_ + std::chrono::duration_cast<Clock::duration>(
+        std::lock_guard<std::mutex> lock(d.mu);
+        finish = std::max(d.last_finish + std::chrono::duration_cast<Clock::duration>(
                                               std::chrono::duration<double, std::micro>(us)),
                           Clock::now());
-        last_finish_ = finish;
+        d.last_finish = finish;
+        d.busy_us += us;
       }
       std::this_thread::sleep_until(finish);
     }
     return out.data();
+  }
+
+  double busy_ms() const override {
+    double ms = 0;
+    for (int l = 0; l < info_.lanes; ++l) ms += lane_busy_ms(l);
+    return ms;
+  }
+
+  double lane_busy_ms(int lane) const override {
+    if (lane < 0 || lane >= info_.lanes) return 0.0;
+    const Device& d = devices_[size_t(lane)];
+    std::lock_guard<std::mutex> lock(d.mu);
+    return d.busy_us * 1e-3;
   }
 
  private:
@@ -83,8 +99,11 @@ class NullEngine final : public Engine {
   }
 
   using Clock = std::chrono::steady_clock;
-  std::mutex device_;                // the emulated device: one batch at a time
-  Clock::time_point last_finish_{};
+  struct Device {                    // a lane's emulated device: one batch at a time
+    mutable std::mutex mu;
+    Clock::time_point last_finish{};
+    double busy_us = 0;
+  };
 
   tf_engine_info info_;
   int classes_;
@@ -92,6 +111,7 @@ class NullEngine final : public Engine {
   int64_t rows_ = 0;
   std::vector<uint8_t> store_;
   std::vector<std::vector<int32_t>> answers_;
+  std::vector<Device> devices_;
 };
 
 }  // namespace

@@ -48,7 +48,9 @@ class Session final : public mlperf::QuerySampleLibrary, public mlperf::SystemUn
           double timeout_us, int label_offset)
       : engine_(engine), info_(engine->info()), total_(total), perf_count_(perf_count), load_(load),
         user_(user), batch_(std::max(1, std::min(batch, info_.max_batch))), label_offset_(label_offset),
-        timeout_(std::chrono::nanoseconds(int64_t(timeout_us * 1e3))), row_of_(size_t(total), -1) {}
+        timeout_(std::chrono::nanoseconds(int64_t(timeout_us * 1e3))), row_of_(size_t(total), -1),
+        per_lane_(std::max(1, info_.slots / std::max(1, info_.lanes))), lanes_(size_t(std::max(1, info_.lanes))),
+        busy_base_ms_(lanes_.size(), 0.0) {}
 
   ~Session() override { stop_workers(); }
 
@@ -158,6 +160,7 @@ class Session final : public mlperf::QuerySampleLibrary, public mlperf::SystemUn
       std::vector<std::thread> threads;
       for (int s = 0; s < slots; ++s) {
         threads.emplace_back([&, s] {
+          engine_->on_slot_thread(s);
           std::string e;
           while (next.fetch_add(1) < timed) {
             if (!engine_->run(s, rows.data(), int(rows.size()), &e)) {
@@ -193,6 +196,11 @@ class Session final : public mlperf::QuerySampleLibrary, public mlperf::SystemUn
     log.log_output.outdir = log_dir;
     log.log_output.copy_summary_to_stdout = false;
     log.enable_trace = false;
+    for (size_t l = 0; l < lanes_.size(); ++l) {  // this run's lane figures: not the warm-up's, nor an earlier run's
+      lanes_[l].batches = 0;
+      lanes_[l].samples = 0;
+      busy_base_ms_[l] = engine_->lane_busy_ms(int(l));
+    }
     start_workers();
     mlperf::StartTest(this, this, ts, log, audit);
     stop_workers();
@@ -243,6 +251,14 @@ class Session final : public mlperf::QuerySampleLibrary, public mlperf::SystemUn
   }
 
   bool abandoned() const { return abandoned_; }
+
+  bool lane_stats(int lane, tf_lane_stats* out) const {
+    if (lane < 0 || size_t(lane) >= lanes_.size() || lane >= info_.lanes) return false;
+    out->batches = lanes_[size_t(lane)].batches;
+    out->samples = lanes_[size_t(lane)].samples;
+    out->busy_ms = engine_->lane_busy_ms(lane) - busy_base_ms_[size_t(lane)];
+    return true;
+  }
 
   tf_stats stats() const {
     tf_stats out{};
@@ -297,6 +313,7 @@ class Session final : public mlperf::QuerySampleLibrary, public mlperf::SystemUn
   }
 
   void work(int slot) {
+    engine_->on_slot_thread(slot);
     std::vector<mlperf::QuerySample> batch;
     std::vector<int32_t> rows;
     std::vector<int32_t> shifted;
@@ -345,12 +362,12 @@ class Session final : public mlperf::QuerySampleLibrary, public mlperf::SystemUn
         if (!inflight_[size_t(slot)].owned) continue;  // abandoned while it ran: answered already
         inflight_[size_t(slot)].owned = false;
       }
-      complete(batch, top);
+      complete(batch, top, slot / per_lane_);
     }
   }
 
   // Completes `batch` to LoadGen: with each sample's top-k answer, or (top == nullptr) without one.
-  void complete(const std::vector<mlperf::QuerySample>& batch, const int32_t* top) {
+  void complete(const std::vector<mlperf::QuerySample>& batch, const int32_t* top, int lane = -1) {
     std::vector<mlperf::QuerySampleResponse> responses(batch.size());
     const size_t k = size_t(info_.top_k);
     for (size_t i = 0; i < batch.size(); ++i) {
@@ -365,6 +382,10 @@ class Session final : public mlperf::QuerySampleLibrary, public mlperf::SystemUn
     if (top) {
       stats_.batches++;
       stats_.batch_samples += int64_t(batch.size());
+      if (lane >= 0 && size_t(lane) < lanes_.size()) {
+        lanes_[size_t(lane)].batches++;
+        lanes_[size_t(lane)].samples += int64_t(batch.size());
+      }
     } else {
       stats_.failed++;
     }
@@ -405,6 +426,12 @@ class Session final : public mlperf::QuerySampleLibrary, public mlperf::SystemUn
   };
   std::vector<InFlight> inflight_;
   Counters stats_;
+  struct LaneCounters {
+    std::atomic<int64_t> batches{0}, samples{0};
+  };
+  int per_lane_;                        // slots per lane: slot s runs on lane s / per_lane_
+  std::vector<LaneCounters> lanes_;
+  std::vector<double> busy_base_ms_;    // each lane's engine busy time when the run started
 };
 
 }  // namespace
@@ -451,6 +478,11 @@ int tf_session_run(tf_session* s, const char* model, const char* scenario_name, 
 }
 
 void tf_session_stats(const tf_session* s, tf_stats* out) { *out = s->impl->stats(); }
+
+int tf_session_lane_stats(const tf_session* s, int32_t lane, tf_lane_stats* out) {
+  if (!s || !out) return 1;
+  return s->impl->lane_stats(lane, out) ? 0 : 1;
+}
 
 void tf_session_stop(tf_session* s, const char* reason) { s->impl->stop(reason ? reason : "stopped"); }
 

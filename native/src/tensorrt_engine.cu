@@ -8,15 +8,25 @@
 // gathers and the k int32 per sample coming back overlap them: measured faster than overlapping runs in
 // the Python backend (tensorrt.serial_compute). Each slot replays a CUDA graph of its context per batch
 // bucket, captured at load, so a Server run's ragged batches pay no per-layer launches.
+//
+// On a host of several NUMA nodes, each lane belongs to its GPU's node (sysfs: the PCI device's numa_node
+// and local_cpulist): its slot threads run on that node's CPUs, its page-locked memory (the slots' and a
+// copy of the sample store per node) is allocated from a thread there, so a batch's samples cross no
+// inter-socket link on their way to the GPU. One node, or a node sysfs does not tell: no pinning.
 #include <cuda_runtime.h>
+#include <pthread.h>
+#include <sched.h>
 
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <memory>
 #include <mutex>
+#include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "NvInfer.h"
@@ -55,6 +65,60 @@ __global__ void gather_rows(const uint4* __restrict__ store, const int32_t* __re
     dst[i] = src[i];
 }
 
+// A sysfs list ("0-15,32-47") as a CPU set; false when empty or unreadable.
+bool parse_cpu_list(const std::string& text, cpu_set_t* set) {
+  CPU_ZERO(set);
+  std::stringstream ss(text);
+  std::string part;
+  while (std::getline(ss, part, ',')) {
+    int a = -1, b = -1;
+    int got = std::sscanf(part.c_str(), "%d-%d", &a, &b);
+    if (got < 1 || a < 0) continue;
+    if (got == 1) b = a;
+    for (int c = a; c <= b && c < CPU_SETSIZE; ++c) CPU_SET(c, set);
+  }
+  return CPU_COUNT(set) > 0;
+}
+
+std::string read_line(const std::string& path) {
+  std::ifstream f(path);
+  std::string line;
+  std::getline(f, line);
+  return line;
+}
+
+// The NUMA nodes online (1 where sysfs does not say).
+int numa_nodes() {
+  cpu_set_t nodes;
+  return parse_cpu_list(read_line("/sys/devices/system/node/online"), &nodes) ? CPU_COUNT(&nodes) : 1;
+}
+
+// Where a lane's host work belongs: its GPU's NUMA node and that node's CPUs (pinned: known, and used).
+struct Place {
+  int node = -1;
+  bool pinned = false;
+  cpu_set_t cpus;
+};
+
+// Runs fn on a thread bound to place's CPUs (where pinned), else on this thread: memory it allocates is
+// placed on that node by the kernel's first-touch policy.
+bool run_at(const Place& place, const std::function<bool()>& fn) {
+  if (!place.pinned) return fn();
+  bool ok = false;
+  std::thread t([&] {
+    int rc = pthread_setaffinity_np(pthread_self(), sizeof(cpu_set_t), &place.cpus);
+    if (rc != 0) std::fprintf(stderr, "note: could not bind a thread to NUMA node %d's CPUs (%s)\n", place.node, std::strerror(rc));
+    ok = fn();
+  });
+  t.join();
+  return ok;
+}
+
+struct HostStore {  // page-locked samples, one copy per NUMA node the lanes sit on
+  Place place;
+  uint8_t* data = nullptr;
+};
+
 struct Slot {
   int profile = 0;
   std::vector<void*> copy_dst;        // the batched host -> device copy's operands
@@ -71,12 +135,14 @@ struct Slot {
 
 struct Lane {
   int device = 0;
+  Place place;
+  size_t store_index = 0;            // its node's copy of the page-locked sample store
   nvinfer1::IRuntime* runtime = nullptr;
   nvinfer1::ICudaEngine* engine = nullptr;
   uint8_t* store = nullptr;  // samples_on_device: this lane's device copy of the store
   int64_t capacity = 0;
   std::vector<Slot> slots;
-  std::mutex order;                  // launch order = run order
+  mutable std::mutex order;          // launch order = run order (and busy_ms)
   cudaEvent_t last_run = nullptr;    // the event recorded after the last launched run
   double busy_ms = 0;
 };
@@ -95,9 +161,18 @@ class TensorRTEngine final : public Engine {
     }
     std::vector<char> plan((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
     top_name_ = top_name;
+    const bool numa = numa_nodes() > 1;
     for (int device : devices) {
       lanes_.emplace_back(new Lane());
-      if (!open_lane(*lanes_.back(), device, plan, max_batch, streams, graph_buckets, err)) return false;
+      Lane& lane = *lanes_.back();
+      if (numa && !place_lane(lane, device, err)) return false;
+      // the slots' page-locked buffers come from the lane's node: open it from a thread there
+      if (!run_at(lane.place, [&] { return open_lane(lane, device, plan, max_batch, streams, graph_buckets, err); }))
+        return false;
+      size_t k = 0;
+      while (k < stores_.size() && stores_[k].place.node != lane.place.node) ++k;
+      if (k == stores_.size()) stores_.push_back(HostStore{lane.place, nullptr});
+      lane.store_index = k;
     }
     info_.lanes = int(lanes_.size());
     info_.slots = int(lanes_.size() * lanes_[0]->slots.size());
@@ -109,14 +184,23 @@ class TensorRTEngine final : public Engine {
   bool reserve(int64_t rows, std::string* err) override {
     if (!on_device_) {
       if (rows <= host_capacity_) return true;
-      uint8_t* bigger = nullptr;
-      TF_CUDA(cudaHostAlloc(reinterpret_cast<void**>(&bigger), size_t(rows) * info_.sample_bytes, cudaHostAllocPortable),
-              "allocating the page-locked sample store");
-      if (host_store_) {
-        std::memcpy(bigger, host_store_, size_t(host_capacity_) * info_.sample_bytes);
-        cudaFreeHost(host_store_);
+      for (auto& store : stores_) {
+        bool ok = run_at(store.place, [&] {
+          uint8_t* bigger = nullptr;
+          TF_CUDA(cudaHostAlloc(reinterpret_cast<void**>(&bigger), size_t(rows) * info_.sample_bytes,
+                                cudaHostAllocPortable),
+                  "allocating the page-locked sample store");
+          if (store.data) {
+            std::memcpy(bigger, store.data, size_t(host_capacity_) * info_.sample_bytes);
+            cudaError_t freed = cudaFreeHost(store.data);
+            store.data = bigger;
+            TF_CUDA(freed, "freeing the smaller sample store");
+          }
+          store.data = bigger;
+          return true;
+        });
+        if (!ok) return false;
       }
-      host_store_ = bigger;
       host_capacity_ = rows;
       return true;
     }
@@ -145,7 +229,7 @@ class TensorRTEngine final : public Engine {
           *err = "store row out of range";
           return false;
         }
-        std::memcpy(host_store_ + size_t(rows[i]) * bytes, src + i * bytes, bytes);
+        for (auto& store : stores_) std::memcpy(store.data + size_t(rows[i]) * bytes, src + i * bytes, bytes);
       }
       return true;
     }
@@ -176,11 +260,49 @@ class TensorRTEngine final : public Engine {
 
   double busy_ms() const override {
     double ms = 0;
-    for (auto& lane : lanes_) ms += lane->busy_ms;
+    for (int l = 0; l < int(lanes_.size()); ++l) ms += lane_busy_ms(l);
     return ms;
   }
 
+  double lane_busy_ms(int l) const override {
+    if (l < 0 || l >= int(lanes_.size())) return 0.0;
+    Lane& lane = *lanes_[size_t(l)];
+    std::lock_guard<std::mutex> lock(lane.order);
+    return lane.busy_ms;
+  }
+
+  void on_slot_thread(int slot) override {
+    const Lane& lane = *lanes_[size_t(slot / int(lanes_[0]->slots.size()))];
+    if (!lane.place.pinned) return;
+    int rc = pthread_setaffinity_np(pthread_self(), sizeof(cpu_set_t), &lane.place.cpus);
+    if (rc != 0)
+      std::fprintf(stderr, "note: could not bind slot %d's thread to NUMA node %d (%s)\n", slot, lane.place.node,
+                   std::strerror(rc));
+  }
+
  private:
+  // The lane's GPU's NUMA node and CPUs from sysfs; a node sysfs does not tell (-1, unreadable) leaves the
+  // lane unpinned.
+  bool place_lane(Lane& lane, int device, std::string* err) {
+    char bus[64] = {0};
+    TF_CUDA(cudaDeviceGetPCIBusId(bus, int(sizeof(bus)), device), "cudaDeviceGetPCIBusId");
+    // sysfs names the device domain:bus:device.function in lower-case hex, a 4-digit domain
+    unsigned domain = 0, bus_n = 0, dev = 0, fn = 0;
+    if (std::sscanf(bus, "%x:%x:%x.%x", &domain, &bus_n, &dev, &fn) != 4) return true;
+    char name[32];
+    std::snprintf(name, sizeof(name), "%04x:%02x:%02x.%x", domain, bus_n, dev, fn);
+    const std::string id(name);
+    const std::string dir = "/sys/bus/pci/devices/" + id + "/";
+    int node = -1;
+    if (std::sscanf(read_line(dir + "numa_node").c_str(), "%d", &node) != 1 || node < 0) return true;
+    lane.place.node = node;
+    lane.place.pinned = parse_cpu_list(read_line(dir + "local_cpulist"), &lane.place.cpus);
+    if (lane.place.pinned)
+      std::fprintf(stderr, "note: GPU %d (%s) on NUMA node %d: its lane's threads and page-locked memory there\n",
+                   device, id.c_str(), node);
+    return true;
+  }
+
   bool open_lane(Lane& lane, int device, const std::vector<char>& plan, int max_batch, int streams,
                  int graph_buckets, std::string* err) {
     lane.device = device;
@@ -344,7 +466,7 @@ class TensorRTEngine final : public Engine {
       s.copy_size.assign(size_t(n), bytes);
       for (int i = 0; i < n; ++i) {
         s.copy_dst[size_t(i)] = static_cast<uint8_t*>(s.dev_in) + size_t(i) * bytes;
-        s.copy_src[size_t(i)] = host_store_ + size_t(rows[i]) * bytes;
+        s.copy_src[size_t(i)] = stores_[lane.store_index].data + size_t(rows[i]) * bytes;
       }
       cudaMemcpyAttributes attr{};
       attr.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
@@ -410,13 +532,14 @@ class TensorRTEngine final : public Engine {
       delete lane->runtime;
     }
     lanes_.clear();
-    if (host_store_) cudaFreeHost(host_store_);
-    host_store_ = nullptr;
+    for (auto& store : stores_)
+      if (store.data) cudaFreeHost(store.data);
+    stores_.clear();
   }
 
   std::vector<std::unique_ptr<Lane>> lanes_;
   bool on_device_ = false;
-  uint8_t* host_store_ = nullptr;  // page-locked, shared by the lanes (portable)
+  std::vector<HostStore> stores_;  // page-locked (portable): one per NUMA node of the lanes
   int64_t host_capacity_ = 0;
   tf_engine_info info_{};
   std::string top_name_, in_name_;
