@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.metadata
+import json
 import os
 import shutil
 import subprocess
@@ -155,8 +156,40 @@ def build(build_dir: Path | None = None, tensorrt_root: str | None = None, archs
     if res.returncode != 0:
         raise UserError(f"linking {NATIVE_LIB} failed:\n{res.stderr.strip()[-4000:]}", "see the linker error above")
     os.replace(f"{out}.tmp", out)
+    _stamp(out).write_text(json.dumps({"sources": sources_digest(), "tensorrt": with_trt}) + "\n")
     progress(f"trtfuse: built the native SUT {out}")
     return out
+
+
+def sources_digest() -> str:
+    """What the library is built from: every file of native/ (a library built from older sources lacks
+    what the Python side calls, or behaves as those sources did)."""
+    h = hashlib.sha256()
+    src_dir = native_source_dir()
+    for p in sorted(q for q in src_dir.rglob("*") if q.is_file() and q.suffix in (".h", ".cc", ".cu")):
+        h.update(str(p.relative_to(src_dir)).encode() + b"\0" + p.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def _stamp(lib: Path) -> Path:
+    return lib.with_name(lib.name + ".json")
+
+
+def built_from(lib: Path) -> dict | None:
+    """The build stamp beside ``lib`` (its sources' digest, with TensorRT or not), None without one."""
+    try:
+        return json.loads(_stamp(lib).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def is_stale(lib: Path) -> bool:
+    """True when ``lib`` was built here from other sources than native/'s now (a user's own
+    $TRTFUSE_NATIVE_LIB is taken as it is)."""
+    if os.environ.get("TRTFUSE_NATIVE_LIB"):
+        return False
+    stamp = built_from(lib)
+    return stamp is None or stamp.get("sources") != sources_digest()
 
 
 def library_path() -> Path | None:

@@ -78,8 +78,8 @@ _lib: ctypes.CDLL | None = None
 
 
 def library(tensorrt: bool = False, progress=print) -> ctypes.CDLL:
-    """The native library, built first when missing (or when a TensorRT engine is wanted and the built
-    one has none: then with $TENSORRT_ROOT)."""
+    """The native library, built first when missing or built from other sources than native/'s (or when
+    a TensorRT engine is wanted and the built one has none: then with $TENSORRT_ROOT)."""
     global _lib
     if _lib is not None and (not tensorrt or _lib.tf_has_tensorrt()):
         return _lib
@@ -89,6 +89,10 @@ def library(tensorrt: bool = False, progress=print) -> ctypes.CDLL:
     path = native_build.library_path()
     if path is None:
         path = native_build.build(tensorrt_root="env" if tensorrt else None, progress=progress)
+    elif native_build.is_stale(path):
+        progress("trtfuse: native/ changed since the native SUT was built: rebuilding it")
+        with_trt = tensorrt or bool((native_build.built_from(path) or {}).get("tensorrt"))
+        path = native_build.build(tensorrt_root="env" if with_trt else None, progress=progress)
     lib = _declare(ctypes.CDLL(str(path)))
     if tensorrt and not lib.tf_has_tensorrt():
         raise UserError(f"the native SUT at {path} was built without TensorRT",

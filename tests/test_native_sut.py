@@ -298,3 +298,20 @@ def test_a_single_lane_run_prints_no_lane_lines(tmp_path, lib):
     assert len(report["lanes"]) == 1 and report["lanes"][0]["samples"] == report["harness"]["completed"]
     assert "lane spread" not in report_module.format_table(report)
     eng.close()
+
+
+def test_a_library_built_from_other_sources_is_stale(tmp_path, monkeypatch):
+    """A library built before native/ changed lacks what the Python side calls: it is rebuilt, not loaded."""
+    from trtfuse import native_build
+
+    monkeypatch.delenv("TRTFUSE_NATIVE_LIB", raising=False)
+    lib = tmp_path / native_build.NATIVE_LIB
+    lib.write_bytes(b"")
+    assert native_build.is_stale(lib)  # no stamp: built by an older trtfuse
+    stamp = lib.with_name(lib.name + ".json")
+    stamp.write_text(json.dumps({"sources": native_build.sources_digest(), "tensorrt": True}))
+    assert not native_build.is_stale(lib) and native_build.built_from(lib)["tensorrt"]
+    stamp.write_text(json.dumps({"sources": "0" * 16, "tensorrt": False}))
+    assert native_build.is_stale(lib)
+    monkeypatch.setenv("TRTFUSE_NATIVE_LIB", str(lib))  # a user's own library is taken as it is
+    assert not native_build.is_stale(lib)
