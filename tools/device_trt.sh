@@ -16,12 +16,9 @@
 # (benchmarks/offline_gap.py: the engine alone against the Offline path step by step, extra arguments from $GAP_ARGS),
 # e2e-stash (keep a carried e2e bundle part), e2e:STAGES (resnet50_e2e.py run --stages STAGES; extra
 # arguments from $E2E_ARGS, e.g. E2E_ARGS="--server-tries 3"), conf:STAGES (mlperf_conformance.py run
-# --stages STAGES, extra arguments from $CONF_ARGS), conf-bg:STAGES (the same, detached with setsid, for
-# runs longer than one call: logs/conf-bg.log), conf-wait (wait up to $WAIT_S s for conf-bg to end). Measured: on
-# 2026-11-23 a detached 600 s run outlived its call; on 2026-11-25 one (resnet50_e2e.py, the same setsid) ended as
-# its call returned (the device README: a setsid process survives only where commands run as root).
-# edge:UNITS, edge-bg:UNITS (benchmarks/edge_submission.py UNITS, space- or comma-separated in the step: the
-# edge v6.1 tree in $RESULTS/edge; extra arguments from $EDGE_ARGS; edge-bg detached as conf-bg, conf-wait waits).
+# --stages STAGES, extra arguments from $CONF_ARGS),
+# edge:UNITS (benchmarks/edge_submission.py UNITS, space- or comma-separated in the step: the edge v6.1 tree in
+# $RESULTS/edge; extra arguments from $EDGE_ARGS).
 # conf* and edge* need the MLCommons scripts carried in .devcache/mlperf (a copy of ../shared/third_party/mlperf).
 # qs-stash (keep carried .devcache/qs/{val,calib,models}), quickstart (benchmarks/gpu_quickstart.py: the
 # README's GPU quick start verbatim, then profile and compare of the ResNet-50 engines).
@@ -109,27 +106,6 @@ for step in "$@"; do
                    --out "$RESULTS/resnet50_e2e_h100.json" --stages "${step#e2e:}" ${E2E_ARGS:-} ;;
         conf:*) run_step "conf-${step#conf:}" python3.10 benchmarks/mlperf_conformance.py run \
                     --out "$RESULTS/mlperf_conformance_h100.json" --stages "${step#conf:}" ${CONF_ARGS:-} ;;
-        conf-bg:*)  # from a copy of the tree: the next call replaces this one under the running process
-            rm -rf /tmp/trtfuse-bg-tree && cp -r "$PWD" /tmp/trtfuse-bg-tree
-            (cd /tmp/trtfuse-bg-tree && source tools/dev_env.sh && \
-             setsid nohup python3.10 benchmarks/mlperf_conformance.py run --out "$RESULTS/mlperf_conformance_h100.json" \
-                 --stages "${step#conf-bg:}" ${CONF_ARGS:-} > "$RESULTS/logs/conf-bg.log" 2>&1 < /dev/null &
-             echo $! > "$RESULTS/conf-bg.pid")
-            echo "=== conf-bg started (pid $(cat "$RESULTS/conf-bg.pid"))" ;;
-        edge:*) run_step "edge-${step#edge:}" python3.10 benchmarks/edge_submission.py ${step#edge:} \
-                    --out "$RESULTS/edge" --mlperf-dir .devcache/mlperf ${EDGE_ARGS:-}
-                cp "$RESULTS/edge/edge_submission.json" "$RESULTS/" 2>/dev/null ;;
-        edge-bg:*)  # edge_submission.py units (comma-separated), detached like conf-bg; conf-wait waits for it
-            rm -rf /tmp/trtfuse-bg-tree && cp -r "$PWD" /tmp/trtfuse-bg-tree
-            (cd /tmp/trtfuse-bg-tree && source tools/dev_env.sh && \
-             setsid nohup python3.10 benchmarks/edge_submission.py ${step#edge-bg:} --out "$RESULTS/edge" \
-                 --mlperf-dir /tmp/trtfuse-bg-tree/.devcache/mlperf ${EDGE_ARGS:-} > "$RESULTS/logs/conf-bg.log" 2>&1 < /dev/null &
-             echo $! > "$RESULTS/conf-bg.pid")
-            echo "=== edge-bg started (pid $(cat "$RESULTS/conf-bg.pid"))" ;;
-        conf-wait) pid=$(cat "$RESULTS/conf-bg.pid" 2>/dev/null); t0=$SECONDS
-                   while [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null && [ $((SECONDS - t0)) -lt "${WAIT_S:-500}" ]; do sleep 5; done
-                   if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; then echo "=== conf-bg still running"; else echo "=== conf-bg ended"; fi
-                   tail -n "${TAIL:-12}" "$RESULTS/logs/conf-bg.log" ;;
         qs-stash)  # carried .devcache/qs/{val,calib,models}: kept in /tmp/qs (outside the work tree)
             mkdir -p /tmp/qs /tmp/trtfuse-home/models
             for d in val calib; do [ -d .devcache/qs/$d ] && cp -r .devcache/qs/$d /tmp/qs/; done
@@ -172,10 +148,14 @@ for step in "$@"; do
             if [ -f "$dir/bg.pid" ] && kill -0 "$(cat "$dir/bg.pid")" 2>/dev/null; then
                 echo "=== $job busy (pid $(cat "$dir/bg.pid"))"; failed=$((failed + 1)); continue; fi
             rm -rf "/tmp/trtfuse-bg-tree-$job" && cp -r "$PWD" "/tmp/trtfuse-bg-tree-$job" && mkdir -p "$dir"
-            (cd "/tmp/trtfuse-bg-tree-$job" && TRTFUSE_RESULTS=$dir OUT=$dir/out \
-                 setsid nohup bash tools/device_trt.sh ${steps//+/ } > "$dir/bg.log" 2>&1 < /dev/null &
-             echo $! > "$dir/bg.pid")
-            echo "=== $job started: ${step#bg:} (pid $(cat "$dir/bg.pid"))" ;;
+            rm -f "$dir/bg.pid"
+            # Every descriptor of the job points away from this call's output (a holder of it keeps the call
+            # waiting for the job), and the job writes its own pid: it is the process bg-wait watches.
+            (cd "/tmp/trtfuse-bg-tree-$job" && TRTFUSE_RESULTS=$dir OUT=$dir/out exec setsid bash -c \
+                 'echo $$ > "$0"; exec bash tools/device_trt.sh "$@"' "$dir/bg.pid" ${steps//+/ }) \
+                > "$dir/bg.log" 2>&1 < /dev/null &
+            for _ in $(seq 50); do [ -s "$dir/bg.pid" ] && break; sleep 0.1; done
+            echo "=== $job started: ${steps//+/ } (pid $(cat "$dir/bg.pid" 2>/dev/null))" ;;
         bg-wait) t0=$SECONDS
             while [ $((SECONDS - t0)) -lt "${WAIT_S:-500}" ]; do
                 alive=$(for f in "$RESULTS"/gpu*/bg.pid; do [ -f "$f" ] && kill -0 "$(cat "$f")" 2>/dev/null && echo "$f"; done)
