@@ -9,8 +9,8 @@ from test_bn_fold import toy_resnet
 from test_quantize import calib_batches
 from trtfuse.engine import QDQ_FILE, BuildConfig, cli_main, engine_key, onnx_for_build, pin_int8_plugin_outputs
 from trtfuse.errors import UserError
-from trtfuse.models.quantize import calibrate, quantize
-from trtfuse.models.residual_conv_rewrite import PLUGIN_OP
+from trtfuse.passes.quantize import calibrate, quantize
+from trtfuse.passes.residual_conv_rewrite import PLUGIN_OP
 
 
 @pytest.fixture()
@@ -139,7 +139,7 @@ def test_auto_calibration_picks_the_method_by_held_apart_top1(model_dir, tmp_pat
 
 
 def test_plugins_all_adds_the_projections(model_dir, capsys, monkeypatch):
-    from trtfuse.models import residual_conv_rewrite
+    from trtfuse.passes import residual_conv_rewrite
 
     # the toy's projection has 32 output channels, below the rule's 256: at the toy's width, the path runs
     monkeypatch.setattr(residual_conv_rewrite, "MIN_PROJECTION_COUT", 32)

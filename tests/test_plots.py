@@ -324,7 +324,7 @@ def test_report_errors_say_what_to_give(runs, tmp_path):
 
 def test_trtfuse_report_command_line(runs, tmp_path, capsys):
     if "report" not in cli._parser()._subparsers._group_actions[0].choices:
-        pytest.skip("`trtfuse report` is not wired into harness/cli.py yet")
+        pytest.skip("`trtfuse report` is not wired into src/trtfuse/cli.py yet")
     (off_dir, _), (srv_dir, _) = runs["offline"], runs["server"]
     assert cli.main(["report", str(off_dir), str(srv_dir), "--out", str(tmp_path), "--name", "cli"]) == 0
     assert (tmp_path / "cli.json").is_file()

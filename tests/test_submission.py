@@ -1,6 +1,6 @@
 """`trtfuse submission`: an MLPerf submission tree from real (short) LoadGen runs, MLCommons' own
 accuracy scorer against trtfuse's top-1, the refusals a submitter expects, and the machine's
-description (harness/sysinfo.py) on this CPU machine."""
+description (src/trtfuse/sysinfo.py) on this CPU machine."""
 
 import argparse
 import hashlib

@@ -7,7 +7,7 @@ int8 needs an explicitly quantized graph: ``MODEL_DIR/model.int8.onnx`` (written
 from ``--calibration``, reused afterwards). ``--plugins tails`` rewrites its residual tails into
 TrtfuseResidualConv nodes (``model.int8.plugins.onnx``), ``--plugins all`` its projections too, each one that only a
 tail reads fused with that tail into one node where the kernel holds both, and every other fusion of the registry
-(models/fusions.py: the stem, 3x3 convs, chained conv1s, the pool head; in a fp32/fp16 build the LayerNorms) into
+(src/trtfuse/passes/fusions.py: the stem, 3x3 convs, chained conv1s, the pool head; in a fp32/fp16 build the LayerNorms) into
 ``model.int8.plugins-all.onnx``; the counts per kind are printed, and the plugin library is loaded before parsing.
 Engines are cached under ``$TRTFUSE_HOME/engines/`` keyed by the hash of the ONNX bytes handed to
 the parser + the build config + the TensorRT version (its major also in the file name) + the GPU name;
@@ -87,9 +87,9 @@ def quantize_model_dir(model_dir: Path, calibration: str, method: str = "auto", 
     import onnx
     from trtfuse.data import open_dataset
     from trtfuse.models import load_prepared
-    from trtfuse.models.bn_fold import fold_pad_into_conv
-    from trtfuse.models.canonical import canonicalize
-    from trtfuse.models.quantize import calibrate, calibration_split, choose_method, method_label, quantize
+    from trtfuse.passes.bn_fold import fold_pad_into_conv
+    from trtfuse.passes.canonical import canonicalize
+    from trtfuse.passes.quantize import calibrate, calibration_split, choose_method, method_label, quantize
 
     if method not in CALIBRATION_METHODS:
         raise UserError(f"unknown calibration method {method!r}", f"use one of: {', '.join(CALIBRATION_METHODS)}")
@@ -137,11 +137,11 @@ def quantize_model_dir(model_dir: Path, calibration: str, method: str = "auto", 
 
 def onnx_for_build(model_dir: Path, cfg: BuildConfig) -> bytes:
     """The ONNX bytes the parser gets for ``cfg`` (int8: Q/DQ graph), rewritten by the fusions ``cfg.plugins`` enables
-    at ``cfg.precision`` (models/fusions.py)."""
+    at ``cfg.precision`` (src/trtfuse/passes/fusions.py)."""
     import onnx
     from trtfuse.models import load_prepared
-    from trtfuse.models.fusions import enabled
-    from trtfuse.models.quantize import weights_as_float_qdq
+    from trtfuse.passes.fusions import enabled
+    from trtfuse.passes.quantize import weights_as_float_qdq
 
     if cfg.precision != "int8":
         source = Path(load_prepared(model_dir).onnx_path)
@@ -177,7 +177,7 @@ def rewrite_for_build(model_dir: Path, model, cfg: BuildConfig):
     """``model`` rewritten for ``cfg`` (fusions.rewrite); prints the counts per kind and, where a candidate was
     refused, the refusal table; keeps the graph in the model folder (rewritten_file)."""
     import onnx
-    from trtfuse.models.fusions import FUSIONS, rewrite
+    from trtfuse.passes.fusions import FUSIONS, rewrite
 
     result = rewrite(model, cfg.plugins, cfg.precision, cfg.weight_dtype)
     print(f"trtfuse: {result.summary()}", file=sys.stderr)
@@ -346,7 +346,7 @@ def pin_int8_plugin_outputs(trt, network) -> int:
     finds no format for that edge and stops the build ("All of the candidates were removed ... incorrectly marked as
     an int8 node"). Before the build the parsed network reports these outputs as float, so the pin goes by the
     plugin's type, not by the tensor's; other plugins (LayerNorm, whose outputs are float) are left alone."""
-    from trtfuse.models.residual_conv_rewrite import PLUGIN_OP
+    from trtfuse.passes.residual_conv_rewrite import PLUGIN_OP
 
     pinned = 0
     for i in range(network.num_layers):

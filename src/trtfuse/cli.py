@@ -35,12 +35,12 @@ Next steps:
     trtfuse run --scenario server --target-qps 20 --latency-bound-ms 100 --min-duration-s 40
   accuracy, then top-1/top-5 (and --reference RUN_DIR for the 99 % check):
     trtfuse run --mode accuracy --dataset DIR && trtfuse accuracy RUN_DIR
-  every setting: trtfuse run --help, configs/default.toml (--config FILE)"""
+  every setting: trtfuse run --help, src/trtfuse/configs/default.toml (--config FILE)"""
 
 
 def _add_run_arguments(p: argparse.ArgumentParser, compliance: bool = False) -> None:
-    # Each flag maps onto a key of configs/default.toml; None means "not given, keep the config's".
-    p.add_argument("--config", metavar="FILE", help="TOML settings on top of configs/default.toml")
+    # Each flag maps onto a key of src/trtfuse/configs/default.toml; None means "not given, keep the config's".
+    p.add_argument("--config", metavar="FILE", help="TOML settings on top of src/trtfuse/configs/default.toml")
     p.add_argument("--model", dest="run.model",
                    help="resnet50, efficientnet-lite0, a prepared model folder, or an .onnx file")
     p.add_argument("--weights", metavar="FILE", help="torchvision state dict for --model resnet50")
