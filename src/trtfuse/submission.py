@@ -459,7 +459,7 @@ def score_accuracy(run: Run, mlperf_dir: Path) -> tuple[str, dict]:
 def _model_spec(report: dict) -> str:
     """What ``--model`` was: the settings' run.model when it names the model that ran (a name, a
     folder or an .onnx file whose stem is the model's name), else the model's own name (a model
-    handed to cli.run ready-made)."""
+    handed to session.run ready-made)."""
     name = str(report.get("model", "unknown"))
     spec = str((report.get("settings") or {}).get("run", {}).get("model") or name)
     return spec if name in (spec, Path(spec).name, Path(spec).stem) else name

@@ -245,7 +245,7 @@ def find_prepared(spec: str):
     if path.is_dir():
         return models.load_prepared(path)
     if spec.endswith(".onnx"):
-        from trtfuse.cli import resolve_model
+        from trtfuse.session import resolve_model
 
         return resolve_model(spec)  # imports the file (prepare's cache): nothing is downloaded
     folder = models.default_model_dir(spec)
