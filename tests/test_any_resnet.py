@@ -138,7 +138,8 @@ def test_torchvision_resnet50_export_gets_what_our_export_gets():
 def test_build_prints_the_refusal_table(tmp_path, capsys):
     """`trtfuse build --plugins all` prints, for a shape the kernel does not take, a table: kind, found, fused, the
     first refusal (node: reason). Here a 3x3 conv of 128 output channels (over MAX_CONV3X3_COUT) and a grouped one."""
-    from trtfuse.engine import BuildConfig, onnx_for_build
+    from trtfuse.engine import BuildConfig
+    from trtfuse.trt_graph import onnx_for_build
 
     qdq, _ = _qdq(_tf_style(widths=((64, 1, 128), (128, 1, 256)), group=2), (32, 32, 3))
     onnx.save(qdq, tmp_path / "model.int8.onnx")

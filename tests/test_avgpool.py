@@ -600,7 +600,7 @@ def test_head_qdq_graph_builds_through_the_onnx_parser(build):
     import tensorrt as trt
     from test_residual_conv import trt_benchmark
     from trtfuse import trt_compat
-    from trtfuse.engine import load_plugin_library, pin_int8_plugin_outputs
+    from trtfuse.trt_graph import load_plugin_library, pin_int8_plugin_outputs
     from trtfuse.passes.residual_conv_rewrite import POOL_OP, PLUGIN_OP, rewrite
 
     engine_flags, pin_pool = HEAD_BUILDS[build]

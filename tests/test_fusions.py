@@ -17,7 +17,7 @@ from onnx import AttributeProto, TensorProto, helper, numpy_helper
 from test_bn_fold import toy_resnet
 from test_quantize import calib_batches
 from trtfuse.config import PLUGIN_MODES
-from trtfuse.engine import QDQ_FILE, BuildConfig, onnx_for_build
+from trtfuse.engine import BuildConfig
 from trtfuse.engine_inspect import is_ours, summarize
 from trtfuse.errors import UserError
 from trtfuse.passes import fusions
@@ -25,8 +25,10 @@ from trtfuse.passes import layernorm_rewrite as lr
 from trtfuse.passes import residual_conv_rewrite as rcr
 from trtfuse.passes.bn_fold import fold_pad_into_conv
 from trtfuse.passes.quantize import calibrate, quantize
+from trtfuse.quantize_step import QDQ_FILE
+from trtfuse.trt_graph import onnx_for_build
 
-# What src/trtfuse/engine.py passed rewrite_report before the registry: --plugins all turned on every kind of the conv
+# What the build's onnx_for_build passed rewrite_report before the registry: --plugins all turned on every kind of the conv
 # family (the pool head through POOL_HEAD_IN_ALL, which was True); tails none of them (fuse was left at its default,
 # a no-op without projections).
 BEFORE = {"tails": dict(projections=False, conv3x3=False, stem=False, chain_next=False, pool_head=False),
@@ -122,7 +124,7 @@ def structure(model) -> str:
     return hashlib.sha256(json.dumps(nodes, sort_keys=True).encode()).hexdigest()[:16]
 
 
-# Recorded from the rewrite before the registry (src/trtfuse/engine.py's onnx_for_build on the same graphs): the
+# Recorded from the rewrite before the registry (onnx_for_build on the same graphs): the
 # digest of the plugin nodes and the node counts per kind.
 RECORDED = {
     "resnet50": {

@@ -26,7 +26,7 @@ def _run(model_dir, plugins, streams=2, cuda_graphs=True, input_format="float"):
 
 def test_int8_engine_matches_onnxruntime(model_dir):  # noqa: F811
     import onnx
-    from trtfuse.engine import QDQ_FILE
+    from trtfuse.quantize_step import QDQ_FILE
     from trtfuse.passes.quantize import top1_onnxruntime
 
     x, outs, sps = _run(model_dir, plugins=False)

@@ -42,7 +42,7 @@ def log(msg: str) -> None:
 def prepare(bundle: Path, methods=METHODS, agreement_images: int = 64) -> dict:
     import onnx
     from trtfuse.data import open_dataset
-    from trtfuse.engine import QDQ_FILE, QUANT_META
+    from trtfuse.quantize_step import QDQ_FILE, QUANT_META
     from trtfuse.models import prepare as prepare_model
     from trtfuse.passes.bn_fold import fold_pad_into_conv
     from trtfuse.passes.quantize import calibrate, calibration_split, choose_method, quantize, top1_onnxruntime

@@ -13,208 +13,27 @@ Engines are cached under ``$TRTFUSE_HOME/engines/`` keyed by the hash of the ONN
 the parser + the build config + the TensorRT version (its major also in the file name) + the GPU name;
 a timing cache lives beside them. TensorRT 8.5 to 11 (``trt_compat``): where weak typing is gone (11),
 the explicitly quantized graph builds strongly typed, its Q/DQ nodes stating every type.
+
+The steps live apart: ``quantize_step`` (the calibrated Q/DQ model), ``trt_graph`` (the ONNX bytes the parser gets,
+the plugin library, the edits to the parsed network), ``build_config`` (``BuildConfig``, what an engine is built for);
+here the build, the engine cache and the command.
 """
 
 from __future__ import annotations
 
 import argparse
-import ctypes
 import dataclasses
 import hashlib
 import json
-import os
 import sys
 import time
 from pathlib import Path
 
+from trtfuse.build_config import TACTIC_SOURCES, BuildConfig, default_tactic_sources
 from trtfuse.config import PLUGINS_HELP
 from trtfuse.errors import UserError
-
-QDQ_FILE = "model.int8.onnx"
-# The engine's response output: the top-k class indices (int32, best first), ranked on the GPU so
-# that k int32 per sample leave the device instead of the scores. The scores stay an output too
-# (for `infer`, agreement checks); the serving path copies back only this one.
-TOP_CLASSES = "top_classes"
-QUANT_META = "quantize.json"
-
-
-@dataclasses.dataclass
-class BuildConfig:
-    precision: str = "int8"          # int8 | fp16 | fp32
-    plugins: str = "off"             # off | tails | all (config.PLUGIN_MODES; true/false accepted, see __post_init__)
-    batch: int = 256                 # max (= opt) batch of the optimization profile
-    min_batch: int = 1
-    workspace_gb: float = 8.0
-    input_format: str = "float"      # float | int8 (CHW4 int8 input: the host sends quantized pixels)
-    # TensorRT's own ("default"), or "none": no cuBLAS/cuDNN tactics, for a TensorRT install without
-    # those libraries; a property of the install, so its default comes from $TRTFUSE_TACTIC_SOURCES.
-    tactic_sources: str = dataclasses.field(default_factory=lambda: default_tactic_sources())
-    weight_dtype: str = "int32"      # how the plugin's int8 weights travel in the ONNX attribute
-    profiles: int = 2                # one optimization profile per concurrent context (stream)
-    top_k: int = 5                   # a TopK output (TOP_CLASSES) of this many classes; 0: scores only
-
-    def __post_init__(self):
-        from trtfuse.config import plugin_mode
-
-        self.plugins = plugin_mode(self.plugins)
-
-    def key(self) -> dict:
-        return dataclasses.asdict(self)
-
-
-TACTIC_SOURCES = ("default", "none")
-
-
-def default_tactic_sources() -> str:
-    value = os.environ.get("TRTFUSE_TACTIC_SOURCES", "default")
-    if value not in TACTIC_SOURCES:
-        raise UserError(f"TRTFUSE_TACTIC_SOURCES={value!r} is not one of {', '.join(TACTIC_SOURCES)}",
-                        "unset it (TensorRT's own tactics) or set it to none (no cuBLAS/cuDNN installed)")
-    return value
-
-
-# ----------------------------------------------------------------------------- quantize step
-CALIBRATION_METHODS = ("auto", "max", "percentile", "entropy")
-
-
-def quantize_model_dir(model_dir: Path, calibration: str, method: str = "auto", percentile: float = 99.99,
-                       every: int = 7, batch: int = 16, force: bool = False) -> Path:
-    """Write ``model_dir/model.int8.onnx`` (Q/DQ, per-channel int8 weights) from the fp32 model,
-    calibrated on the images of ``calibration`` whose sorted index i has ``i % every == 0``.
-    ``auto``: the method (max, percentile 99.99/99.999, entropy) whose int8 model scores the best
-    top-1 in ONNX Runtime on the other images of ``calibration``; a model with random weights has no
-    accuracy to measure and gets max."""
-    import onnx
-    from trtfuse.data import open_dataset
-    from trtfuse.models import load_prepared
-    from trtfuse.passes.bn_fold import fold_pad_into_conv
-    from trtfuse.passes.canonical import canonicalize
-    from trtfuse.passes.quantize import calibrate, calibration_split, choose_method, method_label, quantize
-
-    if method not in CALIBRATION_METHODS:
-        raise UserError(f"unknown calibration method {method!r}", f"use one of: {', '.join(CALIBRATION_METHODS)}")
-    out = model_dir / QDQ_FILE
-    meta_path = model_dir / QUANT_META
-    wanted = {"calibration": str(Path(calibration).resolve()) if calibration != "demo" else "demo",
-              "method_asked": method, "percentile_asked": percentile, "every": every}
-    if out.is_file() and meta_path.is_file() and not force:
-        meta = json.loads(meta_path.read_text())
-        if {k: meta.get(k) for k in wanted} == wanted:
-            return out
-    prepared = load_prepared(model_dir)
-    dataset = open_dataset(calibration, prepared.preprocess)
-    calib, held_apart = calibration_split(dataset.names, every)
-    print(f"trtfuse: calibrating {prepared.name} on {len(calib)} of {len(dataset)} images "
-          f"(sorted index % {every} == 0), method {method}", file=sys.stderr)
-    model, pads = fold_pad_into_conv(canonicalize(onnx.load(prepared.onnx_path)))
-    images = dataset.images(calib)
-    batches = [images[i:i + batch] for i in range(0, len(images), batch)]
-    stats = calibrate(model, batches)
-    scores = None
-    if method == "auto" and prepared.random_weights:
-        print("trtfuse: random weights: no accuracy to choose a method by; using max", file=sys.stderr)
-        result = quantize(model, stats, "max")
-    elif method == "auto":
-        if not held_apart:
-            raise UserError(f"{calibration} has too few images to hold some apart for choosing a method",
-                            "give more labelled images, or name the method: --calibration-method max")
-        result, scores = choose_method(model, stats, dataset.images(held_apart), dataset.labels[held_apart],
-                                       prepared.label_offset)
-    else:
-        result = quantize(model, stats, method, percentile)
-    onnx.save(result.model, out)
-    meta = {**wanted, "method": result.method, "percentile": result.percentile,
-            "chosen": method_label(result.method, result.percentile), "top1_by_method": scores,
-            "evaluation_images": len(held_apart) if scores else 0,
-            "calibration_images": [dataset.names[i] for i in calib], "folded_pad": pads,
-            "folded_bn": result.folded_bn, "activation_qdq": result.activation_qdq,
-            "weight_qdq": result.weight_qdq, "identity_adds": result.identity_adds}
-    meta_path.write_text(json.dumps(meta, indent=1) + "\n")
-    print(f"trtfuse: wrote {out} ({meta['chosen']}; {result.activation_qdq} activation Q/DQ, {result.weight_qdq} "
-          f"per-channel weights, {result.folded_bn} BN folded)", file=sys.stderr)
-    return out
-
-
-def onnx_for_build(model_dir: Path, cfg: BuildConfig) -> bytes:
-    """The ONNX bytes the parser gets for ``cfg`` (int8: Q/DQ graph), rewritten by the fusions ``cfg.plugins`` enables
-    at ``cfg.precision`` (src/trtfuse/passes/fusions.py)."""
-    import onnx
-    from trtfuse.models import load_prepared
-    from trtfuse.passes.fusions import enabled
-    from trtfuse.passes.quantize import weights_as_float_qdq
-
-    if cfg.precision != "int8":
-        source = Path(load_prepared(model_dir).onnx_path)
-        if cfg.plugins == "off":
-            return source.read_bytes()
-        if not enabled(cfg.plugins, cfg.precision):
-            raise UserError(f"--plugins {cfg.plugins} needs --precision int8 (the fused plugin is int8)",
-                            "add --precision int8, or use --plugins off")
-        return rewrite_for_build(model_dir, onnx.load(source), cfg).SerializeToString()
-    qdq = model_dir / QDQ_FILE
-    if not qdq.is_file():
-        raise UserError(f"{qdq} does not exist: int8 needs a calibrated Q/DQ model",
-                        f"quantize first: `trtfuse build {model_dir} --precision int8 --calibration "
-                        "IMAGES --quantize-only` (IMAGES: a folder of labelled images)")
-    model = onnx.load(qdq)
-    if cfg.plugins != "off":
-        model = rewrite_for_build(model_dir, model, cfg)
-    # TensorRT 8.5's parser wants quantized weights as float constants behind a QuantizeLinear; every
-    # later version parses that form too, so it is the one handed over.
-    model = weights_as_float_qdq(model)
-    if cfg.input_format == "int8":
-        model = int8_input_graph(model)
-    return model.SerializeToString()
-
-
-def rewritten_file(precision: str, plugins: str) -> str:
-    """Where the rewritten graph is kept in the model folder, for a look at it: model.int8.plugins.onnx (tails),
-    model.int8.plugins-all.onnx (all); model.fp32.plugins-all.onnx ..."""
-    return f"model.{precision}.plugins{'' if plugins == 'tails' else '-' + plugins}.onnx"
-
-
-def rewrite_for_build(model_dir: Path, model, cfg: BuildConfig):
-    """``model`` rewritten for ``cfg`` (fusions.rewrite); prints the counts per kind and, where a candidate was
-    refused, the refusal table; keeps the graph in the model folder (rewritten_file)."""
-    import onnx
-    from trtfuse.passes.fusions import FUSIONS, rewrite
-
-    result = rewrite(model, cfg.plugins, cfg.precision, cfg.weight_dtype)
-    print(f"trtfuse: {result.summary()}", file=sys.stderr)
-    if result.report.any_refused():   # what the plugins did not take, and the first reason per kind
-        print("trtfuse: not fused (candidates per kind; the first refusal):\n  "
-              + result.report.table().replace("\n", "\n  "), file=sys.stderr)
-    if result.nodes == 0:
-        # the precisions whose builds this mode has other fusions for (int8: the conv family; fp32/fp16: LayerNorms)
-        elsewhere = sorted({p for f in FUSIONS if cfg.plugins in f.modes and cfg.precision not in f.precisions
-                            for p in f.precisions}, reverse=True)
-        raise UserError(f"--plugins {cfg.plugins} found no layer to fuse in this model at --precision {cfg.precision}",
-                        "use --plugins off for it" + (f" (or --precision {' or '.join(elsewhere)}, whose fusions "
-                                                      "differ)" if elsewhere else ""))
-    onnx.save(result.model, model_dir / rewritten_file(cfg.precision, cfg.plugins))
-    return result.model
-
-
-def int8_input_graph(model):
-    """The graph with an int8 input: the input's QuantizeLinear goes and its DequantizeLinear reads the
-    input directly, so the host sends round(x / s) itself. In an explicitly quantized network this is how
-    an int8 input is said (TensorRT refuses dynamic ranges once Q/DQ layers are present)."""
-    import onnx
-
-    graph = model.graph
-    name = graph.input[0].name
-    quant = [n for n in graph.node if n.op_type == "QuantizeLinear" and n.input[0] == name]
-    if len(quant) != 1:
-        raise UserError("int8 input needs exactly one QuantizeLinear on the model input",
-                        "use --input-format float for this model")
-    q = quant[0]
-    for node in graph.node:
-        for i, value in enumerate(node.input):
-            if value == q.output[0]:
-                node.input[i] = name
-    graph.node.remove(q)
-    graph.input[0].type.tensor_type.elem_type = onnx.TensorProto.INT8
-    return model
+from trtfuse.quantize_step import CALIBRATION_METHODS, quantize_model_dir
+from trtfuse.trt_graph import add_top_classes, load_plugin_library, onnx_for_build, pin_int8_plugin_outputs
 
 
 # ----------------------------------------------------------------------------- TensorRT
@@ -226,21 +45,6 @@ def import_tensorrt():
 
         raise TENSORRT_MISSING from e
     return trt
-
-
-def load_plugin_library(path: str | None = None) -> Path:
-    """dlopen libtrtfuse_plugins.so (RTLD_GLOBAL) so its creators register before parsing."""
-    from trtfuse.ops.residual_conv import use_shipped_tuning_cache
-    from trtfuse.plugin_build import library_path
-
-    lib = Path(path) if path else Path(library_path("plugins"))
-    if not lib.is_file():
-        raise UserError(f"the TensorRT plugin library {lib} does not exist",
-                        "build it with `trtfuse plugins build --tensorrt-root $TENSORRT_ROOT` "
-                        "(or set TRTFUSE_PLUGIN_LIB)")
-    use_shipped_tuning_cache()  # before the plugin's first forward reads it
-    ctypes.CDLL(str(lib), mode=ctypes.RTLD_GLOBAL)
-    return lib
 
 
 def engine_cache_dir() -> Path:
@@ -337,58 +141,6 @@ def build_engine(model_dir: str | Path, cfg: BuildConfig, plugin_lib: str | None
     path.with_suffix(".json").write_text(json.dumps(meta, indent=1) + "\n")
     print(f"trtfuse: built in {meta['build_s']} s -> {path}", file=sys.stderr)
     return path
-
-
-def pin_int8_plugin_outputs(trt, network) -> int:
-    """Pins every output of a TrtfuseResidualConv layer to int8 (the type the plugin declares for all of them); returns
-    how many. TensorRT 8.5 does not carry a plugin's int8 type to a second output that feeds another plugin directly
-    (no Q/DQ between them, as a chained tail's next-conv output feeding the 3x3 plugin): its Q/DQ optimizer then
-    finds no format for that edge and stops the build ("All of the candidates were removed ... incorrectly marked as
-    an int8 node"). Before the build the parsed network reports these outputs as float, so the pin goes by the
-    plugin's type, not by the tensor's; other plugins (LayerNorm, whose outputs are float) are left alone."""
-    from trtfuse.passes.residual_conv_rewrite import PLUGIN_OP
-
-    pinned = 0
-    for i in range(network.num_layers):
-        layer = network.get_layer(i)
-        if layer.type != trt.LayerType.PLUGIN_V2:
-            continue
-        layer.__class__ = trt.IPluginV2Layer   # the Python API's way to reach a layer's plugin
-        if layer.plugin.plugin_type != PLUGIN_OP:
-            continue
-        for j in range(layer.num_outputs):
-            layer.set_output_type(j, trt.int8)
-            pinned += 1
-    return pinned
-
-
-def add_top_classes(trt, network, scores_name: str, k: int) -> None:
-    """Append TopK(k) over the class axis of the scores output and mark its indices TOP_CLASSES
-    (int32, as MLPerf submitters' engines do; a Cast where a TensorRT gives other index types)."""
-    outputs = {network.get_output(i).name: network.get_output(i) for i in range(network.num_outputs)}
-    scores = outputs.get(scores_name) or network.get_output(0)
-    if len(scores.shape) < 2 or (scores.shape[1] > 0 and k > scores.shape[1]):
-        raise UserError(f"cannot rank the top {k} classes of output {scores.name!r} with shape {tuple(scores.shape)}",
-                        "build with top_k=0 for a model whose output is not [batch, classes]")
-    indices = network.add_topk(scores, trt.TopKOperation.MAX, k, 1 << 1).get_output(1)
-    if indices.dtype != trt.int32:
-        indices = network.add_cast(indices, trt.int32).get_output(0)
-    indices.name = TOP_CLASSES
-    network.mark_output(indices)
-
-
-def input_scale(model_dir: Path) -> float:
-    """The scale of the QuantizeLinear that reads the network input (int8 input = its output)."""
-    import onnx
-    from onnx import numpy_helper
-
-    model = onnx.load(Path(model_dir) / QDQ_FILE)
-    name = model.graph.input[0].name
-    inits = {t.name: t for t in model.graph.initializer}
-    for node in model.graph.node:
-        if node.op_type == "QuantizeLinear" and node.input[0] == name:
-            return float(numpy_helper.to_array(inits[node.input[1]]))
-    raise UserError(f"{QDQ_FILE} has no QuantizeLinear on its input", "quantize it again with trtfuse build")
 
 
 # ----------------------------------------------------------------------------- CLI

@@ -90,7 +90,7 @@ def plot_profile(profile: dict, path: Path, top: int = TOP_LAYERS) -> Path | Non
 
 # ----------------------------------------------------------------------------- on the GPU
 def _load_engine(trt, path: Path, plugin_lib: str | None):
-    from trtfuse.engine import load_plugin_library
+    from trtfuse.trt_graph import load_plugin_library
 
     if not path.is_file():
         raise UserError(f"engine file {path} does not exist", "build one with `trtfuse build`")

@@ -52,7 +52,7 @@ output, Q(c1)'s, and the conv's fields as ``next_*`` fields (``next_weights`` [n
 ``next_bias``, ``next_x_scale``, ``next_out_scale``, ``next_cout``, ``next_relu``); the conv1, its ReLU and its
 QuantizeLinear go, and the conv1 no longer reads the tail's output back from memory. ResNet-50: layer1.0 -> layer1.1,
 layer1.1 -> layer1.2, layer1.2 -> layer2.0. A 3x3 node may read the second output directly (layer1.1's and layer1.2's
-conv2); TensorRT 8.5 builds that only with the plugin's output types pinned (src/trtfuse/engine.py:
+conv2); TensorRT 8.5 builds that only with the plugin's output types pinned (src/trtfuse/trt_graph.py:
 pin_int8_plugin_outputs).
 
 The stem, when replaced (``stem``) and asked (``chain_next``), chains the conv1 that reads its pooled output the same

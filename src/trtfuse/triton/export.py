@@ -125,7 +125,8 @@ def read_engine_with_tensorrt(engine: str | os.PathLike, plugin_lib: str | os.Pa
                               trt=None) -> EngineIO:
     """EngineIO as TensorRT reads the serialized engine (needs TensorRT and a GPU). ``plugin_lib`` is
     loaded first: an engine with trtfuse's plugins deserializes only once their creators are registered."""
-    from trtfuse.engine import TOP_CLASSES, import_tensorrt, load_plugin_library
+    from trtfuse.engine import import_tensorrt
+    from trtfuse.trt_graph import TOP_CLASSES, load_plugin_library
     from trtfuse.engine_inspect import is_ours
 
     trt = trt or import_tensorrt()
@@ -215,7 +216,7 @@ def describe_engine(engine: Path, prepared, plugin_lib: str | os.PathLike | None
 
 
 def plugin_library(path: str | os.PathLike | None = None) -> Path:
-    """The plugin library to ship: ``path``, else the one trtfuse.engine.load_plugin_library would load
+    """The plugin library to ship: ``path``, else the one trtfuse.trt_graph.load_plugin_library would load
     ($TRTFUSE_PLUGIN_LIB, else the build folder), found without loading it."""
     from trtfuse.plugin_build import library_path
 

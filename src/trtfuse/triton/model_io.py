@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from trtfuse.engine import TOP_CLASSES  # the engine's response output, served under the same name
+from trtfuse.trt_graph import TOP_CLASSES  # the engine's response output, served under the same name
 from trtfuse.errors import UserError
 
 
