@@ -37,13 +37,12 @@ from trtfuse.config import plugin_mode
 from trtfuse.errors import UserError
 from trtfuse.files import swap_into_place
 from trtfuse.triton import model_io
+from trtfuse.triton.model_io import COMMAND_FILE, PLUGIN_DIR
 
 PLATFORM = "tensorrt_plan"
 PLAN_FILE = "model.plan"        # the file name Triton's TensorRT backend looks for in a version folder
 VERSION = "1"
 PLUGIN_FILE = "libtrtfuse_plugins.so"
-PLUGIN_DIR = "plugins"          # not a number: Triton does not take it for a model version
-COMMAND_FILE = "tritonserver.txt"
 DEFAULT_QUEUE_DELAY_US = 100
 
 
