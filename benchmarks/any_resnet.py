@@ -82,8 +82,8 @@ def fill_weights(model, names: list[str], seed: int = 41) -> None:
 def fusion_counts(qdq) -> dict:
     """plugin_counts under --plugins tails and all (as trtfuse build rewrites), the all report's rows, and the tails
     found / fused."""
-    from trtfuse.models.fusions import rewrite
-    from trtfuse.models.residual_conv_rewrite import plugin_counts
+    from trtfuse.passes.fusions import rewrite
+    from trtfuse.passes.residual_conv_rewrite import plugin_counts
 
     out = {}
     for mode in ("tails", "all"):
@@ -108,9 +108,9 @@ def _export(name: str):
 
 def prepare(bundle: Path, models=MODELS) -> dict:
     import onnx
-    from trtfuse.models.bn_fold import fold_pad_into_conv
+    from trtfuse.passes.bn_fold import fold_pad_into_conv
     from trtfuse.models.prepared import PreparedModel, PreprocessSpec
-    from trtfuse.models.quantize import calibrate, quantize
+    from trtfuse.passes.quantize import calibrate, quantize
 
     summary = {}
     for name in models:

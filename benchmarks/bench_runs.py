@@ -1,5 +1,5 @@
 """LoadGen runs for the benchmark scripts of the GPU machine (triton_h100.py, multigpu.py): one run
-through `trtfuse.cli.run`, summed up as a row of a results JSON, and the Server search over such runs
+through `trtfuse.session.run`, summed up as a row of a results JSON, and the Server search over such runs
 (the highest target LoadGen calls VALID within MLPerf ResNet-50's 15 ms)."""
 
 from __future__ import annotations
@@ -16,14 +16,14 @@ BOUND_MS = 15.0
 def loadgen_row(backend, model, dataset, scenario: str, batch: int, qps: float, runs: Path, name: str) -> dict:
     """One LoadGen run of ``backend`` (loaded) at ``qps`` (Offline: expected samples/s; Server: the target),
     10 s, its run folder under ``runs``; what a results row keeps of it."""
-    from trtfuse import cli, config
+    from trtfuse import config, session
 
     overrides = {"run.scenario": scenario, "run.batch_size": batch, "run.warmup_batches": 5,
                  "run.mlperf_model": "resnet50", f"{scenario}.target_qps": qps, f"{scenario}.min_duration_ms": 10000}
     if scenario == "server":
         overrides.update({"server.target_latency_ms": BOUND_MS, "server.min_query_count": 100})
-    result = cli.run(config.load(None, overrides), progress=False, model=model, dataset=dataset,
-                     backend=backend, run_dir=Path(runs) / f"{name}-{time.time():.0f}")
+    result = session.run(config.load(None, overrides), progress=False, model=model, dataset=dataset,
+                         backend=backend, run_dir=Path(runs) / f"{name}-{time.time():.0f}")
     lg, harness = result["loadgen"], result["harness"]
     latency = lg.get("latency_ns", {})
     row = {"samples_per_s": lg.get("samples_per_s"), "valid": lg.get("valid"),

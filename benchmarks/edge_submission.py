@@ -2,7 +2,7 @@
 MultiStream and Offline at the official settings with TEST01/TEST04 each, the tree, MLCommons' checker
 on it, and SingleStream p90 / MultiStream p99 latency against TensorRT's own (plugins off).
 
-A thin caller of the harness (``cli.run``, ``compliance.run_compliance``, ``submission.main``): it adds
+A thin caller of the harness (``session.run``, ``compliance.run_compliance``, ``submission.main``): it adds
 the device bundle's model and images (tools/device_bundle.py) and the order of the work.
 
     python3.10 benchmarks/edge_submission.py UNIT [UNIT ...] [--out DIR] [--mlperf-dir DIR]
@@ -132,7 +132,7 @@ class Edge:
     # -- units --------------------------------------------------------------------------------------
     def latency(self) -> None:
         """SingleStream p90 and MultiStream p99, TensorRT's own engine (plugins off) then ours."""
-        from trtfuse import cli
+        from trtfuse import session
 
         model = self.model()
         perf, _ = self.datasets()
@@ -143,7 +143,7 @@ class Edge:
                 backend = self.backend(s, model)
                 try:
                     run_dir = self.runs / "latency" / f"{scenario}-{plugins}-{time.strftime('%H%M%S')}"
-                    r = cli.run(s, progress=False, model=model, dataset=perf, backend=backend, run_dir=run_dir)
+                    r = session.run(s, progress=False, model=model, dataset=perf, backend=backend, run_dir=run_dir)
                 finally:
                     backend.close()
                 lg = r["loadgen"]
@@ -158,7 +158,7 @@ class Edge:
             rows[scenario]["ours_over_tensorrt"] = round(ours["early_stopping_ms"] / trt["early_stopping_ms"], 4)
 
     def unit(self, name: str) -> None:
-        from trtfuse import cli
+        from trtfuse import session
         from trtfuse.compliance import run_compliance
 
         key, kind = name.split("-", 1)
@@ -178,12 +178,12 @@ class Edge:
             if scenario == "offline":  # the expected rate: the engine's own, a little over
                 s["offline"]["target_qps"] = 1.02 * backend.engine_throughput(s["run"]["batch_size"], 5.0)
             if kind == "perf":
-                r = cli.run(s, progress=False, model=model, dataset=perf, backend=backend, run_dir=folder,
-                            command=self.command(scenario))
+                r = session.run(s, progress=False, model=model, dataset=perf, backend=backend, run_dir=folder,
+                                command=self.command(scenario))
             elif kind == "acc":
                 s["run"]["mode"] = "accuracy"
-                r = cli.run(s, progress=False, model=model, dataset=acc, backend=backend, run_dir=folder,
-                            command=self.command(scenario, "accuracy"))
+                r = session.run(s, progress=False, model=model, dataset=acc, backend=backend, run_dir=folder,
+                                command=self.command(scenario, "accuracy"))
             else:
                 ref = self.runs / f"{key}-perf"
                 r = run_compliance(kind.upper(), s, out=folder, performance_run=ref,

@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-from trtfuse import cli, config
+from trtfuse import config, session
 from trtfuse.backends import create_backend
 from trtfuse.data import open_dataset
 from trtfuse.models import PreparedModel, PreprocessSpec
@@ -69,7 +69,7 @@ def settings(out_dir: Path, **overrides) -> dict:
 
 
 def model_row(name: str, batch: int, dataset, out_dir: Path, seconds: float, rounds: int) -> dict:
-    model = cli.resolve_model(name)
+    model = session.resolve_model(name)
     backend = create_backend("onnxruntime")
     backend.load(model, batch)
     images = dataset.images(np.arange(len(dataset)))  # the very samples LoadGen's QSL holds
@@ -85,7 +85,7 @@ def model_row(name: str, batch: int, dataset, out_dir: Path, seconds: float, rou
         s = settings(out_dir, **{"run.batch_size": batch, "offline.min_duration_ms": int(seconds * 1000),
                                  # above the loop's rate, so LoadGen's one query lasts min_duration
                                  "offline.target_qps": max(loops) * 1.2})
-        report = cli.run(s, progress=False, model=model, dataset=dataset, backend=backend)
+        report = session.run(s, progress=False, model=model, dataset=dataset, backend=backend)
         loadgens.append(report["loadgen"]["samples_per_s"])
         # CPU of the whole process during StartTest (QSL load included), over the samples done.
         loadgen_cpu.append(report["harness"]["completed"] / report["harness"]["cpu_s"])
@@ -131,7 +131,7 @@ def null_run(out_dir: Path, shape, **overrides) -> dict:
     model = null_model(shape)
     backend = create_backend("null")
     backend.load(model, s["run"]["batch_size"])
-    return cli.run(s, progress=False, model=model, dataset=TinySamples(1024, shape), backend=backend)
+    return session.run(s, progress=False, model=model, dataset=TinySamples(1024, shape), backend=backend)
 
 
 def null_backend(out_dir: Path, seconds: float, qps_ladder: list[float]) -> dict:
@@ -175,7 +175,7 @@ def accuracy(out_dir: Path) -> dict | None:
     s = settings(out_dir, **{"run.model": "efficientnet-lite0", "run.dataset": str(SAMPLE),
                              "run.mode": "accuracy", "run.backend": "onnxruntime",
                              "run.batch_size": 16})
-    report = cli.run(s, progress=True)
+    report = session.run(s, progress=True)
     acc = report["accuracy"]
     print(f"  efficientnet-lite0 fp32 top-1 {acc['top1'] * 100:.2f} % top-5 {acc['top5'] * 100:.2f} % "
           f"on {acc['n']} images", file=sys.stderr)
@@ -201,7 +201,7 @@ def main() -> int:
         out_dir = Path(tmp)
         rows = []
         for name in ("resnet50", "efficientnet-lite0"):
-            model = cli.resolve_model(name)
+            model = session.resolve_model(name)
             dataset = open_dataset(data, model.preprocess, count=64)
             for batch in batches:
                 rows.append(model_row(name, batch, dataset, out_dir, seconds, args.rounds))

@@ -160,7 +160,8 @@ def prepare(out: Path, seq_len: int = 64, sentences: list[str] | None = None, st
     ``baseline`` adds the unrewritten opset-14 graph."""
     import copy
 
-    from trtfuse.models import layernorm_rewrite, minilm
+    from trtfuse.models import minilm
+    from trtfuse.passes import layernorm_rewrite
 
     sentences = list(sentences or SENTENCES)
     out = Path(out)

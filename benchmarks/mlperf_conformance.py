@@ -1,7 +1,7 @@
 """MLPerf-conformant ResNet-50 runs on the GPU machine (TensorRT 8.5): real responses, an official
 Offline run, Server, TEST01/TEST04 judged by MLCommons' scripts, and MLCommons' ImageNet scorer.
 
-A thin caller of the harness (``trtfuse.cli.run``, ``trtfuse.compliance.run_compliance``); it adds
+A thin caller of the harness (``trtfuse.session.run``, ``trtfuse.compliance.run_compliance``); it adds
 only the device bundle (tools/device_bundle.py's stashed models and int8 images) and the JSON of
 benchmarks/results/mlperf_conformance_h100.json. ResNet-50 has random weights: performance only.
 
@@ -92,7 +92,7 @@ def main(argv=None) -> int:
 def run(args, stages) -> int:
     import tensorrt as trt
     from trtfuse import accuracy as acc
-    from trtfuse import cli, cuda_runtime, mlperf_tools
+    from trtfuse import cuda_runtime, mlperf_tools, session
     from trtfuse.compliance import run_compliance
     from trtfuse.engine import BuildConfig, build_engine
     from trtfuse.qps_search import search_server_qps
@@ -125,8 +125,8 @@ def run(args, stages) -> int:
         model, backend = backend_model or resnet(batch, top_k)
         try:
             s = settings_for(scenario, batch, results_dir, args.mlperf_dir, **{"run.mode": mode, **extra})
-            return cli.run(s, progress=False, model=model, dataset=resnet_images, backend=backend,
-                           run_dir=run_dir)
+            return session.run(s, progress=False, model=model, dataset=resnet_images, backend=backend,
+                               run_dir=run_dir)
         finally:
             if backend_model is None:
                 backend.close()
@@ -184,8 +184,8 @@ def run(args, stages) -> int:
         backend.load(model, 256)
         try:
             s = settings_for("offline", 256, results_dir, args.mlperf_dir, **{"run.mode": "accuracy"})
-            r = cli.run(s, progress=False, model=model, dataset=images, backend=backend,
-                        run_dir=results_dir / "efficientnet-lite0" / "accuracy")
+            r = session.run(s, progress=False, model=model, dataset=images, backend=backend,
+                            run_dir=results_dir / "efficientnet-lite0" / "accuracy")
         finally:
             backend.close()
         run_dir = Path(r["run_dir"])

@@ -81,10 +81,10 @@ def run_row(report: dict) -> dict:
 
 def loadgen(model, images, scenario: str, sut: str, engine: Path | None, batch: int, seconds: float,
             backend=None, **extra) -> dict:
-    from trtfuse import cli
+    from trtfuse import session
 
     s = nbench.settings_for(scenario, sut, engine or "", batch, seconds, **{"run.output_dir": RUNS_DIR, **extra})
-    report = cli.run(s, progress=False, model=model, dataset=images, backend=backend)
+    report = session.run(s, progress=False, model=model, dataset=images, backend=backend)
     row = run_row(report)
     log(f"{scenario} {sut} {extra.get('tensorrt.devices', '')}: {row['samples_per_s']} samples/s, "
         f"valid {row['valid']}, lanes {[lane['samples'] for lane in row['lanes']]}")

@@ -122,7 +122,7 @@ def settings_for(scenario: str, sut: str, engine: Path, batch: int, seconds: flo
 
 
 def loadgen_run(model, data, scenario: str, sut: str, engine: Path, batch: int, seconds: float, **extra) -> dict:
-    from trtfuse import cli, native_sut
+    from trtfuse import native_sut, session
     from trtfuse.backends.tensorrt_backend import TensorRTBackend
 
     s = settings_for(scenario, sut, engine, batch, seconds, **extra)
@@ -134,7 +134,7 @@ def loadgen_run(model, data, scenario: str, sut: str, engine: Path, batch: int, 
         backend.load(model, batch)
     try:
         with GpuSampler() as gpu:
-            report = cli.run(s, progress=False, model=model, dataset=data, backend=backend)
+            report = session.run(s, progress=False, model=model, dataset=data, backend=backend)
     finally:
         backend.close()
     lg, h = report["loadgen"], report["harness"]

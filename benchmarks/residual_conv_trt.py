@@ -474,7 +474,7 @@ def plugin_round_trip_check(rng, stream, relu: bool = True, residual: bool = Tru
 # ------------------------------------------------------------------------------------------------ Q/DQ ONNX
 def qdq_onnx_check(rng, stream) -> dict:
     """x, r float -> QuantizeLinear -> TrtfuseResidualConv (domain trtfuse; weights an INT32 tensor attribute, as
-    models/residual_conv_rewrite.py emits them) -> DequantizeLinear -> float,
+    src/trtfuse/passes/residual_conv_rewrite.py emits them) -> DequantizeLinear -> float,
     parsed by TensorRT's ONNX parser, built with the INT8 flag: the plugin must see int8 in and out."""
     from onnx import TensorProto, helper, numpy_helper
 

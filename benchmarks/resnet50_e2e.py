@@ -203,7 +203,7 @@ def run(bundle: Path, out: Path, stages, batches, seconds: float, server_batch: 
                 logits[m] = backend.infer(x)
             finally:
                 backend.close()
-        from trtfuse.models.residual_conv_rewrite import compare_logits
+        from trtfuse.passes.residual_conv_rewrite import compare_logits
 
         # {mode: plugins off vs that mode}
         res.data["resnet50_agreement"] = {m: {

@@ -24,7 +24,7 @@ import json
 import sys
 from pathlib import Path
 
-from trtfuse.models.residual_conv_rewrite import MAX_CONV3X3_COUT, MAX_PROJECTION_CIN, POOL_OP
+from trtfuse.passes.residual_conv_rewrite import MAX_CONV3X3_COUT, MAX_PROJECTION_CIN, POOL_OP
 from trtfuse.tuning import RESNET50_STAGES
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -45,7 +45,7 @@ def merge_layers(runs: list[dict]) -> dict:
 
 
 def replaced(r: dict) -> bool:
-    """What --plugins all replaces (models/residual_conv_rewrite.py): every tail, (fused-proj-tail) the first blocks
+    """What --plugins all replaces (src/trtfuse/passes/residual_conv_rewrite.py): every tail, (fused-proj-tail) the first blocks
     whose projection and tail fit one kernel, projections up to MAX_PROJECTION_CIN input channels, stride-1 3x3
     convs up to MAX_CONV3X3_COUT output channels (ResNet-50's three in layer1), the stem, and the layer1 tails
     (fused-tail-conv1) and the stem (fused-stem-conv1) with the next conv1 chained."""

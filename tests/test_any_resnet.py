@@ -9,9 +9,9 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from trtfuse.models.bn_fold import fold_pad_into_conv
-from trtfuse.models.quantize import calibrate, quantize
-from trtfuse.models.residual_conv_rewrite import (
+from trtfuse.passes.bn_fold import fold_pad_into_conv
+from trtfuse.passes.quantize import calibrate, quantize
+from trtfuse.passes.residual_conv_rewrite import (
     MAX_CONV3X3_COUT,
     MAX_FUSED_K_BYTES,
     MAX_NEXT_COUT,
@@ -138,7 +138,8 @@ def test_torchvision_resnet50_export_gets_what_our_export_gets():
 def test_build_prints_the_refusal_table(tmp_path, capsys):
     """`trtfuse build --plugins all` prints, for a shape the kernel does not take, a table: kind, found, fused, the
     first refusal (node: reason). Here a 3x3 conv of 128 output channels (over MAX_CONV3X3_COUT) and a grouped one."""
-    from trtfuse.engine import BuildConfig, onnx_for_build
+    from trtfuse.engine import BuildConfig
+    from trtfuse.trt_graph import onnx_for_build
 
     qdq, _ = _qdq(_tf_style(widths=((64, 1, 128), (128, 1, 256)), group=2), (32, 32, 3))
     onnx.save(qdq, tmp_path / "model.int8.onnx")
@@ -299,7 +300,7 @@ def _run(model, feeds):
 
 
 def test_opset18_reduce_mean_goes_back_to_opset17_and_computes_the_same():
-    from trtfuse.models.canonical import canonicalize, to_opset17
+    from trtfuse.passes.canonical import canonicalize, to_opset17
 
     nodes = [helper.make_node("Constant", [], ["axes"], value=numpy_helper.from_array(np.array([2, 3], np.int64))),
              helper.make_node("ReduceMean", ["x", "axes"], ["m"], keepdims=1, noop_with_empty_axes=0),
@@ -325,7 +326,7 @@ def test_opset18_reduce_mean_goes_back_to_opset17_and_computes_the_same():
 def test_identity_constants_and_clip_relu_are_seen_through():
     """Constants behind Identity / Constant nodes become initializers (the graph computes the same); Clip(0) and
     Clip(0, inf) are ReLUs, Clip(0, 6) is not."""
-    from trtfuse.models.canonical import inline_constants, is_relu
+    from trtfuse.passes.canonical import inline_constants, is_relu
 
     w = numpy_helper.from_array(np.ones((4, 3, 1, 1), np.float32), "w")
     nodes = [helper.make_node("Identity", ["w"], ["w2"]),

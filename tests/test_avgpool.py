@@ -5,7 +5,7 @@ own functions on the host against exact fractions), the rewrite of DequantizeLin
 TrtfuseAvgPool -> 2 DequantizeLinear -> Add and what it does to a network's logits (CPU), the plugin's creator,
 outputs, formats and serialization compiled against both TensorRT header sets (host, `slow`), the kernel against its
 reference bit for bit (GPU, `-m gpu`), and the plugin in TensorRT engines (`-m tensorrt`): one node through the
-network API, and the head's Q/DQ pattern through the ONNX parser as harness/engine.py builds it."""
+network API, and the head's Q/DQ pattern through the ONNX parser as src/trtfuse/engine.py builds it."""
 
 from __future__ import annotations
 
@@ -244,7 +244,7 @@ def test_pool_head_found_only_behind_an_int8_dequantize(toy):
     import onnx
     from onnx import numpy_helper
     from test_bn_fold import toy_resnet
-    from trtfuse.models.residual_conv_rewrite import find_pool_heads
+    from trtfuse.passes.residual_conv_rewrite import find_pool_heads
 
     heads = find_pool_heads(toy)
     assert len(heads) == 1
@@ -280,7 +280,7 @@ def rewritten_head(model):
     the Add reads exactly those two DequantizeLinears' outputs."""
     import onnx
     from onnx import numpy_helper
-    from trtfuse.models.residual_conv_rewrite import POOL_OP, rewrite
+    from trtfuse.passes.residual_conv_rewrite import POOL_OP, rewrite
 
     out, n = rewrite(model, pool_head=True)
     onnx.checker.check_model(out, full_check=True)
@@ -306,7 +306,7 @@ def test_rewrite_puts_the_pool_on_the_plugin_and_two_dequantizes_and_an_add_afte
     points int8 0 (the original's, or a new one where the original had none); the Add writes the old pool output
     name, which the Flatten reads; every new node named after the plugin; off unless asked."""
     import onnx
-    from trtfuse.models.residual_conv_rewrite import POOL_OP, find_pool_heads, plugin_counts, rewrite
+    from trtfuse.passes.residual_conv_rewrite import POOL_OP, find_pool_heads, plugin_counts, rewrite
 
     model = {"toy": toy, "head": pool_head_graph(zero_point=np.int8(0))[0],
              "head_dq_without_zero_point": dq_without_zero_point(pool_head_graph(zero_point=np.int8(0))[0])}[graph]
@@ -372,8 +372,8 @@ def test_rewritten_network_moves_the_logits_by_at_most_1_512_lsb_per_pooled_feat
     import onnx
     from onnx import numpy_helper
     from test_quantize import calib_batches
-    from trtfuse.models.quantize import top1_onnxruntime
-    from trtfuse.models.residual_conv_rewrite import compare_logits, evaluate_with_reference, find_pool_heads, rewrite
+    from trtfuse.passes.quantize import top1_onnxruntime
+    from trtfuse.passes.residual_conv_rewrite import compare_logits, evaluate_with_reference, find_pool_heads, rewrite
 
     head = find_pool_heads(toy)[0]
     s = np.float64(np.float32(head.x_scale))
@@ -419,7 +419,7 @@ def test_head_graph_through_the_reference_is_the_rules_pool_through_the_fc():
     Runtime for the DequantizeLinears, the Add, Flatten and Gemm) equals fc(s * m / 256) in float64 within fp32
     rounding: the value the engine is held to below; at hw = 6 (no ties) and 512 (ties)."""
     import onnx
-    from trtfuse.models.residual_conv_rewrite import POOL_OP, evaluate_with_reference, rewrite
+    from trtfuse.passes.residual_conv_rewrite import POOL_OP, evaluate_with_reference, rewrite
 
     scale = 0.0213
     for h, w in ((2, 3), (16, 32)):
@@ -577,7 +577,7 @@ def test_plugin_node_in_a_tensorrt_engine(hw):
             ob.free()
 
 
-# The head's Q/DQ pattern as harness/engine.py builds it. "engine": its builder flags for int8 (trt_compat: INT8 and
+# The head's Q/DQ pattern as src/trtfuse/engine.py builds it. "engine": its builder flags for int8 (trt_compat: INT8 and
 # FP16 where typing is weak, as --precision int8 sets them), no cuBLAS/cuDNN tactics, pin_int8_plugin_outputs (which
 # pins TrtfuseResidualConv only); "engine_pool_pinned": the same with the TrtfuseAvgPool layer's two outputs pinned to
 # int8 too (what to add to pin_int8_plugin_outputs if only this one builds); "int8_only": the INT8 flag alone and TF32
@@ -600,8 +600,8 @@ def test_head_qdq_graph_builds_through_the_onnx_parser(build):
     import tensorrt as trt
     from test_residual_conv import trt_benchmark
     from trtfuse import trt_compat
-    from trtfuse.engine import load_plugin_library, pin_int8_plugin_outputs
-    from trtfuse.models.residual_conv_rewrite import POOL_OP, PLUGIN_OP, rewrite
+    from trtfuse.trt_graph import load_plugin_library, pin_int8_plugin_outputs
+    from trtfuse.passes.residual_conv_rewrite import POOL_OP, PLUGIN_OP, rewrite
 
     engine_flags, pin_pool = HEAD_BUILDS[build]
     if not engine_flags and not trt_compat.weakly_typed(trt):

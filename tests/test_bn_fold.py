@@ -5,7 +5,7 @@ import onnx
 import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
-from trtfuse.models.bn_fold import fold_batchnorm, fold_pad_into_conv
+from trtfuse.passes.bn_fold import fold_batchnorm, fold_pad_into_conv
 
 
 class GraphBuilder:

@@ -7,10 +7,12 @@ import onnx
 import pytest
 from test_bn_fold import toy_resnet
 from test_quantize import calib_batches
-from trtfuse.engine import QDQ_FILE, BuildConfig, cli_main, engine_key, onnx_for_build, pin_int8_plugin_outputs
+from trtfuse.engine import BuildConfig, cli_main, engine_key
 from trtfuse.errors import UserError
-from trtfuse.models.quantize import calibrate, quantize
-from trtfuse.models.residual_conv_rewrite import PLUGIN_OP
+from trtfuse.passes.quantize import calibrate, quantize
+from trtfuse.passes.residual_conv_rewrite import PLUGIN_OP
+from trtfuse.quantize_step import QDQ_FILE
+from trtfuse.trt_graph import onnx_for_build, pin_int8_plugin_outputs
 
 
 @pytest.fixture()
@@ -91,7 +93,7 @@ def test_int8_input_graph_matches_quantizing_on_the_host():
     import onnxruntime as ort
     from onnx import TensorProto, helper, numpy_helper
 
-    from trtfuse.engine import int8_input_graph
+    from trtfuse.trt_graph import int8_input_graph
 
     scale = np.float32(0.05)
     graph = helper.make_graph(
@@ -117,7 +119,7 @@ def test_int8_input_graph_matches_quantizing_on_the_host():
 @pytest.mark.parametrize("random_weights", [True, False])
 def test_auto_calibration_picks_the_method_by_held_apart_top1(model_dir, tmp_path, monkeypatch, random_weights):
     from test_cli import jpeg_folder
-    from trtfuse.engine import QUANT_META, quantize_model_dir
+    from trtfuse.quantize_step import QUANT_META, quantize_model_dir
 
     monkeypatch.setenv("TRTFUSE_HOME", str(tmp_path / "home"))
     meta = json.loads((model_dir / "model.json").read_text())
@@ -139,7 +141,7 @@ def test_auto_calibration_picks_the_method_by_held_apart_top1(model_dir, tmp_pat
 
 
 def test_plugins_all_adds_the_projections(model_dir, capsys, monkeypatch):
-    from trtfuse.models import residual_conv_rewrite
+    from trtfuse.passes import residual_conv_rewrite
 
     # the toy's projection has 32 output channels, below the rule's 256: at the toy's width, the path runs
     monkeypatch.setattr(residual_conv_rewrite, "MIN_PROJECTION_COUT", 32)

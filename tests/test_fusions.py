@@ -1,4 +1,4 @@
-"""The fusion registry (models/fusions.py): what it lists, and that the rewrite, `trtfuse build`'s counts and refusal
+"""The fusion registry (src/trtfuse/passes/fusions.py): what it lists, and that the rewrite, `trtfuse build`'s counts and refusal
 table and the profile's "ours" column go through it. Behaviour is the rewrite's as it was: the registry's rewrite of
 our ResNet-50 export and of EfficientNet-Lite0 under tails and all is node by node what the rewrite made before it
 (the structure of each plugin node recorded from the code before the registry), and the same bytes as
@@ -17,16 +17,18 @@ from onnx import AttributeProto, TensorProto, helper, numpy_helper
 from test_bn_fold import toy_resnet
 from test_quantize import calib_batches
 from trtfuse.config import PLUGIN_MODES
-from trtfuse.engine import QDQ_FILE, BuildConfig, onnx_for_build
+from trtfuse.engine import BuildConfig
 from trtfuse.engine_inspect import is_ours, summarize
 from trtfuse.errors import UserError
-from trtfuse.models import fusions
-from trtfuse.models import layernorm_rewrite as lr
-from trtfuse.models import residual_conv_rewrite as rcr
-from trtfuse.models.bn_fold import fold_pad_into_conv
-from trtfuse.models.quantize import calibrate, quantize
+from trtfuse.passes import fusions
+from trtfuse.passes import layernorm_rewrite as lr
+from trtfuse.passes import residual_conv_rewrite as rcr
+from trtfuse.passes.bn_fold import fold_pad_into_conv
+from trtfuse.passes.quantize import calibrate, quantize
+from trtfuse.quantize_step import QDQ_FILE
+from trtfuse.trt_graph import onnx_for_build
 
-# What harness/engine.py passed rewrite_report before the registry: --plugins all turned on every kind of the conv
+# What the build's onnx_for_build passed rewrite_report before the registry: --plugins all turned on every kind of the conv
 # family (the pool head through POOL_HEAD_IN_ALL, which was True); tails none of them (fuse was left at its default,
 # a no-op without projections).
 BEFORE = {"tails": dict(projections=False, conv3x3=False, stem=False, chain_next=False, pool_head=False),
@@ -122,7 +124,7 @@ def structure(model) -> str:
     return hashlib.sha256(json.dumps(nodes, sort_keys=True).encode()).hexdigest()[:16]
 
 
-# Recorded from the rewrite before the registry (harness/engine.py's onnx_for_build on the same graphs): the
+# Recorded from the rewrite before the registry (onnx_for_build on the same graphs): the
 # digest of the plugin nodes and the node counts per kind.
 RECORDED = {
     "resnet50": {

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from conftest_harness import ScriptedBackend, SyntheticDataset, tensorrt_backend_usable, tiny_model
 from test_loadgen_runs import settings
-from trtfuse import cli, config
+from trtfuse import cli, config, session
 from trtfuse.accuracy import read_predictions
 from trtfuse.backends import Backend, create_backend, top_k_classes
 from trtfuse.backends.lanes import LanesBackend
@@ -307,10 +307,10 @@ def test_a_loadgen_run_over_lanes_answers_every_sample_as_one_lane_does(tmp_path
     one.load(model, 4)
     lanes = _onnxruntime_lanes(model)
     try:
-        single = cli.run(settings(tmp_path / "one", **overrides), progress=False, model=model,
-                         dataset=dataset, backend=one)
-        spread = cli.run(settings(tmp_path / "lanes", **overrides), progress=False, model=model,
-                         dataset=dataset, backend=lanes)
+        single = session.run(settings(tmp_path / "one", **overrides), progress=False, model=model,
+                             dataset=dataset, backend=one)
+        spread = session.run(settings(tmp_path / "lanes", **overrides), progress=False, model=model,
+                             dataset=dataset, backend=lanes)
     finally:
         one.close()
         lanes.close()
@@ -336,7 +336,7 @@ def test_an_offline_performance_run_keeps_every_lane_busy(tmp_path):
     backend = LanesBackend(lanes)
     backend.load(model, 4)
     try:
-        report = cli.run(s, progress=False, model=model, dataset=SyntheticDataset(64), backend=backend)
+        report = session.run(s, progress=False, model=model, dataset=SyntheticDataset(64), backend=backend)
     finally:
         backend.close()
     issued = report["harness"]["issued"]

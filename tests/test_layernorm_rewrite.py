@@ -15,7 +15,7 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 from trtfuse.errors import UserError
-from trtfuse.models import layernorm_rewrite as lr
+from trtfuse.passes import layernorm_rewrite as lr
 
 from tests.conftest import REPO_ROOT
 

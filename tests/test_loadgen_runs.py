@@ -5,7 +5,7 @@ import json
 import numpy as np
 import pytest
 from conftest_harness import ScriptedBackend, SyntheticDataset, tiny_model
-from trtfuse import cli, config
+from trtfuse import config, session
 from trtfuse.backends import create_backend
 
 
@@ -34,7 +34,7 @@ def run(tmp_path, dataset, background=False, backend="onnxruntime", **overrides)
     model = tiny_model(tmp_path, background=background)
     b = create_backend(backend)
     b.load(model, s["run"]["batch_size"])
-    return cli.run(s, progress=False, model=model, dataset=dataset, backend=b)
+    return session.run(s, progress=False, model=model, dataset=dataset, backend=b)
 
 
 def test_offline_performance_run_is_valid_and_writes_the_run_folder(tmp_path):
@@ -44,7 +44,7 @@ def test_offline_performance_run_is_valid_and_writes_the_run_folder(tmp_path):
     model = tiny_model(tmp_path)
     backend = ScriptedBackend(create_backend("onnxruntime"), delay_s=0.002)
     backend.load(model, 16)
-    report = cli.run(s, progress=False, model=model, dataset=SyntheticDataset(64), backend=backend)
+    report = session.run(s, progress=False, model=model, dataset=SyntheticDataset(64), backend=backend)
     lg = report["loadgen"]
     assert lg["scenario"] == "offline" and lg["valid"], lg
     assert lg["samples_per_s"] > 0
@@ -137,7 +137,7 @@ def test_offline_splits_its_one_huge_query_into_batches(tmp_path):
     inner = create_backend("onnxruntime")
     backend = ScriptedBackend(inner)
     backend.load(model, 8)
-    report = cli.run(s, progress=False, model=model, dataset=SyntheticDataset(64), backend=backend)
+    report = session.run(s, progress=False, model=model, dataset=SyntheticDataset(64), backend=backend)
     issued = report["harness"]["issued"]
     loadgen_calls = backend.calls[s["run"]["warmup_batches"] :]
     assert issued >= 600  # one query of (2000/s x 0.3 s) samples
@@ -195,8 +195,8 @@ def test_the_gc_is_off_only_during_the_timed_run_when_asked(tmp_path, gc_disable
     backend = GcProbe(create_backend("onnxruntime"))
     backend.load(model, 4)
     assert gc.isenabled()
-    report = cli.run(settings(tmp_path, **{"run.gc_disable": gc_disable}), progress=False, model=model,
-                     dataset=SyntheticDataset(16), backend=backend)
+    report = session.run(settings(tmp_path, **{"run.gc_disable": gc_disable}), progress=False, model=model,
+                         dataset=SyntheticDataset(16), backend=backend)
     assert report["harness"]["completed"] > 0
     timed = backend.gc_on[2:]  # after the two warm-up batches, which run before StartTest
     assert backend.gc_on[:2] == [True, True] and timed

@@ -189,12 +189,12 @@ def test_server_completes_every_query_with_its_own_id_under_coalescing(tmp_path)
             "run.batch_size": 8,
         },
     )
-    from trtfuse import cli
+    from trtfuse import session
 
     model = tiny_model(tmp_path)
     backend = create_backend("onnxruntime")
     backend.load(model, 8)
-    report = cli.run(s, progress=False, model=model, dataset=dataset, backend=backend)
+    report = session.run(s, progress=False, model=model, dataset=dataset, backend=backend)
     assert report["accuracy"] == {"top1": 0.5, "top5": 0.5, "n": 50}
     assert report["harness"]["issued"] == report["harness"]["completed"] == 50
 

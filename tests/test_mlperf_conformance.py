@@ -9,7 +9,7 @@ import time
 import numpy as np
 import pytest
 from conftest_harness import MLPERF_DIR, SyntheticDataset, needs_mlperf, tiny_model
-from trtfuse import accuracy, cli, config, mlperf_tools
+from trtfuse import accuracy, cli, config, mlperf_tools, session
 from trtfuse.backends import Backend, create_backend
 from trtfuse.compliance import run_compliance
 from trtfuse.errors import UserError
@@ -76,12 +76,12 @@ class Paced(Backend):
 def test_performance_mode_answers_every_sample_as_accuracy_mode_does(tmp_path):
     model, backend = onnxruntime_backend(tmp_path)
     data = SyntheticDataset(48, rank=[i % 6 for i in range(48)])
-    acc = cli.run(settings(tmp_path, **{"run.mode": "accuracy"}), False, model=model, dataset=data,
-                  backend=backend, run_dir=tmp_path / "acc")
+    acc = session.run(settings(tmp_path, **{"run.mode": "accuracy"}), False, model=model, dataset=data,
+                      backend=backend, run_dir=tmp_path / "acc")
     # TEST01's audit.config makes LoadGen log (nearly) every performance-mode response.
     audit = mlperf_tools.inference_dir(MLPERF_DIR) / "compliance" / "TEST01" / "resnet50" / "audit.config"
-    perf = cli.run(settings(tmp_path, **{"run.audit_config": str(audit)}), False, model=model, dataset=data,
-                   backend=backend, run_dir=tmp_path / "perf")
+    perf = session.run(settings(tmp_path, **{"run.audit_config": str(audit)}), False, model=model, dataset=data,
+                       backend=backend, run_dir=tmp_path / "perf")
     assert acc["mode"] == "accuracy" and perf["mode"] == "performance"
     want, got = responses(tmp_path / "acc"), responses(tmp_path / "perf")
     assert len(want) == 48 and len(got) == 48
@@ -145,8 +145,8 @@ def test_test04_fails_when_the_same_sample_is_answered_from_a_cache(tmp_path):
 def test_mlcommons_imagenet_scorer_equals_our_top1(tmp_path):
     model, backend = onnxruntime_backend(tmp_path)
     data = SyntheticDataset(40, rank=[0, 0, 0, 1, 7] * 8)  # top-1 right for 24 of 40
-    report = cli.run(settings(tmp_path, **{"run.mode": "accuracy"}), False, model=model, dataset=data,
-                     backend=backend, run_dir=tmp_path / "acc")
+    report = session.run(settings(tmp_path, **{"run.mode": "accuracy"}), False, model=model, dataset=data,
+                         backend=backend, run_dir=tmp_path / "acc")
     val_map = tmp_path / "val_map.txt"
     val_map.write_text("".join(f"{n} {lbl}\n" for n, lbl in zip(data.names, data.labels)))
     mlperf = mlperf_tools.inference_dir(MLPERF_DIR)
@@ -165,7 +165,7 @@ def test_official_profile_keeps_every_mlperf_conf_value(tmp_path):
     # Offline: LoadGen logs its settings at start; a null backend answers the 24576 samples at once,
     # so the run ends (INVALID: 600 s not met) in about a second.
     s = settings(tmp_path, **{"run.official": True, "run.batch_size": 64, "offline.target_qps": 10.0})
-    report = cli.run(s, False, model=model, dataset=SyntheticDataset(16), backend=backend, run_dir=tmp_path / "off")
+    report = session.run(s, False, model=model, dataset=SyntheticDataset(16), backend=backend, run_dir=tmp_path / "off")
     lg = report["loadgen"]
     assert lg["effective_settings"]["min_duration_ms"] == 600000
     assert lg["requested_settings"]["min_query_count"] == 24576
@@ -190,7 +190,7 @@ def test_official_refuses_flags_that_would_override_mlperf_conf(tmp_path, capsys
 def test_user_conf_says_what_loadgen_ran(tmp_path):
     model, backend = onnxruntime_backend(tmp_path)
     s = settings(tmp_path, **{"run.scenario": "server", "run.performance_sample_count": 32})
-    report = cli.run(s, False, model=model, dataset=SyntheticDataset(64), backend=backend, run_dir=tmp_path / "run")
+    report = session.run(s, False, model=model, dataset=SyntheticDataset(64), backend=backend, run_dir=tmp_path / "run")
     conf = dict(line.split(" = ") for line in (tmp_path / "run" / "user.conf").read_text().splitlines()[1:])
     eff = report["loadgen"]["effective_settings"]
     assert float(conf["resnet50.Server.target_qps"]) == eff["target_qps"] == 700.0
@@ -208,8 +208,8 @@ def test_an_audit_config_can_switch_the_mode_and_the_report_says_so(tmp_path):
     model, backend = onnxruntime_backend(tmp_path)
     audit = tmp_path / "audit.config"
     audit.write_text("*.*.mode = 2\n")  # performance, whatever the run asked for
-    report = cli.run(settings(tmp_path, **{"run.mode": "accuracy", "run.audit_config": str(audit)}), False,
-                     model=model, dataset=SyntheticDataset(16), backend=backend, run_dir=tmp_path / "run")
+    report = session.run(settings(tmp_path, **{"run.mode": "accuracy", "run.audit_config": str(audit)}), False,
+                         model=model, dataset=SyntheticDataset(16), backend=backend, run_dir=tmp_path / "run")
     assert report["mode"] == "performance" and "accuracy" not in report
     assert (tmp_path / "run" / "audit.config").read_text() == audit.read_text()
     assert read_loadgen_results(tmp_path / "run")["mode"] == "performance"
@@ -219,8 +219,8 @@ def test_a_stray_audit_config_is_ignored_and_named(tmp_path, monkeypatch, capsys
     monkeypatch.chdir(tmp_path)
     (tmp_path / "audit.config").write_text("*.*.mode = 1\n")
     model, backend = onnxruntime_backend(tmp_path)
-    report = cli.run(settings(tmp_path), False, model=model, dataset=SyntheticDataset(16), backend=backend,
-                     run_dir=tmp_path / "run")
+    report = session.run(settings(tmp_path), False, model=model, dataset=SyntheticDataset(16), backend=backend,
+                         run_dir=tmp_path / "run")
     assert report["mode"] == "performance"
     assert "ignoring" in capsys.readouterr().err and not (tmp_path / "run" / "audit.config").exists()
 
@@ -228,8 +228,8 @@ def test_a_stray_audit_config_is_ignored_and_named(tmp_path, monkeypatch, capsys
 def test_a_missing_audit_config_or_mlperf_folder_is_a_clear_error(tmp_path, monkeypatch):
     model, backend = onnxruntime_backend(tmp_path)
     with pytest.raises(UserError, match="does not exist"):
-        cli.run(settings(tmp_path, **{"run.audit_config": str(tmp_path / "nope.config")}), False, model=model,
-                dataset=SyntheticDataset(16), backend=backend)
+        session.run(settings(tmp_path, **{"run.audit_config": str(tmp_path / "nope.config")}), False, model=model,
+                    dataset=SyntheticDataset(16), backend=backend)
     monkeypatch.delenv(mlperf_tools.ENV_VAR, raising=False)
     with pytest.raises(UserError, match="--mlperf-dir"):
         run_compliance("TEST01", settings(tmp_path, **{"mlperf.inference_dir": ""}), out=tmp_path / "c",
@@ -241,8 +241,8 @@ def test_a_missing_audit_config_or_mlperf_folder_is_a_clear_error(tmp_path, monk
 @needs_mlperf
 def test_a_reference_run_of_another_scenario_is_refused(tmp_path):
     model, backend = onnxruntime_backend(tmp_path)
-    cli.run(settings(tmp_path), False, model=model, dataset=SyntheticDataset(16), backend=backend,
-            run_dir=tmp_path / "offline")
+    session.run(settings(tmp_path), False, model=model, dataset=SyntheticDataset(16), backend=backend,
+                run_dir=tmp_path / "offline")
     with pytest.raises(UserError, match="is a offline performance run"):
         run_compliance("TEST04", settings(tmp_path, **{"run.scenario": "server"}), out=tmp_path / "c",
                        performance_run=tmp_path / "offline", model=model, dataset=SyntheticDataset(16),
@@ -264,7 +264,7 @@ def test_test01_and_test04_on_real_images(tmp_path, monkeypatch, imagenet_sample
     s = settings(tmp_path, **{"run.model": "efficientnet-lite0", "run.dataset": str(imagenet_sample),
                               "run.sample_count": 32, "run.backend": "onnxruntime",
                               "offline.min_duration_ms": 3000, "offline.target_qps": 24.0})
-    model, dataset, backend = cli.open_inputs(s, progress=False)
+    model, dataset, backend = session.open_inputs(s, progress=False)
     paced = Paced(backend, period_s=0.4)  # 20 samples/s; a batch of 8 takes ~0.15 s here
     paced.num_classes = model.num_classes
     paced.load(model, 8)

@@ -16,7 +16,7 @@ import mlperf_loadgen as lg
 import pytest
 from conftest_harness import MLPERF_DIR, SyntheticDataset, needs_mlperf, tiny_model
 from test_mlperf_conformance import Paced
-from trtfuse import cli, config, mlperf_rounds, report, submission, submission_check
+from trtfuse import cli, config, mlperf_rounds, report, session, submission, submission_check
 from trtfuse.backends import create_backend
 from trtfuse.compliance import run_compliance
 from trtfuse.errors import UserError
@@ -64,12 +64,12 @@ def make_runs(base: Path, scenario: str) -> dict:
     model, backend = paced_backend(base, scenario)
     data = SyntheticDataset(DATASET)
     made = {"accuracy": base / f"{scenario}-accuracy", "accuracy-checks": []}
-    cli.run(settings(base, scenario, **{"run.mode": "accuracy"}), False, model=model, dataset=data,
-            backend=backend, run_dir=made["accuracy"])
+    session.run(settings(base, scenario, **{"run.mode": "accuracy"}), False, model=model, dataset=data,
+                backend=backend, run_dir=made["accuracy"])
     for attempt in range(1, ATTEMPTS + 1):
         made["performance"] = base / f"{scenario}-performance-{attempt}"
-        cli.run(settings(base, scenario), False, model=model, dataset=data, backend=backend,
-                run_dir=made["performance"], command=["trtfuse", "run", "--scenario", scenario])
+        session.run(settings(base, scenario), False, model=model, dataset=data, backend=backend,
+                    run_dir=made["performance"], command=["trtfuse", "run", "--scenario", scenario])
         for test in ("TEST01", "TEST04"):
             made[test] = base / f"{scenario}-{test}-{attempt}"
             made[f"{test}-verdict"] = run_compliance(
@@ -102,7 +102,7 @@ def test_stream_scenarios_answer_every_sample(tmp_path, scenario, per_query, per
     s = settings(tmp_path, scenario, **{f"{scenario}.min_duration_ms": 300,
                                         f"{scenario}.min_query_count": 100 if per_query == 1 else 662,
                                         f"{scenario}.expected_latency_ms": 0.0, "run.warmup_batches": 3})  # sized by the warm-up
-    r = cli.run(s, False, model=model, dataset=SyntheticDataset(32), backend=backend, run_dir=tmp_path / "run")
+    r = session.run(s, False, model=model, dataset=SyntheticDataset(32), backend=backend, run_dir=tmp_path / "run")
     h, lgr = r["harness"], r["loadgen"]
     assert h["issued"] == h["completed"] > 0
     assert lgr["scenario"] == scenario and lgr["samples_per_query"] == per_query == h["effective"]["samples_per_query"]

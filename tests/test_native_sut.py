@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest_harness import SyntheticDataset, tiny_model
-from trtfuse import cli, config, native_sut
+from trtfuse import config, native_sut, session
 from trtfuse import report as report_module
 from trtfuse.errors import UserError
 
@@ -88,7 +88,7 @@ def test_offline_answers_every_sample_once_and_is_valid_when_the_engine_sets_the
     # duration on any machine, so VALID here is decided by the engine, not by the CPU.
     data, model = SyntheticDataset(64), tiny_model(tmp_path)
     eng = engine(data, model, us_per_batch=2000.0)
-    report = cli.run(settings(tmp_path), progress=False, model=model, dataset=data, backend=eng)
+    report = session.run(settings(tmp_path), progress=False, model=model, dataset=data, backend=eng)
     lg, h = report["loadgen"], report["harness"]
     assert report["sut"] == "native" and report["backend"] == "null"
     assert lg["scenario"] == "offline" and lg["valid"], lg
@@ -101,8 +101,8 @@ def test_offline_answers_every_sample_once_and_is_valid_when_the_engine_sets_the
 def test_server_completes_every_query_and_reports_latencies(tmp_path, lib):
     data, model = SyntheticDataset(64), tiny_model(tmp_path)
     eng = engine(data, model)
-    report = cli.run(settings(tmp_path, **{"run.scenario": "server"}), progress=False, model=model, dataset=data,
-                     backend=eng)
+    report = session.run(settings(tmp_path, **{"run.scenario": "server"}), progress=False, model=model, dataset=data,
+                         backend=eng)
     lg, h = report["loadgen"], report["harness"]
     assert lg["scenario"] == "server"
     assert h["issued"] == h["completed"] >= 200
@@ -113,15 +113,15 @@ def test_server_completes_every_query_and_reports_latencies(tmp_path, lib):
 def test_performance_and_accuracy_mode_answer_each_sample_the_same(tmp_path, lib):
     data, model = SyntheticDataset(40), tiny_model(tmp_path)
     eng = engine(data, model)
-    acc = cli.run(settings(tmp_path, **{"run.mode": "accuracy"}), progress=False, model=model, dataset=data,
-                  backend=eng)
+    acc = session.run(settings(tmp_path, **{"run.mode": "accuracy"}), progress=False, model=model, dataset=data,
+                      backend=eng)
     answers = accuracy_log(acc["run_dir"])
     assert sorted(answers) == list(range(40))  # every sample once
     for i in (0, 7, 39):
         assert answers[i] == expected_answer(data, eng, i)
     # Performance mode with every sample's response logged (LoadGen's accuracy_log_probability).
     perf_settings = settings(tmp_path)
-    perf = cli.run(perf_settings, progress=False, model=model, dataset=data, backend=eng)
+    perf = session.run(perf_settings, progress=False, model=model, dataset=data, backend=eng)
     assert perf["harness"]["completed"] > 0
     eng.close()
 
@@ -131,7 +131,7 @@ def test_stream_scenarios_answer_every_query_once(tmp_path, lib, scenario):
     data, model = SyntheticDataset(64), tiny_model(tmp_path)
     eng = engine(data, model, us_per_batch=1000.0)
     s = settings(tmp_path, **{"run.scenario": scenario, f"{scenario}.min_duration_ms": 300})
-    report = cli.run(s, progress=False, model=model, dataset=data, backend=eng)
+    report = session.run(s, progress=False, model=model, dataset=data, backend=eng)
     lg, h = report["loadgen"], report["harness"]
     per_query = 8 if scenario == "multistream" else 1
     assert lg["scenario"] == scenario
@@ -172,7 +172,7 @@ def test_a_hung_engine_fails_the_run_instead_of_hanging(tmp_path, lib):
     eng = engine(data, model, us_per_batch=60e6)
     s = settings(tmp_path, **{"run.watchdog_s": 1.0, "run.warmup_batches": 0})
     with pytest.raises(UserError, match="no sample completed"):
-        cli.run(s, progress=False, model=model, dataset=data, backend=eng)
+        session.run(s, progress=False, model=model, dataset=data, backend=eng)
     assert eng.hung
     eng.close()  # leaves the engine to the process: a slot is still asleep inside it
 
@@ -187,8 +187,8 @@ def test_a_failing_sample_loader_fails_the_run(tmp_path, lib):
     data, model = Broken(16), tiny_model(tmp_path)
     eng = engine(data, model)
     with pytest.raises((UserError, RuntimeError), match="disk gone|sample loader"):
-        cli.run(settings(tmp_path, **{"run.warmup_batches": 0}), progress=False, model=model, dataset=data,
-                backend=eng)
+        session.run(settings(tmp_path, **{"run.warmup_batches": 0}), progress=False, model=model, dataset=data,
+                    backend=eng)
     eng.close()
 
 
@@ -201,7 +201,7 @@ def test_batch_larger_than_the_engine_is_refused(tmp_path, lib):
     data, model = SyntheticDataset(16), tiny_model(tmp_path)
     eng = engine(data, model, batch=4)
     with pytest.raises(UserError, match="larger than the engine's 4"):
-        cli.run(settings(tmp_path), progress=False, model=model, dataset=data, backend=eng)
+        session.run(settings(tmp_path), progress=False, model=model, dataset=data, backend=eng)
     eng.close()
 
 
@@ -211,8 +211,8 @@ def test_settings_reach_the_native_loadgen_field_by_field(tmp_path, lib):
 
     data, model = SyntheticDataset(64), tiny_model(tmp_path)
     eng = engine(data, model, us_per_batch=2000.0)
-    report = cli.run(settings(tmp_path, **{"offline.min_duration_ms": 400}), progress=False, model=model,
-                     dataset=data, backend=eng)
+    report = session.run(settings(tmp_path, **{"offline.min_duration_ms": 400}), progress=False, model=model,
+                         dataset=data, backend=eng)
     import mlperf_loadgen as lg
 
     eff = read_loadgen_results(report["run_dir"])["effective_settings"]
@@ -247,7 +247,7 @@ def test_offline_on_several_lanes_reports_each_lanes_share(tmp_path, lib, lanes)
     # batches, so every lane runs some; the per-lane counts must add up to the session's.
     data, model = SyntheticDataset(64), tiny_model(tmp_path)
     eng = lanes_engine(data, model, lanes, us_per_batch=1000.0)
-    report = cli.run(settings(tmp_path), progress=False, model=model, dataset=data, backend=eng)
+    report = session.run(settings(tmp_path), progress=False, model=model, dataset=data, backend=eng)
     h, rows = report["harness"], report["lanes"]
     assert [r["lane"] for r in rows] == list(range(lanes))
     assert sum(r["samples"] for r in rows) == h["completed"] == h["issued"] > 0
@@ -267,7 +267,7 @@ def test_offline_on_several_lanes_reports_each_lanes_share(tmp_path, lib, lanes)
 def test_every_sample_is_answered_once_across_lanes(tmp_path, lib):
     data, model = SyntheticDataset(40), tiny_model(tmp_path)
     eng = lanes_engine(data, model, 3, us_per_batch=200.0)
-    acc = cli.run(settings(tmp_path, **{"run.mode": "accuracy"}), progress=False, model=model, dataset=data,
+    acc = session.run(settings(tmp_path, **{"run.mode": "accuracy"}), progress=False, model=model, dataset=data,
                   backend=eng)
     answers = accuracy_log(acc["run_dir"])
     assert sorted(answers) == list(range(40))
@@ -294,7 +294,7 @@ def test_lane_stats_cover_one_run_and_refuse_a_lane_out_of_range(tmp_path, lib):
 def test_a_single_lane_run_prints_no_lane_lines(tmp_path, lib):
     data, model = SyntheticDataset(32), tiny_model(tmp_path)
     eng = engine(data, model)
-    report = cli.run(settings(tmp_path), progress=False, model=model, dataset=data, backend=eng)
+    report = session.run(settings(tmp_path), progress=False, model=model, dataset=data, backend=eng)
     assert len(report["lanes"]) == 1 and report["lanes"][0]["samples"] == report["harness"]["completed"]
     assert "lane spread" not in report_module.format_table(report)
     eng.close()

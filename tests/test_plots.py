@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest_harness import ScriptedBackend, SyntheticDataset, tiny_model
-from trtfuse import cli, compare_runs, config, plots
+from trtfuse import cli, compare_runs, config, plots, session
 from trtfuse.backends import create_backend
 from trtfuse.errors import UserError
 
@@ -36,7 +36,7 @@ def _run(tmp_path, scenario="offline", mode="performance"):
         # 2200 samples lasts past min duration (0.5 s), so the timeline has samples in the run.
         backend = ScriptedBackend(backend, delay_s=0.005)
     backend.load(model, 16)
-    return cli.run(s, progress=False, model=model, dataset=SyntheticDataset(64), backend=backend)
+    return session.run(s, progress=False, model=model, dataset=SyntheticDataset(64), backend=backend)
 
 
 @pytest.fixture(scope="module")
@@ -75,7 +75,7 @@ def test_performance_run_gets_a_latency_cdf_and_a_timeline_png(runs, kind):
     for path in written:
         assert path.parent == run_dir and path.is_file()
         _assert_real_png(path)
-    # The report cli.run returns (which write_run_plots may be given) draws what its report.json does.
+    # The report session.run returns (which write_run_plots may be given) draws what its report.json does.
     saved = json.loads((run_dir / "report.json").read_text())
     assert plots.latency_cdf_data(report) == plots.latency_cdf_data(saved)
     assert plots.timeline_data(report) == plots.timeline_data(saved)
@@ -324,7 +324,7 @@ def test_report_errors_say_what_to_give(runs, tmp_path):
 
 def test_trtfuse_report_command_line(runs, tmp_path, capsys):
     if "report" not in cli._parser()._subparsers._group_actions[0].choices:
-        pytest.skip("`trtfuse report` is not wired into harness/cli.py yet")
+        pytest.skip("`trtfuse report` is not wired into src/trtfuse/cli.py yet")
     (off_dir, _), (srv_dir, _) = runs["offline"], runs["server"]
     assert cli.main(["report", str(off_dir), str(srv_dir), "--out", str(tmp_path), "--name", "cli"]) == 0
     assert (tmp_path / "cli.json").is_file()

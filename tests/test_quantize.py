@@ -4,7 +4,7 @@ import numpy as np
 import onnx
 import pytest
 from test_bn_fold import GraphBuilder, run, toy_resnet
-from trtfuse.models.quantize import (
+from trtfuse.passes.quantize import (
     HIST_BINS,
     TensorStats,
     amax_from_stats,
@@ -109,7 +109,7 @@ def test_entropy_beats_max_on_heavy_tails(kind):
 
 
 def test_entropy_divergences_match_explicit_p_and_q():
-    from trtfuse.models.quantize import _entropy_divergences
+    from trtfuse.passes.quantize import _entropy_divergences
 
     def kl_explicit(hist, i, levels=128):
         # TensorRT's description, step by step: P = bins [0, i) with the tail added to the last,

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from conftest_harness import ScriptedBackend, SyntheticDataset, tiny_model
 from test_loadgen_runs import settings
-from trtfuse import cli, report
+from trtfuse import report, session
 from trtfuse.backends import create_backend
 from trtfuse.query_timeline import QueryTimeline, describe
 
@@ -35,7 +35,7 @@ def test_a_server_run_times_every_completed_sample(tmp_path):
     model = tiny_model(tmp_path)
     backend = ScriptedBackend(create_backend("onnxruntime"), delay_s=0.002)
     backend.load(model, s["run"]["batch_size"])
-    result = cli.run(s, progress=False, model=model, dataset=SyntheticDataset(64), backend=backend)
+    result = session.run(s, progress=False, model=model, dataset=SyntheticDataset(64), backend=backend)
     where = result["harness"]["query_timeline"]
     assert where["samples"] == result["harness"]["completed"] > 0
     pct = where["percentiles_ms"]
@@ -50,5 +50,5 @@ def test_the_timeline_is_off_by_default(tmp_path):
     model = tiny_model(tmp_path)
     backend = create_backend("onnxruntime")
     backend.load(model, s["run"]["batch_size"])
-    result = cli.run(s, progress=False, model=model, dataset=SyntheticDataset(64), backend=backend)
+    result = session.run(s, progress=False, model=model, dataset=SyntheticDataset(64), backend=backend)
     assert result["harness"]["query_timeline"] is None

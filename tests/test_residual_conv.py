@@ -404,7 +404,7 @@ def test_the_shipped_tuning_cache_is_the_committed_one():
     from pathlib import Path
 
     root = Path(__file__).resolve().parent.parent
-    shipped = root / "configs" / "residual_conv_tuning.json"
+    shipped = root / "src" / "trtfuse" / "configs" / "residual_conv_tuning.json"
     committed = root / "benchmarks" / "results" / "residual_conv_tuning_h100.json"
     assert shipped.read_bytes() == committed.read_bytes(), f"copy {committed} to {shipped} (the shipped tile choices)"
     entries = json.loads(shipped.read_text())["entries"]

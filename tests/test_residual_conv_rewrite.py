@@ -9,8 +9,8 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 from test_bn_fold import GraphBuilder, toy_resnet
 from test_quantize import calib_batches
-from trtfuse.models.quantize import calibrate, quantize, top1_onnxruntime, weights_as_float_qdq
-from trtfuse.models.residual_conv_rewrite import (
+from trtfuse.passes.quantize import calibrate, quantize, top1_onnxruntime, weights_as_float_qdq
+from trtfuse.passes.residual_conv_rewrite import (
     MAX_FUSED_K_BYTES,
     MAX_NEXT_COUT,
     MAX_NEXT_STEM_COUT,
@@ -145,7 +145,7 @@ def test_plugin_fields_reproduce_the_quantized_block_output(toy):
     Q/DQ graph computes, up to 1 LSB where fp32 summation order puts a value on a rounding edge.
     A wrong scale, bias, weight layout or input order would miss by far more."""
     import onnxruntime as ort
-    from trtfuse.models.residual_conv_rewrite import plugin_node, plugin_reference
+    from trtfuse.passes.residual_conv_rewrite import plugin_node, plugin_reference
 
     tails = find_tails(toy)
     probe = onnx.ModelProto.FromString(toy.SerializeToString())
@@ -170,8 +170,8 @@ def test_projections_become_plugin_nodes_without_a_residual_input(toy, monkeypat
     residual; the network still computes the same logits, and the node reproduces the Q/DQ graph's int8 projection
     output."""
     import onnxruntime as ort
-    from trtfuse.models import residual_conv_rewrite as rcr
-    from trtfuse.models.residual_conv_rewrite import plugin_node, plugin_reference
+    from trtfuse.passes import residual_conv_rewrite as rcr
+    from trtfuse.passes.residual_conv_rewrite import plugin_node, plugin_reference
 
     assert find_projections(toy) == []  # 32 output channels: below MIN_PROJECTION_COUT, left to TensorRT
     monkeypatch.setattr(rcr, "MIN_PROJECTION_COUT", 32)  # the toy's width, to exercise the path
@@ -255,8 +255,8 @@ def test_projection_and_its_tail_become_one_node(toy, monkeypatch):
     """--plugins all: the first bottleneck's projection (16 -> 32, stride 2) and its tail (8 -> 32) become one node
     with inputs [the tail's x_q, the block input] and the projection's fields as proj_*; it computes exactly what the
     two nodes compute (fuse=False), and the network the Q/DQ graph computes."""
-    from trtfuse.models import residual_conv_rewrite as rcr
-    from trtfuse.models.residual_conv_rewrite import plugin_node, plugin_reference
+    from trtfuse.passes import residual_conv_rewrite as rcr
+    from trtfuse.passes.residual_conv_rewrite import plugin_node, plugin_reference
 
     monkeypatch.setattr(rcr, "MIN_PROJECTION_COUT", 32)  # the toy's width, to exercise the path
     (p,) = find_projections(toy)
@@ -298,7 +298,7 @@ def test_projection_and_its_tail_become_one_node(toy, monkeypatch):
 
 
 def test_fuse_false_and_the_k_limit_keep_two_nodes(toy, monkeypatch):
-    from trtfuse.models import residual_conv_rewrite as rcr
+    from trtfuse.passes import residual_conv_rewrite as rcr
 
     monkeypatch.setattr(rcr, "MIN_PROJECTION_COUT", 32)
     two = {"tail": 2, "proj": 1, "fused": 0, "conv3x3": 0, "stem": 0, "next": 0}
@@ -313,7 +313,7 @@ def test_fuse_false_and_the_k_limit_keep_two_nodes(toy, monkeypatch):
 
 
 def test_a_projection_output_read_elsewhere_is_not_fused(toy, monkeypatch):
-    from trtfuse.models import residual_conv_rewrite as rcr
+    from trtfuse.passes import residual_conv_rewrite as rcr
 
     monkeypatch.setattr(rcr, "MIN_PROJECTION_COUT", 32)
     (p,) = find_projections(toy)
@@ -337,7 +337,7 @@ def _stage_opening(proj_cin, width, cout=64, size=8):
 @pytest.mark.parametrize("proj_cin,width,fused", [(384, 128, True), (448, 32, False), (40, 24, True)],
                          ids=["k512-fits", "k544-too-large", "odd-channels"])
 def test_fusion_follows_the_k_rule_on_real_widths(monkeypatch, proj_cin, width, fused):
-    from trtfuse.models import residual_conv_rewrite as rcr
+    from trtfuse.passes import residual_conv_rewrite as rcr
 
     monkeypatch.setattr(rcr, "MIN_PROJECTION_COUT", 64)
     assert (fused_k_bytes(proj_cin, width) <= MAX_FUSED_K_BYTES) == fused
@@ -354,7 +354,7 @@ def test_fusion_follows_the_k_rule_on_real_widths(monkeypatch, proj_cin, width, 
 def test_emitted_fields_are_the_plugin_creators(toy, monkeypatch):
     """Every attribute a rewritten node carries (but the ONNX parser's plugin_version/plugin_namespace) is a field
     the TrtfuseResidualConv creator declares (TensorRT's ONNX parser passes only those)."""
-    from trtfuse.models import residual_conv_rewrite as rcr
+    from trtfuse.passes import residual_conv_rewrite as rcr
 
     monkeypatch.setattr(rcr, "MIN_PROJECTION_COUT", 32)
     declared = set(re.findall(r'PluginField\("(\w+)"', PLUGIN_SOURCE.read_text()))
@@ -369,7 +369,7 @@ def test_conv3x3_becomes_a_plugin_node(toy, monkeypatch):
     """A stride-1 3x3 conv + ReLU quantized on its own becomes a kernel_size 3 node with one input (the stem's and
     the second bottleneck's here; the first bottleneck's is strided), writing the int8 tensor its QuantizeLinear
     wrote (within 1 LSB: ONNX Runtime sums in fp32), and the network still computes the same."""
-    from trtfuse.models import residual_conv_rewrite as rcr
+    from trtfuse.passes import residual_conv_rewrite as rcr
 
     found = find_conv3x3(toy, max_cout=64)
     assert [c.fields["cin"] for c in found] == [3, 8]
@@ -386,7 +386,7 @@ def test_conv3x3_becomes_a_plugin_node(toy, monkeypatch):
     x = np.random.default_rng(3).normal(size=(8, 3, 16, 16)).astype(np.float32)
     names = [nd.output[0] for nd in nodes]
     want = _int8_values(toy, names, x)
-    from trtfuse.models.residual_conv_rewrite import plugin_reference
+    from trtfuse.passes.residual_conv_rewrite import plugin_reference
 
     ins = _int8_values(toy, [nd.input[0] for nd in nodes], x)
     for nd in nodes:
@@ -413,7 +413,7 @@ def test_stem_becomes_a_plugin_node():
     """The stem becomes one kernel_size 7 node reading the quantized network input and writing the int8 tensor the
     max pool's QuantizeLinear wrote (within 1 LSB: ONNX Runtime sums in fp32); the network computes the same. A max
     pool of another shape, or a conv without one, stays with TensorRT."""
-    from trtfuse.models.residual_conv_rewrite import plugin_reference
+    from trtfuse.passes.residual_conv_rewrite import plugin_reference
 
     qdq = _quantized(_stem_net(), size=32)
     assert find_stems(_quantized(_stem_net(pool_pads=0), size=32)) == []
@@ -443,7 +443,7 @@ def test_stem_chains_the_next_conv1():
     fields as next_*; the conv1, its ReLU and its QuantizeLinear go, the downsample keeps reading output 0. The second
     output is the 1x1 reference of the first (within 1 LSB of ONNX Runtime's on the graph's own int8 tensors, which
     sums in fp32) and the network computes the same."""
-    from trtfuse.models.residual_conv_rewrite import next_reference, plugin_reference
+    from trtfuse.passes.residual_conv_rewrite import next_reference, plugin_reference
 
     assert MAX_NEXT_STEM_COUT == 64
     qdq = _quantized(_stem_net(), size=32)
@@ -508,7 +508,7 @@ def test_resnet50_fuses_layer1_and_layer2_openings(tmp_path):
     and layer2.0's (128, stride 1 in torchvision's v1.5); the stem chains layer1.0's (64 -> 64)."""
     pytest.importorskip("torch")
     from trtfuse.models import prepare
-    from trtfuse.models.bn_fold import fold_pad_into_conv
+    from trtfuse.passes.bn_fold import fold_pad_into_conv
 
     pm = prepare("resnet50", tmp_path / "resnet50")
     fp32, _ = fold_pad_into_conv(onnx.load(pm.onnx_path))
@@ -659,7 +659,7 @@ def test_tail_chains_the_next_conv1(shared_dq):
 def test_next_output_is_the_1x1_reference_of_the_first():
     """evaluate_with_reference computes the second output as the library's 1x1 reference (r_scale 0, relu 1, stride
     1) of the first: exactly the plugin node a conv1 of these fields would be."""
-    from trtfuse.models.residual_conv_rewrite import next_reference, plugin_node, plugin_reference
+    from trtfuse.passes.residual_conv_rewrite import next_reference, plugin_node, plugin_reference
 
     qdq, w1, ws1, b1, s1 = _tail_then_conv1(seed=3)
     out, _ = rewrite(qdq, chain_next=True)
@@ -695,8 +695,8 @@ def test_a_fused_node_chains_the_next_conv1_too(toy, monkeypatch):
     """The toy's first block as one projection + tail node also computes the second block's conv1 (32 -> 8): its
     second output is that conv1's int8 tensor (within 1 LSB of ONNX Runtime's on the graph's own int8 tensors, which
     sums in fp32), the network computes the same, and a 3x3 node (conv3x3) reads the chained output."""
-    from trtfuse.models import residual_conv_rewrite as rcr
-    from trtfuse.models.residual_conv_rewrite import next_reference
+    from trtfuse.passes import residual_conv_rewrite as rcr
+    from trtfuse.passes.residual_conv_rewrite import next_reference
 
     monkeypatch.setattr(rcr, "MIN_PROJECTION_COUT", 32)
     monkeypatch.setattr(rcr, "MAX_CONV3X3_COUT", 64)

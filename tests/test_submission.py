@@ -1,6 +1,6 @@
 """`trtfuse submission`: an MLPerf submission tree from real (short) LoadGen runs, MLCommons' own
 accuracy scorer against trtfuse's top-1, the refusals a submitter expects, and the machine's
-description (harness/sysinfo.py) on this CPU machine."""
+description (src/trtfuse/sysinfo.py) on this CPU machine."""
 
 import argparse
 import hashlib
@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest_harness import MLPERF_DIR, ScriptedBackend, SyntheticDataset, needs_mlperf, tiny_model
-from trtfuse import accuracy, cli, config, submission, sysinfo
+from trtfuse import accuracy, config, session, submission, sysinfo
 from trtfuse.backends import create_backend
 from trtfuse.errors import UserError
 
@@ -42,7 +42,7 @@ def _run(out, model, dataset, backend, command=None, **overrides):
     s = _settings(out, **overrides)
     backend.load(model, s["run"]["batch_size"])
     kwargs = {"command": command} if command else {}
-    report = cli.run(s, progress=False, model=model, dataset=dataset, backend=backend, **kwargs)
+    report = session.run(s, progress=False, model=model, dataset=dataset, backend=backend, **kwargs)
     return Path(report["run_dir"]), report
 
 

@@ -26,8 +26,8 @@ def _run(model_dir, plugins, streams=2, cuda_graphs=True, input_format="float"):
 
 def test_int8_engine_matches_onnxruntime(model_dir):  # noqa: F811
     import onnx
-    from trtfuse.engine import QDQ_FILE
-    from trtfuse.models.quantize import top1_onnxruntime
+    from trtfuse.quantize_step import QDQ_FILE
+    from trtfuse.passes.quantize import top1_onnxruntime
 
     x, outs, sps = _run(model_dir, plugins=False)
     _, ref = top1_onnxruntime(onnx.load(model_dir / QDQ_FILE), x, np.zeros(len(x), np.int64), progress=False)

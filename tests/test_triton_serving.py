@@ -23,7 +23,7 @@ for _package in ("pytriton", "tritonclient", "torch", "efficientnet_lite0_pytorc
     if importlib.util.find_spec(_package) is None:
         pytest.skip(f"{_package} is not installed (pip install '.[models,triton]')", allow_module_level=True)
 
-from trtfuse import accuracy, cli, config  # noqa: E402
+from trtfuse import accuracy, config, session  # noqa: E402
 from trtfuse.errors import UserError  # noqa: E402
 from trtfuse.triton.process import ServeProcess, free_port  # noqa: E402
 
@@ -47,7 +47,7 @@ def home(tmp_path_factory):
     old = os.environ.get("TRTFUSE_HOME")
     os.environ["TRTFUSE_HOME"] = str(path)
     try:
-        cli.resolve_model(MODEL)
+        session.resolve_model(MODEL)
         yield path
     finally:
         if old is None:
@@ -83,8 +83,8 @@ FIXED_OFFLINE = {"offline.min_duration_ms": 0, "offline.min_query_count": 4 * SA
 
 
 def test_offline_through_triton_is_valid_and_every_sample_answered(servers, imagenet_sample, tmp_path):
-    result = cli.run(settings(tmp_path, imagenet_sample, **{"triton.url": servers[0].url, **FIXED_OFFLINE}),
-                     progress=False)
+    result = session.run(settings(tmp_path, imagenet_sample, **{"triton.url": servers[0].url, **FIXED_OFFLINE}),
+                         progress=False)
     lg = result["loadgen"]
     assert lg["valid"], lg
     assert result["backend"] == "triton" and lg["samples_per_s"] > 0
@@ -99,7 +99,7 @@ def test_server_scenario_through_triton_is_valid_at_a_cpu_target(servers, imagen
         "run.scenario": "server", "triton.url": servers[0].url, "triton.transport": "shm",
         "server.target_qps": 40.0, "server.target_latency_ms": 60000.0, "server.min_duration_ms": 2000,
         "server.min_query_count": 500})
-    result = cli.run(s, progress=False)
+    result = session.run(s, progress=False)
     lg = result["loadgen"]
     assert lg["valid"], (lg["invalid_reasons"], lg)
     assert result["harness"]["completed"] == result["harness"]["issued"] >= 500
@@ -112,8 +112,8 @@ def test_accuracy_through_triton_equals_accuracy_direct(servers, imagenet_sample
     for name, overrides in {"direct": {"run.backend": "onnxruntime"},
                             "grpc": {"triton.url": servers[0].url},
                             "shm": {"triton.url": servers[1].url, "triton.transport": "shm"}}.items():
-        result = cli.run(settings(tmp_path / name, imagenet_sample, **{"run.mode": "accuracy", **overrides}),
-                         progress=False)
+        result = session.run(settings(tmp_path / name, imagenet_sample, **{"run.mode": "accuracy", **overrides}),
+                             progress=False)
         answers[name] = accuracy.evaluate(Path(result["run_dir"]))
     assert answers["direct"]["n"] == SAMPLES
     assert answers["direct"]["top1"] > 0.6  # real weights on real photos
@@ -124,13 +124,13 @@ def test_two_servers_behind_one_run_share_the_queries(servers, imagenet_sample, 
     from trtfuse.backends import create_backend
 
     s = settings(tmp_path, imagenet_sample, **{"triton.url": f"{servers[0].url},{servers[1].url}", **FIXED_OFFLINE})
-    model = cli.resolve_model(MODEL)
+    model = session.resolve_model(MODEL)
     backend = create_backend("triton", **s["triton"])
     backend.load(model, BATCH)
     try:
         assert backend.concurrency == 2 * s["triton"]["inflight"]
         assert [lane.decoupled for lane in backend.lanes] == [False, True]  # unary and streamed requests
-        result = cli.run(s, progress=False, model=model, backend=backend)
+        result = session.run(s, progress=False, model=model, backend=backend)
         stats = backend.lane_stats()
     finally:
         backend.close()
@@ -153,7 +153,7 @@ def test_a_server_killed_mid_run_fails_the_run_naming_it(home, imagenet_sample, 
     killer.start()
     try:
         with pytest.raises(UserError) as failure:
-            cli.run(s, progress=False)
+            session.run(s, progress=False)
     finally:
         killer.cancel()
         victim.stop(signal.SIGKILL)
@@ -164,13 +164,13 @@ def test_a_server_killed_mid_run_fails_the_run_naming_it(home, imagenet_sample, 
 def test_a_missing_server_and_a_wrong_model_are_clear_errors(servers, imagenet_sample, tmp_path):
     port = free_port()
     with pytest.raises(UserError, match=f"no Triton server answers at localhost:{port}"):
-        cli.run(settings(tmp_path, imagenet_sample, **{"triton.url": f"localhost:{port}"}), progress=False)
+        session.run(settings(tmp_path, imagenet_sample, **{"triton.url": f"localhost:{port}"}), progress=False)
     with pytest.raises(UserError, match="has no ready model 'resnet9'"):
-        cli.run(settings(tmp_path, imagenet_sample, **{"triton.url": servers[0].url,
+        session.run(settings(tmp_path, imagenet_sample, **{"triton.url": servers[0].url,
                                                        "triton.model_name": "resnet9"}), progress=False)
     with pytest.raises(UserError, match="larger than Triton model"):
-        cli.run(settings(tmp_path, imagenet_sample, **{"triton.url": servers[0].url, "run.batch_size": 16}),
-                progress=False)
+        session.run(settings(tmp_path, imagenet_sample, **{"triton.url": servers[0].url, "run.batch_size": 16}),
+                    progress=False)
 
 
 def test_ctrl_c_during_a_run_through_triton_ends_it_and_leaves_no_run_folder(home, servers, imagenet_sample,

@@ -8,7 +8,7 @@ import types
 
 import pytest
 from test_engine import model_dir  # noqa: F401 - the fixture
-from trtfuse import engine, trt_compat
+from trtfuse import engine, trt_compat, trt_graph
 from trtfuse.errors import UserError
 
 
@@ -124,7 +124,7 @@ def test_tensorrt_8_5_int8_is_weakly_typed_with_explicit_batch(build):
     assert ("create_network", 1 << 0) in calls
     assert [c[1] for c in calls if c[0] == "set_flag"] == ["FP16", "INT8"]
     assert "-trt8-" in path.name and path.read_bytes() == b"plan:gemm,top_classes"
-    assert ("add_topk", "gemm", 5, 1 << 1) in calls and ("mark_output", engine.TOP_CLASSES) in calls
+    assert ("add_topk", "gemm", 5, 1 << 1) in calls and ("mark_output", trt_graph.TOP_CLASSES) in calls
     assert not any(c[0] == "set_tactic_sources" for c in calls)  # TensorRT's own tactics by default
 
 

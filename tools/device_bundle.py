@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-from trtfuse.models.quantize import METHOD_CANDIDATES as METHODS
+from trtfuse.passes.quantize import METHOD_CANDIDATES as METHODS
 
 REPO = Path(__file__).resolve().parent.parent
 IMAGES = REPO.parent / "shared" / "data" / "imagenet-sample"
@@ -42,11 +42,11 @@ def log(msg: str) -> None:
 def prepare(bundle: Path, methods=METHODS, agreement_images: int = 64) -> dict:
     import onnx
     from trtfuse.data import open_dataset
-    from trtfuse.engine import QDQ_FILE, QUANT_META
+    from trtfuse.quantize_step import QDQ_FILE, QUANT_META
     from trtfuse.models import prepare as prepare_model
-    from trtfuse.models.bn_fold import fold_pad_into_conv
-    from trtfuse.models.quantize import calibrate, calibration_split, choose_method, quantize, top1_onnxruntime
-    from trtfuse.models.residual_conv_rewrite import (
+    from trtfuse.passes.bn_fold import fold_pad_into_conv
+    from trtfuse.passes.quantize import calibrate, calibration_split, choose_method, quantize, top1_onnxruntime
+    from trtfuse.passes.residual_conv_rewrite import (
         compare_logits,
         evaluate_with_reference,
         rewrite,

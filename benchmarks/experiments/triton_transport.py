@@ -58,7 +58,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
 
     from trtfuse.backends import create_backend
-    from trtfuse.cli import resolve_model
+    from trtfuse.session import resolve_model
     from trtfuse.triton.process import ServeProcess
 
     model = resolve_model("efficientnet-lite0")  # its I/O only: 3x224x224 in, 1000 classes out

@@ -2,7 +2,7 @@
 // into two int8 outputs, hi and lo, [N, C, H, W] -> 2 x [N, C, 1, 1], that carry the mean to 1/256 of the input's LSB
 // (m = the nearest integer to 256 sum / hw, ties to even; hi = floor((m + 128) / 256), lo = m - 256 hi: avgpool.h).
 // The ONNX rewrite emits it for DequantizeLinear(s) + GlobalAveragePool as TrtfuseAvgPool -> DequantizeLinear(hi, s) +
-// DequantizeLinear(lo, s / 256) -> Add (models/residual_conv_rewrite.py: find_pool_heads; why int8 out, why two:
+// DequantizeLinear(lo, s / 256) -> Add (src/trtfuse/passes/residual_conv_rewrite.py: find_pool_heads; why int8 out, why two:
 // avgpool.h). A thin layer over trtfuse_avgpool_int8_forward: it checks types and shapes and calls the C ABI. No
 // fields: the scales are the DequantizeLinears' after it. Versions 1 (field x_scale, fp32 out) and 2 (one int8 output
 // on the input's scale) are gone: their ONNX files and engines name their version and find no creator (a version 2

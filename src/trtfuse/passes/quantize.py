@@ -27,8 +27,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 from trtfuse.errors import UserError
-from trtfuse.models.bn_fold import fold_batchnorm
-from trtfuse.models.canonical import canonicalize, is_relu
+from trtfuse.passes.bn_fold import fold_batchnorm
+from trtfuse.passes.canonical import canonicalize, is_relu
 
 HIST_BINS = 2048
 METHODS = ("max", "percentile", "entropy")

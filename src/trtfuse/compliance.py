@@ -67,7 +67,7 @@ def run_compliance(test: str, settings: dict, out: str | Path | None = None,
                    progress: bool = True, weights: str | None = None,
                    model=None, dataset=None, backend=None) -> dict:
     """Run ``test`` in the settings' scenario and return (and write) its verdict."""
-    from trtfuse import cli
+    from trtfuse import session
     from trtfuse.report import read_loadgen_results
 
     if test not in TESTS:
@@ -104,8 +104,8 @@ def run_compliance(test: str, settings: dict, out: str | Path | None = None,
 
     own_backend = backend is None
     native = r["sut"] == "native"
-    model, dataset, backend = cli.open_inputs(settings, weights, progress, model, dataset, backend,
-                                              with_backend=not native)
+    model, dataset, backend = session.open_inputs(settings, weights, progress, model, dataset, backend,
+                                                  with_backend=not native)
     if native and backend is None:  # one native engine for the reference and audited runs
         from trtfuse import native_sut
 
@@ -116,12 +116,12 @@ def run_compliance(test: str, settings: dict, out: str | Path | None = None,
                 continue
             if progress:
                 print(f"trtfuse: {test}: reference {mode} run", file=sys.stderr)
-            cli.run(_settings(settings, mode), progress, model=model, dataset=dataset, backend=backend, run_dir=d)
+            session.run(_settings(settings, mode), progress, model=model, dataset=dataset, backend=backend, run_dir=d)
         if progress:
             print(f"trtfuse: {test}: audited run with {audit}", file=sys.stderr)
         audited = out / "audited"
-        cli.run(_settings(settings, "performance", str(audit)), progress, model=model, dataset=dataset,
-                backend=backend, run_dir=audited)
+        session.run(_settings(settings, "performance", str(audit)), progress, model=model, dataset=dataset,
+                    backend=backend, run_dir=audited)
     finally:
         if own_backend:
             backend.close()

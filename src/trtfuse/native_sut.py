@@ -165,7 +165,9 @@ def tensorrt_engine(model, settings: dict, progress=print) -> NativeEngine:
     """The TensorRT engine of the run's settings ([tensorrt]: the engine file, or the cached build for
     the model), on each device of ``tensorrt.devices``."""
     from trtfuse.backends.tensorrt_backend import engine_file, register_plugins
-    from trtfuse.engine import QDQ_FILE, TOP_CLASSES, import_tensorrt, input_scale
+    from trtfuse.engine import import_tensorrt
+    from trtfuse.quantize_step import QDQ_FILE, input_scale
+    from trtfuse.trt_graph import TOP_CLASSES
 
     trt_opts, batch = settings["tensorrt"], settings["run"]["batch_size"]
     import_tensorrt()  # a clear error where TensorRT's Python API is missing (it builds the engine)

@@ -500,7 +500,7 @@ def count_plugin_nodes(model: onnx.ModelProto) -> Counter:
 # ---------------------------------------------------------------------------------------------- CLI
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m trtfuse.models.layernorm_rewrite IN.onnx OUT.onnx [--no-residual]``."""
+    """``python -m trtfuse.passes.layernorm_rewrite IN.onnx OUT.onnx [--no-residual]``."""
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("input")
     p.add_argument("output")

@@ -1,7 +1,7 @@
 """Replace the residual block tails (and, when asked, the projections) of a Q/DQ graph with TrtfuseResidualConv
 plugin nodes.
 
-A tail, as ``models/quantize.py`` leaves it (BN folded, so "conv" means conv + BN):
+A tail, as ``src/trtfuse/passes/quantize.py`` leaves it (BN folded, so "conv" means conv + BN):
 
     Q(x) -> DQ -> Conv 1x1 (int8 weights, per-channel DQ; bias) -> Add <- DQ <- Q(r)   [identity]
                                                                  -> Relu? -> Q(out) -> DQ -> ...
@@ -52,7 +52,7 @@ output, Q(c1)'s, and the conv's fields as ``next_*`` fields (``next_weights`` [n
 ``next_bias``, ``next_x_scale``, ``next_out_scale``, ``next_cout``, ``next_relu``); the conv1, its ReLU and its
 QuantizeLinear go, and the conv1 no longer reads the tail's output back from memory. ResNet-50: layer1.0 -> layer1.1,
 layer1.1 -> layer1.2, layer1.2 -> layer2.0. A 3x3 node may read the second output directly (layer1.1's and layer1.2's
-conv2); TensorRT 8.5 builds that only with the plugin's output types pinned (harness/engine.py:
+conv2); TensorRT 8.5 builds that only with the plugin's output types pinned (src/trtfuse/trt_graph.py:
 pin_int8_plugin_outputs).
 
 The stem, when replaced (``stem``) and asked (``chain_next``), chains the conv1 that reads its pooled output the same
@@ -84,7 +84,7 @@ agreement with the stock engine fell from 0.836 to 0.648 and the largest logit d
 888.5). The new nodes are named after the plugin's (``TrtfuseAvgPool_<k>_...``; benchmarks/resnet50_fullnet.py:
 pool_head_row).
 
-Each fusion kind (KINDS; each registered in models/fusions.py with the --plugins modes that enable it) has its own
+Each fusion kind (KINDS; each registered in src/trtfuse/passes/fusions.py with the --plugins modes that enable it) has its own
 section below: its pattern (a dataclass), ``find_*`` and ``_match_*``; a matcher
 answers a match, None (not a candidate) or ``Refused(reason)``, and ``rewrite_report`` returns, with the rewritten
 model, a FusionReport (per kind: candidates found, fused, the first refusal) that ``trtfuse build`` prints. The
@@ -107,7 +107,7 @@ from dataclasses import dataclass
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
-from trtfuse.models.canonical import constant_value, is_relu
+from trtfuse.passes.canonical import constant_value, is_relu
 
 PLUGIN_OP = "TrtfuseResidualConv"
 POOL_OP = "TrtfuseAvgPool"
@@ -1263,7 +1263,7 @@ def compare_logits(a: np.ndarray, b: np.ndarray) -> dict:
             "logit_std": float(a64.std())}
 
 
-def main(argv=None) -> int:  # python -m trtfuse.models.residual_conv_rewrite IN OUT
+def main(argv=None) -> int:  # python -m trtfuse.passes.residual_conv_rewrite IN OUT
     import argparse
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])

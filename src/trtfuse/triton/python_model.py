@@ -129,7 +129,7 @@ class TritonPythonModel:
         import triton_python_backend_utils as pb_utils  # the stub provides it
         from google.protobuf import json_format
         from trtfuse.backends import create_backend
-        from trtfuse.cli import resolve_model
+        from trtfuse.session import resolve_model
         from trtfuse.triton.model_io import _schema, model_from_config
 
         self.pb = pb_utils

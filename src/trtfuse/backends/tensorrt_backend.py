@@ -10,7 +10,7 @@ already in the engine's input type (``to_input``), and each batch's rows are cop
 the device in one batched copy: no per-query conversion, no batch assembled on the host.
 Input in int8: when the engine was built with int8 input, the host sends ``round(x / s)``, exactly
 what the network's first QuantizeLinear would compute, in a quarter of the bytes.
-Responses (``classify_rows``): an engine built with a TopK output (``engine.TOP_CLASSES``) ranks the
+Responses (``classify_rows``): an engine built with a TopK output (``trt_graph.TOP_CLASSES``) ranks the
 classes on the GPU and only its k int32 per sample are copied back; the scores stay on the device.
 Several GPUs (``devices``): one backend per GPU, each with its own engine, spread as lanes
 (``lanes.LanesBackend``). CUDA's current device belongs to the host thread, and the harness's worker
@@ -30,17 +30,11 @@ import numpy as np
 from trtfuse.backends import TOP_K, Backend
 from trtfuse.backends.lanes import LanesBackend
 from trtfuse.config import plugin_mode
-from trtfuse.engine import (
-    QDQ_FILE,
-    TOP_CLASSES,
-    BuildConfig,
-    build_engine,
-    import_tensorrt,
-    input_scale,
-    load_plugin_library,
-)
+from trtfuse.engine import BuildConfig, build_engine, import_tensorrt
 from trtfuse.errors import UserError
 from trtfuse.gpu_trace import BatchSpan, summarize
+from trtfuse.quantize_step import QDQ_FILE, input_scale
+from trtfuse.trt_graph import TOP_CLASSES, load_plugin_library
 
 _NP = {"FLOAT": np.float32, "HALF": np.float16, "INT8": np.int8, "INT32": np.int32}
 

@@ -25,9 +25,9 @@ TOP_LAYERS = 25
 
 
 def our_layers() -> tuple[str, ...]:
-    """What the names of the fusion registry's plugin nodes hold (models/fusions.py: layer_marks), imported when first
+    """What the names of the fusion registry's plugin nodes hold (src/trtfuse/passes/fusions.py: layer_marks), imported when first
     asked: the CLI's start stays without onnx."""
-    from trtfuse.models.fusions import layer_marks
+    from trtfuse.passes.fusions import layer_marks
 
     return layer_marks()
 
@@ -90,7 +90,7 @@ def plot_profile(profile: dict, path: Path, top: int = TOP_LAYERS) -> Path | Non
 
 # ----------------------------------------------------------------------------- on the GPU
 def _load_engine(trt, path: Path, plugin_lib: str | None):
-    from trtfuse.engine import load_plugin_library
+    from trtfuse.trt_graph import load_plugin_library
 
     if not path.is_file():
         raise UserError(f"engine file {path} does not exist", "build one with `trtfuse build`")
@@ -173,7 +173,7 @@ def compare_engines(engine_a: str | Path, engine_b: str | Path, model_dir: str |
     from trtfuse.backends.tensorrt_backend import TensorRTBackend
     from trtfuse.data import open_dataset
     from trtfuse.models import load_prepared
-    from trtfuse.models.residual_conv_rewrite import compare_logits
+    from trtfuse.passes.residual_conv_rewrite import compare_logits
 
     model = load_prepared(Path(model_dir))
     data = open_dataset(dataset, model.preprocess, count=images)

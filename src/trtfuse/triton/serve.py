@@ -100,8 +100,8 @@ def plan(args) -> Plan:
     """Load the backend once here (a TensorRT engine is built or found once, not by every instance),
     learn what it serves, and hand the instances concrete settings."""
     from trtfuse.backends import create_backend
-    from trtfuse.cli import resolve_model
-    from trtfuse.engine import QDQ_FILE, input_scale
+    from trtfuse.session import resolve_model
+    from trtfuse.quantize_step import QDQ_FILE, input_scale
     from trtfuse.triton.model_io import triton_model
     from trtfuse.triton.python_model import backend_input_dtype, settings
 

@@ -5,7 +5,7 @@ module of its plugin family (residual_conv_rewrite, layernorm_rewrite: their log
 where one exists, the TensorRT plugin op that runs it, the ``--plugins`` modes that enable it and the build precisions
 whose graph it applies to. What iterates over it:
 
-* ``rewrite(model, mode, precision)``: the rewrite ``trtfuse build`` runs (harness/engine.py: onnx_for_build). Each
+* ``rewrite(model, mode, precision)``: the rewrite ``trtfuse build`` runs (src/trtfuse/trt_graph.py: onnx_for_build). Each
   family's rewrite is one pass over the graph (``PASSES``); a fusion turns on in its pass through its ``option``,
   the pass's keyword (None: on whenever the pass runs);
 * ``Rewrite.summary()`` and ``Rewrite.report.table()``: the counts ``trtfuse build`` prints and its refusal table
@@ -23,9 +23,9 @@ from dataclasses import dataclass
 from typing import Callable
 
 import onnx
-from trtfuse.models import layernorm_rewrite as lr
-from trtfuse.models import residual_conv_rewrite as rcr
-from trtfuse.models.residual_conv_rewrite import FusionReport, KindReport
+from trtfuse.passes import layernorm_rewrite as lr
+from trtfuse.passes import residual_conv_rewrite as rcr
+from trtfuse.passes.residual_conv_rewrite import FusionReport, KindReport
 
 INT8 = ("int8",)
 FLOAT = ("fp32", "fp16")

@@ -37,13 +37,12 @@ from trtfuse.config import plugin_mode
 from trtfuse.errors import UserError
 from trtfuse.files import swap_into_place
 from trtfuse.triton import model_io
+from trtfuse.triton.model_io import COMMAND_FILE, PLUGIN_DIR
 
 PLATFORM = "tensorrt_plan"
 PLAN_FILE = "model.plan"        # the file name Triton's TensorRT backend looks for in a version folder
 VERSION = "1"
 PLUGIN_FILE = "libtrtfuse_plugins.so"
-PLUGIN_DIR = "plugins"          # not a number: Triton does not take it for a model version
-COMMAND_FILE = "tritonserver.txt"
 DEFAULT_QUEUE_DELAY_US = 100
 
 
@@ -125,7 +124,8 @@ def read_engine_with_tensorrt(engine: str | os.PathLike, plugin_lib: str | os.Pa
                               trt=None) -> EngineIO:
     """EngineIO as TensorRT reads the serialized engine (needs TensorRT and a GPU). ``plugin_lib`` is
     loaded first: an engine with trtfuse's plugins deserializes only once their creators are registered."""
-    from trtfuse.engine import TOP_CLASSES, import_tensorrt, load_plugin_library
+    from trtfuse.engine import import_tensorrt
+    from trtfuse.trt_graph import TOP_CLASSES, load_plugin_library
     from trtfuse.engine_inspect import is_ours
 
     trt = trt or import_tensorrt()
@@ -215,7 +215,7 @@ def describe_engine(engine: Path, prepared, plugin_lib: str | os.PathLike | None
 
 
 def plugin_library(path: str | os.PathLike | None = None) -> Path:
-    """The plugin library to ship: ``path``, else the one trtfuse.engine.load_plugin_library would load
+    """The plugin library to ship: ``path``, else the one trtfuse.trt_graph.load_plugin_library would load
     ($TRTFUSE_PLUGIN_LIB, else the build folder), found without loading it."""
     from trtfuse.plugin_build import library_path
 
@@ -245,7 +245,7 @@ def find_prepared(spec: str):
     if path.is_dir():
         return models.load_prepared(path)
     if spec.endswith(".onnx"):
-        from trtfuse.cli import resolve_model
+        from trtfuse.session import resolve_model
 
         return resolve_model(spec)  # imports the file (prepare's cache): nothing is downloaded
     folder = models.default_model_dir(spec)

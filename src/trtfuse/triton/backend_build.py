@@ -43,7 +43,7 @@ from pathlib import Path
 
 from trtfuse.errors import UserError
 
-REPO_ROOT = Path(__file__).resolve().parent.parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[3]  # src/trtfuse/triton/backend_build.py -> the checkout
 SUPERBUILD = REPO_ROOT / "tools" / "triton_backend"
 SHARED = REPO_ROOT.parent / "shared" / "third_party"
 TRITON_PARTS = ("tensorrt_backend", "backend", "common", "core")

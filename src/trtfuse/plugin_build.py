@@ -27,7 +27,7 @@ from pathlib import Path
 
 from trtfuse.errors import UserError
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]  # src/trtfuse/plugin_build.py -> the checkout
 # 90a: the wgmma kernel of plugins/residual_conv (kernel_sm90.cuh) exists only in the sm_90a cubin; on an
 # H100/H200 the driver loads the sm_90a cubin when both it and the sm_90 one are present (checked on the H100 with
 # CUDA 13.0). 90: the PTX for newer GPUs (which run the mma.sync kernel). 80: A100.

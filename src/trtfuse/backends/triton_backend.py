@@ -254,7 +254,7 @@ class TritonBackend(Backend):
         if spec.input.dtype == "INT8":
             from pathlib import Path
 
-            from trtfuse.engine import input_scale
+            from trtfuse.quantize_step import input_scale
 
             self._scale = np.float32(input_scale(Path(model.onnx_path).parent))
         self.max_batch = batch_size

@@ -1,4 +1,4 @@
-"""Run settings: configs/default.toml, then a user TOML file, then command-line overrides.
+"""Run settings: src/trtfuse/configs/default.toml, then a user TOML file, then command-line overrides.
 
 Every key a user may set exists in default.toml, so an unknown key is always a typo and is reported
 as one, with the valid keys beside it.
@@ -25,11 +25,11 @@ MODES = ("performance", "accuracy")
 # tensorrt.plugins: which layers run on trtfuse's fused plugins. "tails": the bottleneck tails; "all": the tails and the
 # stem (each also computing the next conv1 where the kernel holds it), every projection and 3x3 conv the plugin runs
 # faster than TensorRT, the pool head, and in a float build the LayerNorms. Each fusion and the modes that enable it:
-# models/fusions.py. Normalized here, once, as settings load; everything after reads one of these three.
+# src/trtfuse/passes/fusions.py. Normalized here, once, as settings load; everything after reads one of these three.
 PLUGIN_MODES = ("off", "tails", "all")
 # --plugins, said the same by every command that takes it.
 PLUGINS_HELP = ("off: TensorRT's own kernels; tails: the bottleneck tails (conv + BN + residual + ReLU) on "
-                "trtfuse's fused int8 kernel; all: every fusion of models/fusions.py at the precision (int8: the "
+                "trtfuse's fused int8 kernel; all: every fusion of src/trtfuse/passes/fusions.py at the precision (int8: the "
                 "tails, projections, stem, narrow 3x3 convs and pool head; fp32/fp16: the LayerNorms)")
 
 

@@ -18,9 +18,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from trtfuse.engine import TOP_CLASSES  # the engine's response output, served under the same name
 from trtfuse.errors import UserError
+from trtfuse.trt_graph import TOP_CLASSES  # the engine's response output, served under the same name
 
+# Beside config.pbtxt in an exported model's folder (written by `trtfuse triton export`, read by `trtfuse triton serve`).
+PLUGIN_DIR = "plugins"          # not a number: Triton does not take it for a model version
+COMMAND_FILE = "tritonserver.txt"
 
 # Triton's data types by numpy dtype, and TensorRT's by name, for the types these models use.
 TRITON_DTYPE = {np.dtype(np.int8): "INT8", np.dtype(np.float32): "FP32", np.dtype(np.float16): "FP16",

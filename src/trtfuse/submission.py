@@ -3,7 +3,7 @@ trtfuse's run folders (``trtfuse run``) and compliance folders (``trtfuse compli
 
 The tree, in the layout MLCommons' submission checker reads for the runs' MLPerf round (the round of
 LoadGen's seeds; DIR is the ``closed|open/<submitter>`` level of a submission, and <submitter> its
-name). v6.0 and later (harness/mlperf_rounds.py)::
+name). v6.0 and later (src/trtfuse/mlperf_rounds.py)::
 
     DIR/results/<system>/<benchmark>/<Scenario>/performance/run_1/   LoadGen's summary + detail logs
     DIR/results/<system>/<benchmark>/<Scenario>/accuracy/            logs, accuracy log (truncated), accuracy.txt
@@ -19,7 +19,7 @@ A closed-division tree holds exactly the scenarios the round requires of the sys
 (``--system-type``; ResNet-50: edge SingleStream, MultiStream, Offline; v5.0 datacenter Offline,
 Server), or is refused (``--partial`` writes it anyway). Accuracy logs are truncated by MLCommons'
 truncate_accuracy_log.py (accuracy.txt gets the full log's hash; the full log stays in its run folder);
-``--check`` then runs MLCommons' submission checker on the tree (harness/submission_check.py).
+``--check`` then runs MLCommons' submission checker on the tree (src/trtfuse/submission_check.py).
 
 accuracy.txt is what MLCommons' own scorer (tools/accuracy-imagenet.py of mlcommons/inference, never
 copied into trtfuse) prints for the run's accuracy log; it must agree with trtfuse's top-1. The tree
@@ -459,7 +459,7 @@ def score_accuracy(run: Run, mlperf_dir: Path) -> tuple[str, dict]:
 def _model_spec(report: dict) -> str:
     """What ``--model`` was: the settings' run.model when it names the model that ran (a name, a
     folder or an .onnx file whose stem is the model's name), else the model's own name (a model
-    handed to cli.run ready-made)."""
+    handed to session.run ready-made)."""
     name = str(report.get("model", "unknown"))
     spec = str((report.get("settings") or {}).get("run", {}).get("model") or name)
     return spec if name in (spec, Path(spec).name, Path(spec).stem) else name
@@ -576,7 +576,7 @@ def implementation(runs: list[Run]) -> dict:
         inputs = "int8" if str(trt.get("input_format", "float")) == "int8" else "fp32"
         steps = []
         if precision == "int8":
-            steps.append("post-training int8 calibration to explicit Q/DQ (trtfuse.models.quantize), "
+            steps.append("post-training int8 calibration to explicit Q/DQ (trtfuse.passes.quantize), "
                          "BatchNorm folded into the convolutions")
         elif precision == "fp16":
             steps.append("fp32 weights converted to fp16 by TensorRT")

@@ -111,7 +111,7 @@ def check_plan(plan: Path, tensorrt: str) -> None:
 
 def exported_tensorrt(folder: Path) -> str | None:
     """The TensorRT version `trtfuse triton export` recorded in the model's tritonserver.txt."""
-    from trtfuse.triton.export import COMMAND_FILE
+    from trtfuse.triton.model_io import COMMAND_FILE
 
     path = folder / COMMAND_FILE
     if not path.is_file():
@@ -121,7 +121,7 @@ def exported_tensorrt(folder: Path) -> str | None:
 
 
 def _export_names_plugins(folder: Path) -> bool:
-    from trtfuse.triton.export import COMMAND_FILE
+    from trtfuse.triton.model_io import COMMAND_FILE
 
     path = folder / COMMAND_FILE
     return path.is_file() and "--backend-config=tensorrt,plugins=" in path.read_text(errors="replace")
@@ -191,7 +191,7 @@ def read_repository(repo: Path, backend: Backend, plugin_libs: list[Path], check
         if check_plans and backend.tensorrt:
             for plan in plans:
                 check_plan(plan, backend.tensorrt)
-        from trtfuse.triton.export import COMMAND_FILE, PLUGIN_DIR
+        from trtfuse.triton.model_io import COMMAND_FILE, PLUGIN_DIR
 
         shipped = sorted((folder / PLUGIN_DIR).glob("*.so")) if (folder / PLUGIN_DIR).is_dir() else []
         if not shipped and not plugin_libs and _export_names_plugins(folder):
