@@ -1,6 +1,6 @@
 // The native run loop's C ABI: LoadGen's StartTest over a C++ SUT and QSL, the hot path without Python.
 //
-// Python (harness/native_sut.py, ctypes) keeps configuration, engine builds, reports and plots; this
+// Python (src/trtfuse/native_sut.py, ctypes) keeps configuration, engine builds, reports and plots; this
 // library owns what runs per query: LoadGen (compiled from its source distribution), the queue, the
 // batcher, the engine's lanes and the completions.
 #pragma once
