@@ -2,7 +2,7 @@
 ResNet-50 plugin engine and `trtfuse compare` of plugins off vs tails; writes
 benchmarks/results/gpu_quickstart_h100.json.
 
-    python3.10 benchmarks/gpu_quickstart.py --images VAL_DIR --calibration CALIB_DIR --resnet50 MODEL_DIR
+    python3.10 trtfuse bench quickstart --images VAL_DIR --calibration CALIB_DIR --resnet50 MODEL_DIR
 
 The commands are read from the README's quick-start block, not written here again: what runs is what
 a user pastes (with $IMAGES and $CALIBRATION set to the folders given). `trtfuse` must be on PATH.
@@ -24,7 +24,7 @@ import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+from trtfuse.bench import REPO
 RESULTS = REPO / "benchmarks" / "results"
 
 

@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from device_bundle import log
+from trtfuse.bench.bundle import log
 
 BOUND_MS = 15.0
 

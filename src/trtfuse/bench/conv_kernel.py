@@ -59,7 +59,7 @@ def tail_stage(stage: str) -> tuple[int, int, int]:
     cin, cout, hw, stride, residual = tuning.RESNET50_STAGES[stage]
     if stride != 1 or not residual:
         raise SystemExit(f"--stages {stage}: not a bottleneck tail (res2-res5); time projections with "
-                         "benchmarks/residual_conv_trt.py")
+                         "trtfuse bench layers --kind residual")
     return cin, cout, hw
 
 
