@@ -17,7 +17,7 @@ weights: performance only.
 
 ``run`` stages (``--stages``, results merge into ``--out``): ``build`` (every engine: batch 2048, plugins off and
 all; TensorRT's engine cache keeps them for a later call on a warm machine), ``engine`` (each engine alone for
-``--seconds``, input every byte 1, 2 profiles as resnet50_e2e.py's engine stage). Bars (issue 41): torchvision's
+``--seconds``, input every byte 1, 2 profiles as the e2e suite's engine stage). Bars (issue 41): torchvision's
 ResNet-50 all/off within 2 % of our export's all/off; ResNet-101 all/off >= 1.30x; every bottleneck tail of
 ResNet-50/101 fused in both exports.
 """

@@ -15,7 +15,7 @@ board power (and the active throttle reasons) sampled by nvidia-smi over each ph
                     store of 1024 images (MLPerf's ResNet-50 performance sample count), runs ordered
     rows_overlap    the same with the runs free to overlap (serial_compute off)
 
-GPU machine, after resnet50_e2e.py's bundle is stashed (the engine is built or taken from its cache):
+GPU machine, after the e2e suite's bundle is stashed (the engine is built or taken from its cache):
     python3.10 -m trtfuse bench gap --out /tmp/trtfuse-results/offline_gap_h100.json
 Weights are random: every figure is performance only.
 """
@@ -97,7 +97,7 @@ def main(argv=None) -> int:
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--batch", type=int, default=2048)
     p.add_argument("--plugins", default="all")
-    p.add_argument("--streams", type=int, default=3, help="as resnet50_e2e.py's Offline (one profile each)")
+    p.add_argument("--streams", type=int, default=3, help="as the e2e suite's Offline (one profile each)")
     p.add_argument("--seconds", type=float, default=5.0, help="per phase")
     p.add_argument("--rounds", type=int, default=2, help="each round runs every phase; odd rounds in reverse")
     p.add_argument("--store", type=int, default=1024, help="images in the pinned store")

@@ -1,6 +1,6 @@
 """Where the serving path's time goes, without LoadGen: host->device row copies and the backend loop.
 
-GPU machine, after resnet50_e2e.py's bundle is stashed (its engines are built or cached):
+GPU machine, after the e2e suite's bundle is stashed (its engines are built or cached):
     python3.10 -m trtfuse bench probe --out /tmp/trtfuse-results/serving_probe.json
 
 1. Copies: a batch of random store rows to the device as one cudaMemcpyBatchAsync, as one

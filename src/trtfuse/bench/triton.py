@@ -7,7 +7,7 @@ weights: performance only).
 
     python3.10 -m trtfuse bench triton run [--stages direct,triton-offline,triton-server,lanes]   # GPU machine
 
-Stages (guarded and merged into --out like resnet50_e2e.py's, so they can be spread over calls):
+Stages (guarded and merged into --out like the e2e suite's, so they can be spread over calls):
 - direct: LoadGen Offline (batch 2048 engine) and the Server QPS search (batch 256 engine), TensorRT
   backend, as `trtfuse bench e2e` measures them;
 - triton-offline: the batch-2048 engine served by `trtfuse serve`, LoadGen Offline through

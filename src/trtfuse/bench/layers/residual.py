@@ -265,7 +265,7 @@ def run_fused_case(stage: str, n: int, reps: int, stream, rng) -> dict:
     # Informational, not a check: in this implicitly quantized network TensorRT may fuse the Add into the
     # projection's conv instead of the tail's (trt_layers says which), quantizing the tail conv's output to int8 at
     # the output's scale first: another function than the network's Q/DQ graph, where the projection's output is
-    # the quantized tensor (the engines built from that graph are compared by resnet50_e2e.py's agreement stage).
+    # the quantized tensor (the engines built from that graph are compared by the e2e suite's agreement stage).
     # Where TensorRT fuses as the graph does, a 1-LSB difference in the projection's output moves the tail's value
     # by r_scale / out_scale LSB, on top of the tail's own 1 LSB.
     row["trt_agreement"] = compare("plugin vs TensorRT (all images, informational)", outs["plugin"], outs["trt"],
