@@ -1,6 +1,7 @@
 """`trtfuse bench`: the suites it lists, the one-line errors for a bad suite, kind, layer or option, every suite's
 --help, and the device runbook and benchmarks/README.md against the suites (no GPU: nothing here measures)."""
 
+import json
 import re
 from pathlib import Path
 
@@ -91,3 +92,22 @@ def test_benchmarks_top_level_and_the_records_the_readme_cites():
     missing = [name for name in cited if not (REPO / "benchmarks" / "results" / name).exists()
                and not name.startswith(("multigpu_h100", "any_resnet_h100", "edge_submission", "offline_gap"))]
     assert not missing, missing
+
+
+def test_a_layer_record_keeps_every_row_that_ran(tmp_path):
+    """measure() rewrites the record after each row: a case that fails leaves the rows before it on disk."""
+    _, args = layers.resolve(["--kind", "conv3x3", "--layers", "layer1.conv2,layer2.conv2", "--batches", "2,4",
+                              "--out", str(tmp_path / "r.json")])
+    ran = []
+
+    def case(name, n):
+        if len(ran) == 3:
+            raise RuntimeError("the fourth row fails")
+        ran.append((name, n))
+        return {"layer": name, "batch": n}
+
+    with pytest.raises(RuntimeError):
+        layers.measure(args, {"gpu": "x", "layers": []}, "layers", case)
+    record = json.loads((tmp_path / "r.json").read_text())
+    assert [(r["layer"], r["batch"]) for r in record["layers"]] == ran == [
+        ("layer1.conv2", 2), ("layer1.conv2", 4), ("layer2.conv2", 2)]
