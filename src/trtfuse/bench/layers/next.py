@@ -27,13 +27,13 @@ import numpy as np
 from trtfuse.bench.cuda import DeviceBuffer, ck, compare, cudart, result_header, time_ms
 from trtfuse.bench.layers import NEXT_PAIRS as PAIRS
 from trtfuse.bench.layers import STEM_PAIR, measure
-from trtfuse.ops import residual_conv as op
 from trtfuse.errors import UserError
+from trtfuse.ops import residual_conv as op
 from trtfuse.ops import residual_conv_reference as ref
 
 HW = 56
-# PAIRS: pair -> (tail cin, tail cout, next cout, projection cin or 0); STEM_PAIR: the stem (stem.py's: 3 x 224 x 224
-# -> 64 x 56 x 56) and layer1.0's conv1 (64 -> STEM_NEXT_COUT, 1x1 + ReLU)
+# PAIRS (the layers table's NEXT_PAIRS): pair -> (tail cin, tail cout, next cout, projection cin or 0); STEM_PAIR: the
+# stem (stem.py's: 3 x 224 x 224 -> 64 x 56 x 56) and layer1.0's conv1 (64 -> STEM_NEXT_COUT, 1x1 + ReLU)
 STEM_NEXT_COUT = 64
 NAMES = [*PAIRS, STEM_PAIR]
 
