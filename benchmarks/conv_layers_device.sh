@@ -2,7 +2,7 @@
 # One device call, TensorRT 8.5 staged (/opt/trt85): the fused 1x1 conv library's layers against TensorRT's own.
 #   build (kernels + plugins, sm_90a) -> kernel GPU tests -> compute-sanitizer on the forms without a residual
 #   -> tuner (every ResNet-50 tail, projection and fused first block, this GPU) -> plugin tests in TensorRT
-#   -> benchmarks/residual_conv_trt.py on every layer, with this run's tuning.
+#   -> `trtfuse bench layers --kind residual` on every layer, with this run's tuning.
 # Results under $OUT: conv_layers_h100.json, residual_conv_tuning_h100.json, and the logs.
 #   bash benchmarks/conv_layers_device.sh [STAGES] [BATCHES]     (defaults: every layer; 256,2048)
 set -uo pipefail
@@ -55,7 +55,7 @@ python3.10 -m pytest -q -m tensorrt -p no:cacheprovider tests/test_residual_conv
 tail -1 "$OUT/plugin_tests.log"
 
 step layers vs TensorRT
-timeout 420 python3.10 benchmarks/residual_conv_trt.py --stages "$STAGES" --batches "$BATCHES" \
+timeout 420 python3.10 -m trtfuse bench layers --kind residual --layers "$STAGES" --batches "$BATCHES" \
   --out "$OUT/conv_layers_h100.json" > "$OUT/trt.log" 2>&1 || status=1
 grep -vE "^  (proj|res|fused)[0-9] batch|Calibrator" "$OUT/trt.log" | tail -24
 echo "status=$status"

@@ -37,7 +37,7 @@ if has test; then
 fi
 
 if has bench; then
-    timeout ${T_BENCH:-240} python3 benchmarks/layernorm_bench.py --json "$OUT/layernorm_h100.json" \
+    timeout ${T_BENCH:-240} python3 -m trtfuse.bench.layernorm --json "$OUT/layernorm_h100.json" \
         $(has explore && echo --explore --explore-dtypes ${EXPLORE_DTYPES:-fp16,fp32}) > "$OUT/bench.log" 2>&1
     echo "bench rc=$?"
     grep -E "Error|error" "$OUT/bench.log" | head -5
@@ -49,7 +49,7 @@ if has sanitize; then
     for tool in memcheck racecheck; do
         mode=--sanitize; [ "$tool" = racecheck ] && mode=--sanitize-launch-only
         PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout ${T_SAN:-150} compute-sanitizer --tool "$tool" --error-exitcode 9 \
-            python3 benchmarks/layernorm_bench.py $mode > "$OUT/$tool.log" 2>&1
+            python3 -m trtfuse.bench.layernorm $mode > "$OUT/$tool.log" 2>&1
         echo "$tool rc=$? ($(grep -c '^=========' "$OUT/$tool.log") sanitizer lines)"
         grep -E "ERROR SUMMARY|RACECHECK SUMMARY|sanitize driver" "$OUT/$tool.log" | tail -3
     done

@@ -61,7 +61,7 @@ nvcc -std=c++17 -O3 -arch=sm_90a -Iplugins -o /tmp/wgw_phases benchmarks/experim
 
 step bench
 TRTFUSE_RESIDUAL_CONV_CACHE="$OUT/residual_conv_tuning_h100.json" \
-  python3 benchmarks/residual_conv_bench.py --out "$OUT/residual_conv_bench_h100.json" 2>&1 | tee "$OUT/bench.log" | tail -12
+  python3 -m trtfuse.bench.conv_kernel --out "$OUT/residual_conv_bench_h100.json" 2>&1 | tee "$OUT/bench.log" | tail -12
 
 
 [ "${SKIP_NCU:-0}" = 1 ] && { echo "pytest/sanitizer/tuner status=$status"; exit $status; }
@@ -69,7 +69,7 @@ step ncu
 ncu --section SpeedOfLight --section WarpStateStats --section Occupancy --section MemoryWorkloadAnalysis \
   -k regex:residual_conv --launch-skip 12 --launch-count 1 \
   env TRTFUSE_RESIDUAL_CONV_CACHE="$OUT/residual_conv_tuning_h100.json" \
-  python3 benchmarks/residual_conv_bench.py --stages res2 --batches 2048 --no-peer --reps 5 --out /tmp/ncu_bench.json \
+  python3 -m trtfuse.bench.conv_kernel --stages res2 --batches 2048 --no-peer --reps 5 --out /tmp/ncu_bench.json \
   > "$OUT/ncu.txt" 2>&1
 grep -E "Throughput|Duration|Achieved Occupancy|Registers|Stall|Theoretical Occupancy|Issue Slots|Executed Ipc|Block Limit" "$OUT/ncu.txt" | head -30
 echo "pytest/sanitizer/tuner status=$status"

@@ -267,14 +267,10 @@ def test_pad_between_dequantize_and_conv_is_folded_by_the_matchers():
 
 # ----------------------------------------------------------------------------- the GPU benchmark's bundle
 def test_benchmark_bundle_weights_travel_without_bytes_and_come_back_the_same():
-    """benchmarks/any_resnet.py carries each Q/DQ graph without its large initializers' bytes and refills them from a
+    """trtfuse bench any-resnet carries each Q/DQ graph without its large initializers' bytes and refills them from a
     seed on the device: the refilled graph gets the same fusions, and two refills give the same bytes (the engine
     cache is keyed by them)."""
-    import sys
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
-    import any_resnet
+    from trtfuse.bench import any_resnet
 
     qdq, _ = _qdq(_tf_style(), (32, 32, 3))
     stripped = onnx.ModelProto.FromString(qdq.SerializeToString())

@@ -518,7 +518,7 @@ def test_plugin_node_in_a_tensorrt_engine(hw):
     import tensorrt as trt
     from test_residual_conv import trt_benchmark
 
-    bench, stream = trt_benchmark("residual_conv_trt")
+    bench, stream = trt_benchmark("residual")
     (h, w), n, c, scale = hw, 4, 2048, 0.0213
     rng = np.random.default_rng()
     x = with_ties(rng.integers(-128, 128, size=(n, c, h, w), dtype=np.int8))
@@ -550,7 +550,7 @@ def test_plugin_node_in_a_tensorrt_engine(hw):
     blob = builder.build_serialized_network(network, config)
     assert blob is not None
     want = dict(zip(("hi", "lo"), avgpool_reference(x)))
-    from bench_cuda import DeviceBuffer, ck, cudart
+    from trtfuse.bench.cuda import DeviceBuffer, ck, cudart
 
     xb = DeviceBuffer(x.nbytes).upload(to_chw32(x, 0))
     obs = {k: DeviceBuffer(v.nbytes) for k, v in want.items()}
@@ -606,7 +606,7 @@ def test_head_qdq_graph_builds_through_the_onnx_parser(build):
     engine_flags, pin_pool = HEAD_BUILDS[build]
     if not engine_flags and not trt_compat.weakly_typed(trt):
         pytest.skip(f"TensorRT {trt.__version__} is strongly typed: no INT8 builder flag to set alone")
-    bench, stream = trt_benchmark("residual_conv_trt")
+    bench, stream = trt_benchmark("residual")
     load_plugin_library()   # as build_engine does (the same library: registered once)
     n, c, hw, classes, scale = 4, 2048, 7, 1000, 0.0213
     model, wt, bias = pool_head_graph(n=n, c=c, h=hw, w=hw, classes=classes, scale=scale, zero_point=np.int8(0))
@@ -644,7 +644,7 @@ def test_head_qdq_graph_builds_through_the_onnx_parser(build):
     assert blob is not None, (f"TensorRT {trt.__version__} did not build Q -> {POOL_OP} -> 2 DQ -> Add -> Flatten -> "
                               f"Gemm ({build})")
 
-    from bench_cuda import DeviceBuffer, ck, cudart
+    from trtfuse.bench.cuda import DeviceBuffer, ck, cudart
 
     engine = trt.Runtime(bench.LOGGER).deserialize_cuda_engine(bytes(blob))
     ctx = engine.create_execution_context()

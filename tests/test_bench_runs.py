@@ -1,16 +1,11 @@
-"""benchmarks/bench_runs.py, the LoadGen rows and the Server search of the GPU machine's benchmark
+"""trtfuse.bench.runs, the LoadGen rows and the Server search of the GPU machine's benchmark
 scripts, run here on ONNX Runtime and a tiny model."""
 
 import json
-import sys
-from pathlib import Path
 
 from conftest_harness import SyntheticDataset, tiny_model
 from trtfuse.backends import create_backend
-
-REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO / "benchmarks"), str(REPO / "tools")]
-from bench_runs import BOUND_MS, loadgen_row, server_search  # noqa: E402
+from trtfuse.bench.runs import BOUND_MS, loadgen_row, server_search
 
 
 def test_a_row_of_an_offline_run(tmp_path):

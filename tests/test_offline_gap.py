@@ -1,15 +1,12 @@
-"""benchmarks/offline_gap.py's bookkeeping (no GPU): nvidia-smi samples matched to a phase's window, and
-resnet50_e2e.py's engine-alone records kept apart per input (every byte 1, real images)."""
+"""trtfuse.bench.gap's bookkeeping (no GPU): nvidia-smi samples matched to a phase's window, and
+trtfuse.bench.e2e's engine-alone records kept apart per input (every byte 1, real images)."""
 
 import datetime as dt
-import sys
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
-import offline_gap  # noqa: E402
-import resnet50_e2e  # noqa: E402
+from trtfuse.bench import e2e as resnet50_e2e
+from trtfuse.bench import gap as offline_gap
 
 
 def power_log(tmp_path, text):

@@ -2,10 +2,8 @@
 must hand it to the workers at once; and the timeline records the last completion, so the picture
 can place LoadGen's timed span."""
 
-import importlib.util
 import threading
 import time
-from pathlib import Path
 
 import numpy as np
 from conftest_harness import SyntheticDataset
@@ -175,11 +173,9 @@ def test_offline_run_timeline_ends_at_its_last_completion(tmp_path):
 
 
 def _gpu_quickstart():
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu_quickstart.py"
-    spec = importlib.util.spec_from_file_location("gpu_quickstart", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    from trtfuse.bench import quickstart
+
+    return quickstart
 
 
 def test_quick_start_offline_is_matched_with_a_loadgen_offline_run_of_the_same_engine():

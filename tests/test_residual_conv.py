@@ -220,17 +220,13 @@ def test_tuning_cache_is_read(tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------- GPU
-def trt_benchmark(script: str):
-    """benchmarks/<script>.py as a module (its TensorRT tests drive its run_case), with the plugin library loaded, and
-    a CUDA stream for it."""
-    import importlib.util
-    from pathlib import Path
+def trt_benchmark(kind: str):
+    """The layer benchmark of `kind` (trtfuse.bench.layers.<kind>: its TensorRT tests drive its run_case), with the
+    plugin library loaded, and a CUDA stream for it."""
+    import importlib
 
-    path = Path(__file__).resolve().parent.parent / "benchmarks" / f"{script}.py"
-    spec = importlib.util.spec_from_file_location(script, path)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)   # puts benchmarks/ on sys.path
-    from residual_conv_trt import load_plugin_library
+    bench = importlib.import_module(f"trtfuse.bench.layers.{kind}")
+    from trtfuse.bench.layers.common import load_plugin_library
 
     load_plugin_library()
     return bench, bench.ck(bench.cudart.cudaStreamCreate())

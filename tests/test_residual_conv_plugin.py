@@ -54,11 +54,7 @@ def run_host_check(source: Path, version: str, tmp_path: Path, timeout: float) -
 
 @pytest.fixture(scope="module")
 def side():
-    spec = importlib.util.spec_from_file_location(
-        "residual_conv_trt", ROOT / "benchmarks" / "residual_conv_trt.py"
-    )
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = importlib.import_module("trtfuse.bench.layers.residual")
     mod.load_plugin_library()
     return mod
 
@@ -115,7 +111,7 @@ def test_creator_refuses_bad_fields(side):
 
 # ----------------------------------------------------------------------------- projection + tail (the fused form)
 class FusedFields:
-    """The tail's fields (benchmarks/residual_conv_trt.PluginFields) plus the projection's proj_* fields; the arrays
+    """The tail's fields (trtfuse.bench.layers.common.PluginFields) plus the projection's proj_* fields; the arrays
     live as long as this object (a trt.PluginField keeps only a pointer). drop: field names left out; edit: values
     replaced (name -> array)."""
 

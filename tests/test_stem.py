@@ -157,10 +157,10 @@ def test_refusals(cuda):
 @pytest.mark.tensorrt
 def test_plugin_node_in_a_tensorrt_engine():
     """The TrtfuseResidualConv node with kernel_size 7 in a TensorRT engine (int8 LINEAR input, as the network's),
-    next to TensorRT's own stem on the same data (benchmarks/stem_trt.py at batch 2): the plugin exact, TensorRT
+    next to TensorRT's own stem on the same data (`trtfuse bench layers --kind stem` at batch 2): the plugin exact, TensorRT
     within 1 LSB of float64."""
     pytest.importorskip("tensorrt")
-    bench, stream = trt_benchmark("stem_trt")
+    bench, stream = trt_benchmark("stem")
     row = bench.run_case(2, 3, stream, np.random.default_rng(), True)
     names = [c["name"] for c in row["checks"] if c["ok"]]
     assert len(names) == len(row["checks"]) and "ours plugin vs rounding rule + max pool (exact)" in names

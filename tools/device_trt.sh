@@ -1,38 +1,40 @@
 #!/usr/bin/env bash
 # TensorRT 8.5 work on the lent GPU machine, once /opt/trt85 is staged (../shared/device/README.md).
-# Every step, the record it writes, and the device suites beside this one: benchmarks/README.md.
+# Every step, the record it writes, and the device suites beside this one: benchmarks/README.md. The benchmark steps
+# run `trtfuse bench SUITE` (src/trtfuse/bench/; `python3.10 -m trtfuse bench --help` lists the suites), imported from
+# this checkout through tools/dev_env.sh.
 #
 #   bash tools/device_trt.sh STEP [STEP ...]
 #
 # Steps: build (the plugin library against /opt/trt85), layernorm (plugin tests), backend-test (the
 # TensorRT backend and CUDA layer tests), conv-kernel (the fused
 # conv's kernel checks, tuner and benchmark: benchmarks/residual_conv_device.sh), conv (TensorRT's
-# own int8 conv+add+relu vs the plugin, benchmark), conv3x3 (the 3x3 kernel's GPU tests, then TensorRT's own 3x3
-# convs vs ours and vs the plugin node: benchmarks/conv3x3_trt.py), stem (the stem kernel's GPU and plugin tests,
-# then TensorRT's own stem vs ours and the plugin node: benchmarks/stem_trt.py), next (a tail or the stem with the
-# next conv1 chained: its GPU tests, then TensorRT's two layers vs ours and the plugin node:
-# benchmarks/next_conv_trt.py), minilm (rewritten MiniLM engine vs PyTorch),
-# probe (benchmarks/serving_probe.py: row copies and the backend loop without LoadGen), gap
-# (benchmarks/offline_gap.py: the engine alone against the Offline path step by step, extra arguments from $GAP_ARGS),
-# e2e-stash (keep a carried e2e bundle part), e2e:STAGES (resnet50_e2e.py run --stages STAGES; extra
-# arguments from $E2E_ARGS, e.g. E2E_ARGS="--server-tries 3"), conf:STAGES (mlperf_conformance.py run
+# own int8 conv+add+relu vs the plugin, benchmark: bench layers --kind residual), conv3x3 (the 3x3 kernel's GPU
+# tests, then TensorRT's own 3x3 convs vs ours and vs the plugin node: bench layers --kind conv3x3), stem (the stem
+# kernel's GPU and plugin tests, then TensorRT's own stem vs ours and the plugin node: bench layers --kind stem),
+# next (a tail or the stem with the next conv1 chained: its GPU tests, then TensorRT's two layers vs ours and the
+# plugin node: bench layers --kind next), minilm (bench minilm check: rewritten MiniLM engine vs PyTorch),
+# probe (bench probe: row copies and the backend loop without LoadGen), gap
+# (bench gap: the engine alone against the Offline path step by step, extra arguments from $GAP_ARGS),
+# e2e-stash (bench bundle stash: keep a carried e2e bundle part), e2e:STAGES (bench e2e run --stages STAGES; extra
+# arguments from $E2E_ARGS, e.g. E2E_ARGS="--server-tries 3"), conf:STAGES (bench conformance run
 # --stages STAGES, extra arguments from $CONF_ARGS),
-# edge:UNITS (benchmarks/edge_submission.py UNITS, space- or comma-separated in the step: the edge v6.1 tree in
-# $RESULTS/edge; extra arguments from $EDGE_ARGS).
+# edge:UNITS (bench edge UNITS, comma-separated in the step: the edge v6.1 tree in $RESULTS/edge; extra arguments
+# from $EDGE_ARGS).
 # conf* and edge* need the MLCommons scripts carried in .devcache/mlperf (a copy of ../shared/third_party/mlperf).
-# qs-stash (keep carried .devcache/qs/{val,calib,models}), quickstart (benchmarks/gpu_quickstart.py: the
+# qs-stash (keep carried .devcache/qs/{val,calib,models}), quickstart (bench quickstart: the
 # README's GPU quick start verbatim, then profile and compare of the ResNet-50 engines).
 # pytriton-stash (unzip the carried .devcache/pytriton/nvidia_pytriton-*.whl into /opt/trt85: its wheel is
 # manylinux_2_35, which stage-trt.sh's platform list does not take; only its tritonserver is used),
-# triton:STAGES (benchmarks/triton_h100.py run --stages STAGES, extra arguments from $TRITON_ARGS),
-# multigpu or multigpu-native (benchmarks/multigpu.py: the native SUT on N GPUs, engine alone per GPU, the
+# triton:STAGES (bench triton run --stages STAGES, extra arguments from $TRITON_ARGS),
+# multigpu or multigpu-native (bench multigpu run: the native SUT on N GPUs, engine alone per GPU, the
 # null engine's host path; after native-build; extra arguments from $MULTIGPU_ARGS, e.g. --stages, --counts,
 # --out), gpu-test (the GPU/TensorRT tests of the lanes, the TensorRT backend, the Triton export
 # and trtfuse serve with TensorRT over each transport), switch (benchmarks/experiments/server_switch_interval.py: Server
 # p50/p99 against Python's GIL switch interval; extra arguments from $SWITCH_ARGS), native-build (the native SUT with
-# TensorRT), native:STAGES (benchmarks/native_sut.py: the native SUT against the Python one; extra arguments from
+# TensorRT), native:STAGES (bench native run: the native SUT against the Python one; extra arguments from
 # $NATIVE_ARGS),
-# any-resnet (benchmarks/any_resnet.py: our export vs torchvision's of ResNet-50, and torchvision's ResNet-101,
+# any-resnet (bench any-resnet run: our export vs torchvision's of ResNet-50, and torchvision's ResNet-101,
 # engines alone at batch 2048, plugins off/all),
 # triton-native (Triton's own TensorRT backend, carried in build/triton_backend/tensorrt: the toy engine with our
 # plugins exported and served by it, answers equal to direct; needs gpu-test's staging; the benchmark:
@@ -85,26 +87,26 @@ for step in "$@"; do
         conv-kernel) run_step conv-kernel env -u TRTFUSE_BUILD_DIR "${ORIG_ENV[@]}" OUT="$RESULTS/conv-kernel" bash benchmarks/residual_conv_device.sh quick
                      cp "$RESULTS/conv-kernel/residual_conv_tuning_h100.json" "$RESULTS/conv-kernel/residual_conv_bench_h100.json" "$RESULTS/" 2>/dev/null
                      [ -f "$RESULTS/residual_conv_tuning_h100.json" ] && export TRTFUSE_RESIDUAL_CONV_CACHE=$RESULTS/residual_conv_tuning_h100.json ;;
-        conv) run_step conv python3.10 benchmarks/residual_conv_trt.py --qdq --out "$RESULTS/residual_conv_h100.json" ;;
+        conv) run_step conv python3.10 -m trtfuse bench layers --kind residual --qdq --out "$RESULTS/residual_conv_h100.json" ;;
         conv-test) run_step conv-test python3.10 -m pytest -q -m tensorrt -p no:cacheprovider tests/test_residual_conv_plugin.py ;;
         conv3x3) run_step conv3x3-test python3.10 -m pytest -q -m gpu -p no:cacheprovider tests/test_conv3x3.py
-                 run_step conv3x3 python3.10 benchmarks/conv3x3_trt.py --out "$RESULTS/conv3x3_h100.json" ;;
+                 run_step conv3x3 python3.10 -m trtfuse bench layers --kind conv3x3 --out "$RESULTS/conv3x3_h100.json" ;;
         stem) run_step stem-test python3.10 -m pytest -q -m "gpu or tensorrt" -p no:cacheprovider tests/test_stem.py
-              run_step stem python3.10 benchmarks/stem_trt.py --out "$RESULTS/stem_h100.json" ;;
+              run_step stem python3.10 -m trtfuse bench layers --kind stem --out "$RESULTS/stem_h100.json" ;;
         next) run_step next-test python3.10 -m pytest -q -m "gpu or tensorrt" -p no:cacheprovider tests/test_next_conv.py
-              run_step next python3.10 benchmarks/next_conv_trt.py --out "$RESULTS/next_conv_h100.json" ;;
+              run_step next python3.10 -m trtfuse bench layers --kind next --out "$RESULTS/next_conv_h100.json" ;;
         backend-test) run_step backend-test python3.10 -m pytest -q -m "gpu or tensorrt" -p no:cacheprovider \
                           tests/test_cuda_runtime.py tests/test_tensorrt_backend.py ;;
-        minilm) run_step minilm python3.10 benchmarks/minilm_trt.py check --out "$RESULTS/minilm_trt.json" ;;
+        minilm) run_step minilm python3.10 -m trtfuse bench minilm check --out "$RESULTS/minilm_trt.json" ;;
         minilm-cublas)  # TensorRT 8.5's Myelin needs cuBLAS(Lt) 11: tools/stage_cublas11.sh puts it in /tmp/cublas11
             LD_LIBRARY_PATH=/tmp/cublas11:$LD_LIBRARY_PATH TRTFUSE_TACTIC_SOURCES=cublas \
-                run_step minilm-cublas python3.10 benchmarks/minilm_trt.py check --out "$RESULTS/minilm_trt.json" ;;
-        probe) run_step probe python3.10 benchmarks/serving_probe.py --out "$RESULTS/serving_probe.json" ;;
-        gap) run_step gap python3.10 benchmarks/offline_gap.py --out "$RESULTS/offline_gap_h100.json" ${GAP_ARGS:-} ;;
-        e2e-stash) run_step e2e-stash python3.10 tools/device_bundle.py stash ;;
-        e2e:*) run_step "e2e-${step#e2e:}" python3.10 benchmarks/resnet50_e2e.py run \
+                run_step minilm-cublas python3.10 -m trtfuse bench minilm check --out "$RESULTS/minilm_trt.json" ;;
+        probe) run_step probe python3.10 -m trtfuse bench probe --out "$RESULTS/serving_probe.json" ;;
+        gap) run_step gap python3.10 -m trtfuse bench gap --out "$RESULTS/offline_gap_h100.json" ${GAP_ARGS:-} ;;
+        e2e-stash) run_step e2e-stash python3.10 -m trtfuse bench bundle stash ;;
+        e2e:*) run_step "e2e-${step#e2e:}" python3.10 -m trtfuse bench e2e run \
                    --out "$RESULTS/resnet50_e2e_h100.json" --stages "${step#e2e:}" ${E2E_ARGS:-} ;;
-        conf:*) run_step "conf-${step#conf:}" python3.10 benchmarks/mlperf_conformance.py run \
+        conf:*) run_step "conf-${step#conf:}" python3.10 -m trtfuse bench conformance run \
                     --out "$RESULTS/mlperf_conformance_h100.json" --stages "${step#conf:}" ${CONF_ARGS:-} ;;
         qs-stash)  # carried .devcache/qs/{val,calib,models}: kept in /tmp/qs (outside the work tree)
             mkdir -p /tmp/qs /tmp/trtfuse-home/models
@@ -113,7 +115,7 @@ for step in "$@"; do
             ls /tmp/qs /tmp/trtfuse-home/models ;;
         quickstart)  # README's GPU quick start verbatim: `trtfuse` on PATH, the stashed images and model
             mkdir -p /tmp/bin && printf '#!/bin/sh\nexec python3.10 -m trtfuse "$@"\n' > /tmp/bin/trtfuse && chmod +x /tmp/bin/trtfuse
-            PATH=/tmp/bin:$PATH TRTFUSE_HOME=/tmp/trtfuse-home run_step quickstart python3.10 benchmarks/gpu_quickstart.py \
+            PATH=/tmp/bin:$PATH TRTFUSE_HOME=/tmp/trtfuse-home run_step quickstart python3.10 -m trtfuse bench quickstart \
                 --images /tmp/qs/val --calibration /tmp/qs/calib --resnet50 /tmp/trtfuse-e2e/models/resnet50 \
                 --out "$RESULTS/gpu_quickstart_h100.json" --e2e-results "$RESULTS/resnet50_e2e_h100.json" ;;
         pytriton-stash)  # the tritonserver binary, its Python backend and stubs that trtfuse serve runs
@@ -123,16 +125,19 @@ for step in "$@"; do
             # zipfile drops the executable bits
             p=$TRT85/site-packages/pytriton/tritonserver
             [ -d "$p" ] && chmod +x "$p"/bin/* "$p"/python_backend_stubs/*/* 2>/dev/null ;;
-        triton:*) run_step "triton-${step#triton:}" python3.10 benchmarks/triton_h100.py run \
+        triton:*) run_step "triton-${step#triton:}" python3.10 -m trtfuse bench triton run \
                       --out "$RESULTS/triton_h100.json" --stages "${step#triton:}" ${TRITON_ARGS:-} ;;
         triton-native) run_step triton-native python3.10 -m pytest -q -m tensorrt -p no:cacheprovider tests/test_triton_native.py ;;
+        edge:*) run_step "edge-${step#edge:}" python3.10 -m trtfuse bench edge ${step#edge:} \
+                    --out "$RESULTS/edge" --mlperf-dir .devcache/mlperf ${EDGE_ARGS:-}
+                cp "$RESULTS/edge/edge_submission.json" "$RESULTS/" 2>/dev/null ;;
         switch) run_step switch python3.10 benchmarks/experiments/server_switch_interval.py ${SWITCH_ARGS:-} ;;
-        multigpu|multigpu-native) run_step "$step" python3.10 benchmarks/multigpu.py run \
+        multigpu|multigpu-native) run_step "$step" python3.10 -m trtfuse bench multigpu run \
                                       --out "$RESULTS/multigpu_h100.json" ${MULTIGPU_ARGS:-} ;;
         # gpu-test needs pytest and onnxruntime (cp310): a staging made with them, or both on $PYTHONPATH
-        # any-resnet: benchmarks/any_resnet.py run on the carried .devcache/any_resnet (made by its prepare on the CPU
+        # any-resnet: bench any-resnet run on the carried .devcache/any_resnet (made by its prepare on the CPU
         # machine); extra arguments from $ANY_RESNET_ARGS (e.g. "--stages build" then "--stages engine")
-        any-resnet) run_step any-resnet python3.10 benchmarks/any_resnet.py run --bundle .devcache/any_resnet \
+        any-resnet) run_step any-resnet python3.10 -m trtfuse bench any-resnet run --bundle .devcache/any_resnet \
                         --out "$RESULTS/any_resnet_h100.json" ${ANY_RESNET_ARGS:-} ;;
         gpu-test) run_step gpu-test python3.10 -m pytest -q -m "gpu or tensorrt" -p no:cacheprovider \
                       tests/test_lanes.py tests/test_tensorrt_backend.py tests/test_cuda_runtime.py tests/test_triton_export.py \
@@ -141,7 +146,7 @@ for step in "$@"; do
             for w in .devcache/native/*.whl; do [ -f "$w" ] && python3.10 -m zipfile -e "$w" "$TRT85/site-packages/"; done
             TRTFUSE_LOADGEN_SDIST=$(ls .devcache/native/mlcommons_loadgen-*.tar.gz 2>/dev/null | head -1) \
                 run_step native-build python3.10 -m trtfuse.plugin_build build --native --tensorrt-root "$TENSORRT_ROOT" ;;
-        native:*) run_step "native-${step#native:}" python3.10 benchmarks/native_sut.py run \
+        native:*) run_step "native-${step#native:}" python3.10 -m trtfuse bench native run \
                       --out "$RESULTS/native_sut_h100.json" --stages "${step#native:}" ${NATIVE_ARGS:-} ;;
         bg:*)
             job=gpu${CUDA_VISIBLE_DEVICES:-all}; job=${job//,/_}; dir=$RESULTS/$job; steps=${step#bg:}

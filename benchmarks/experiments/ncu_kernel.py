@@ -11,10 +11,8 @@ Inputs are constant bytes (what ncu counts does not depend on them)."""
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # bench_cuda, beside the product benchmarks
-from bench_cuda import DeviceBuffer, ck, cudart  # noqa: E402
+from trtfuse.bench.cuda import DeviceBuffer, ck, cudart
 
 KINDS = ("fused1", "fused0", "stem0", "halo1")
 

@@ -19,10 +19,8 @@ import json
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
-sys.path[:0] = [str(REPO / "tools"), str(REPO / "benchmarks")]
-from bench_runs import BOUND_MS, loadgen_row  # noqa: E402
-from device_bundle import STASH, BundleImages, log  # noqa: E402
+from trtfuse.bench.bundle import STASH, BundleImages, log
+from trtfuse.bench.runs import BOUND_MS, loadgen_row
 
 
 def main(argv=None) -> int:
@@ -35,7 +33,7 @@ def main(argv=None) -> int:
     p.add_argument("--batch", type=int, default=256)
     p.add_argument("--offline-between", action="store_true",
                    help="between round 0 and round 1, a LoadGen Offline run of the batch-2048 engine in this process "
-                        "(as benchmarks/triton_h100.py's direct stage runs before its Server search)")
+                        "(as `trtfuse bench triton`'s direct stage runs before its Server search)")
     args = p.parse_args(argv)
 
     import tensorrt as trt

@@ -147,6 +147,7 @@ def _parser() -> argparse.ArgumentParser:
     # Listed for --help only: main() hands these to their own parsers before this one runs.
     sub.add_parser("build", help="quantize and build a TensorRT engine (see `trtfuse build -h`)")
     sub.add_parser("plugins", help="build/check the CUDA kernels and TensorRT plugins (`trtfuse plugins -h`)")
+    sub.add_parser("bench", help="the benchmark suites (`trtfuse bench --help` lists them)")
     return p
 
 
@@ -301,6 +302,10 @@ def _main(argv: list[str]) -> int:
     try:
         if argv and argv[0] in ("build", "plugins"):
             return _delegate(argv[0], argv[1:])
+        if argv and argv[0] == "bench":
+            from trtfuse import bench
+
+            return bench.main(argv[1:])
         args = _parser().parse_args(argv)
         args.argv = argv
         if args.command is None:

@@ -503,7 +503,7 @@ class TensorRTBackend(Backend):
                           images: np.ndarray | None = None, serial: bool = False) -> float:
         """Samples/s of the engine alone, its input resident on the device (no copies).
         ``images``: what each slot's input holds (repeated to fill the batch); None: every byte 1, as
-        every record before benchmarks/offline_gap.py measured it. ``serial``: every run on the first
+        every record before `trtfuse bench gap` measured it. ``serial``: every run on the first
         slot's stream, one after another, as an Offline run with serial_compute orders them; else all
         slots at once, their runs free to overlap."""
         self.cr.set_device(self.device)

@@ -3,9 +3,9 @@ torchvision's ResNet-101: the fusions per kind and the engine alone at batch 204
 
     # here (CPU): export, calibrate (random inputs, max; random weights), quantize, count the fusions, and write a
     # bundle small enough to carry (each int8 weight tensor's bytes left out: see strip_weights)
-    python benchmarks/any_resnet.py prepare --bundle .devcache/any_resnet
+    trtfuse bench any-resnet prepare --bundle .devcache/any_resnet
     # the GPU machine (carry .devcache/any_resnet): tools/device_trt.sh's step any-resnet runs
-    python3.10 benchmarks/any_resnet.py run --bundle .devcache/any_resnet --out RESULTS/any_resnet_h100.json
+    python3.10 -m trtfuse bench any-resnet run --bundle .devcache/any_resnet --out RESULTS/any_resnet_h100.json
 
 Weights: the device machine has no torch export path, and the three Q/DQ graphs' int8 weights (about 95 MB) do not
 fit one carry (64 MiB). So ``prepare`` keeps each graph whole but the bytes of its large initializers (the int8 conv
@@ -17,7 +17,7 @@ weights: performance only.
 
 ``run`` stages (``--stages``, results merge into ``--out``): ``build`` (every engine: batch 2048, plugins off and
 all; TensorRT's engine cache keeps them for a later call on a warm machine), ``engine`` (each engine alone for
-``--seconds``, input every byte 1, 2 profiles as resnet50_e2e.py's engine stage). Bars (issue 41): torchvision's
+``--seconds``, input every byte 1, 2 profiles as the e2e suite's engine stage). Bars (issue 41): torchvision's
 ResNet-50 all/off within 2 % of our export's all/off; ResNet-101 all/off >= 1.30x; every bottleneck tail of
 ResNet-50/101 fused in both exports.
 """
@@ -184,7 +184,7 @@ def run(bundle: Path, out: Path, stages, models=MODELS, batch: int = 2048, secon
     except Exception as e:  # noqa: BLE001 - keep the JSON going; the stages say why they fail
         data["errors"]["gpu"] = f"{type(e).__name__}: {e}"
     data["batch"], data["streams"], data["seconds"] = batch, streams, seconds
-    data["weights"] = "random (int8 refilled from a seed, see benchmarks/any_resnet.py): performance only"
+    data["weights"] = "random (int8 refilled from a seed, see trtfuse.bench.any_resnet): performance only"
 
     def save():
         tmp = out.with_suffix(".tmp")
@@ -275,7 +275,7 @@ def main(argv=None) -> int:
         prepare(args.bundle, models)
         return 0
     if not (args.bundle / PREPARE_FILE).is_file():
-        p.error(f"{args.bundle} holds no bundle: run `python benchmarks/any_resnet.py prepare --bundle "
+        p.error(f"{args.bundle} holds no bundle: run `trtfuse bench any-resnet prepare --bundle "
                 f"{args.bundle}` on the CPU machine and carry it")
     return run(args.bundle, args.out, set(args.stages.split(",")), models, args.batch, args.seconds, args.streams)
 

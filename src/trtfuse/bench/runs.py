@@ -1,4 +1,4 @@
-"""LoadGen runs for the benchmark scripts of the GPU machine (triton_h100.py, multigpu.py): one run
+"""LoadGen runs for the benchmark suites of the GPU machine (the triton and multigpu suites, experiments/server_switch_interval.py): one run
 through `trtfuse.session.run`, summed up as a row of a results JSON, and the Server search over such runs
 (the highest target LoadGen calls VALID within MLPerf ResNet-50's 15 ms)."""
 
@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from device_bundle import log
+from trtfuse.bench.bundle import log
 
 BOUND_MS = 15.0
 

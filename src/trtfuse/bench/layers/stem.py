@@ -4,7 +4,7 @@ For each batch, on identical int8 input (linear NCHW, 3 x 224 x 224, as the netw
 resident), in one process:
   (a) a one-layer engine of TensorRT's int8 Conv(7x7, stride 2, padding 3) + ReLU + MaxPool(3x3, stride 2, padding
       1): network API, int8 I/O through dynamic ranges (implicit quantization), input LINEAR, output CHW32, INT8
-      flag, tactic sources 0 (as residual_conv_trt.py);
+      flag, tactic sources 0 (common.py);
   (b) our kernel through the C ABI (trtfuse_stem_forward), every configuration, and the one forward(-1) picks; and
       (with TensorRT) the TrtfuseResidualConv plugin node (kernel_size 7) in an engine with the same input;
 checks ours bit-exact against the rounding rule + max pool and TensorRT within 1 LSB of the float64 formula (on
@@ -13,21 +13,16 @@ bytes at the copy bandwidth measured in the same run) and the int8 dense tensor-
 1979; the stem's useful MACs, 7 x 7 x 3 per output, while the kernel computes 8 x 8 x 4 / 7 x 7 x 3 = 1.52x that).
 The weights are random: performance only.
 
-  python3.10 benchmarks/stem_trt.py --out benchmarks/results/stem_h100.json        (TensorRT staged)
-  python3 benchmarks/stem_trt.py --no-trt --out /tmp/stem.json                     (ours only)
+  python3.10 -m trtfuse bench layers --kind stem --out benchmarks/results/stem_h100.json   (TensorRT staged)
+  python3 -m trtfuse bench layers --kind stem --no-trt --out /tmp/stem.json                (ours only)
 """
 
 from __future__ import annotations
 
-import argparse
-import json
-import sys
-from pathlib import Path
-
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench_cuda, also when loaded by path (tests)
-from bench_cuda import DeviceBuffer, ck, compare, cudart, result_header, time_ms
+from trtfuse.bench.cuda import DeviceBuffer, ck, compare, cudart, result_header, time_ms
+from trtfuse.bench.layers import measure
 from trtfuse.ops import residual_conv as op
 from trtfuse.ops import residual_conv_reference as ref
 
@@ -80,7 +75,7 @@ def trt_engine(kind: str, L: dict, n: int):
     """kind 'trt': TensorRT's stem, Conv 7x7/2 + ReLU + MaxPool 3x3/2; 'plugin': the TrtfuseResidualConv node with
     kernel_size 7 (what the ONNX rewrite emits). int8 LINEAR in, int8 CHW32 out. Returns (engine, layer info)."""
     import tensorrt as trt
-    from residual_conv_trt import LOGGER, create_plugin, finish_engine
+    from trtfuse.bench.layers.common import LOGGER, create_plugin, finish_engine
 
     builder = trt.Builder(LOGGER)
     network = builder.create_network(1 << int(trt.NetworkDefinitionCreationFlag.EXPLICIT_BATCH))
@@ -117,7 +112,7 @@ def run_case(n: int, reps: int, stream, rng, with_trt: bool) -> dict:
     row["ours_ms"] = configs[row["ours_config"]]
     row["ours_best_ms"] = min(configs.values())
     if with_trt:  # TensorRT's own stem, and ours as the plugin node inside a TensorRT engine
-        from residual_conv_trt import time_x_engines
+        from trtfuse.bench.layers.common import time_x_engines
 
         time_x_engines(lambda kind: trt_engine(kind, L, n), ("trt", "plugin"), xb.ptr, ob, out_like, COUT,
                        stream, reps, f"stem batch {n}", row, outs)
@@ -140,25 +135,20 @@ def run_case(n: int, reps: int, stream, rng, with_trt: bool) -> dict:
     return row
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--batches", default="256,2048")
-    ap.add_argument("--reps", type=int, default=30)
-    ap.add_argument("--peak-tops", type=float, default=1979.0, help="int8 dense tensor-core peak (H100 SXM: 1979)")
-    ap.add_argument("--no-trt", action="store_true", help="ours only (no TensorRT on this machine)")
-    ap.add_argument("--out", required=True)
-    args = ap.parse_args(argv)
+def run(args) -> int:
+    """`trtfuse bench layers --kind stem` (trtfuse.bench.layers.resolve checked args)."""
     stream = ck(cudart.cudaStreamCreate())
     rng = np.random.default_rng(0)
-    result = result_header("benchmarks/stem_trt.py", stream, not args.no_trt, peak_tops=args.peak_tops,
-                           layers=[])
+    result = result_header(args.command, stream, not args.no_trt, peak_tops=args.peak_tops, layers=[])
     print(f"copy bandwidth {result['copy_gbps']:.0f} GB/s", flush=True)
-    for n in (int(b) for b in args.batches.split(",")):
+
+    def case(_name, n):   # one layer: "stem"
         row = run_case(n, args.reps, stream, rng, not args.no_trt)
         row["floor_ms"] = row["bytes"] / result["copy_gbps"] / 1e6
         row["ours_tops"] = row["ops"] / row["ours_ms"] / 1e9
-        result["layers"].append(row)
-        Path(args.out).write_text(json.dumps(result, indent=1))
+        return row
+
+    measure(args, result, "layers", case)
     print(f"\n{'layer':6} {'batch':>5} {'ours ms':>8} {'config':>8} {'TRT ms':>8} {'x TRT':>6} {'floor':>6} "
           f"{'% peak':>6}")
     for r in result["layers"]:
@@ -169,6 +159,3 @@ def main(argv=None) -> int:
     print(f"checks: {len(bad)} failed" + (f": {bad}" if bad else ""))
     return 1 if bad else 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -19,101 +19,31 @@ Run on the GPU machine with TensorRT 8.5 staged (see ../shared/device/README.md)
   source /opt/trt85/env.sh && source tools/dev_env.sh
   python3 -m trtfuse.plugin_build build --tensorrt-root /opt/trt85 --archs 90
   TRTFUSE_RESIDUAL_CONV_CACHE=benchmarks/results/residual_conv_tuning_h100.json \\
-    python3.10 benchmarks/residual_conv_trt.py --qdq --out benchmarks/results/residual_conv_h100.json
+    python3.10 -m trtfuse bench layers --kind residual --qdq --out benchmarks/results/residual_conv_h100.json
 """
 
 from __future__ import annotations
 
-import argparse
-import ctypes
 import json
-import sys
 import time
-from pathlib import Path
 
 import numpy as np
 
 import tensorrt as trt
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench_cuda, also when loaded by path (tests)
-from bench_cuda import DeviceBuffer, ck, compare, copy_gbps, cudart, time_ms
+from trtfuse.bench.cuda import DeviceBuffer, ck, compare, copy_gbps, cudart, time_ms
+from trtfuse.bench.layers import measure
+# the tests drive this kind's cases and the plugin node through these names
+from trtfuse.bench.layers.common import (LOGGER, PluginFields, _int8_io, check_binding_formats,  # noqa: F401
+                                         create_plugin, finish_engine, layer_summary, load_plugin_library,
+                                         plugin_creator, time_x_engines)
 from trtfuse.ops import residual_conv_reference as ref
 # the layers, as the tuner names them: STAGES (cin, cout, input h == w, stride, residual + ReLU (a tail) or neither (a
 # projection)); FUSED, a stage's first block (proj_cin, cin, cout, input h == w, stride)
 from trtfuse.tuning import RESNET50_FUSED as FUSED
 from trtfuse.tuning import RESNET50_STAGES as STAGES
 
-LOGGER = trt.Logger(trt.Logger.WARNING)
-
 
 # ------------------------------------------------------------------------------------------------ engines
-def load_plugin_library() -> str:
-    from trtfuse.plugin_build import library_path
-
-    path = str(library_path("plugins"))
-    ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
-    return path
-
-
-def plugin_creator():
-    creator = trt.get_plugin_registry().get_plugin_creator("TrtfuseResidualConv", "1", "")
-    if creator is None:
-        raise RuntimeError(
-            "TrtfuseResidualConv is not registered: was libtrtfuse_plugins.so loaded?"
-        )
-    return creator
-
-
-class PluginFields:
-    """The plugin's fields. A trt.PluginField keeps only a pointer into its numpy array, so the arrays
-    live as long as this object (inline temporaries arrive as garbage: NVIDIA/TensorRT#238)."""
-
-    def __init__(self, L: dict, cin: int, cout: int, P: dict | None = None, N: dict | None = None):
-        F = trt.PluginFieldType
-        # P: the projection fused into this tail (its fields as proj_*); N: the next conv chained onto it (next_*,
-        # the node's second output)
-        proj = [] if P is None else self._layer("proj_", P) + [
-            ("proj_cin", np.array([P["w"].shape[1]], dtype=np.int32), F.INT32),
-            ("proj_stride", np.array([P["stride"]], dtype=np.int32), F.INT32),
-        ]
-        nxt = [] if N is None else self._layer("next_", N) + [
-            ("next_cout", np.array([N["w"].shape[0]], dtype=np.int32), F.INT32),
-            ("next_relu", np.array([1], dtype=np.int32), F.INT32),
-        ]
-        self.arrays = proj + nxt + self._layer("", L) + [
-            ("r_scale", np.array([L["r_scale"]], dtype=np.float32), F.FLOAT32),
-            ("relu", np.array([int(L["relu"])], dtype=np.int32), F.INT32),
-            ("cin", np.array([cin], dtype=np.int32), F.INT32),
-            ("cout", np.array([cout], dtype=np.int32), F.INT32),
-            ("stride", np.array([L.get("stride", 1)], dtype=np.int32), F.INT32),
-        ] + ([("kernel_size", np.array([L["kernel_size"]], dtype=np.int32), F.INT32)] if "kernel_size" in L else [])
-        self.fields = [trt.PluginField(*a) for a in self.arrays]
-        self.collection = trt.PluginFieldCollection(self.fields)
-
-    @staticmethod
-    def _layer(prefix: str, L: dict) -> list:
-        """A layer's weights, scales and bias as `prefix`-named fields ("": the node's own; proj_*, next_*). The
-        weights as INT32: what the ONNX rewrite emits (the creator also takes INT8 and FLOAT)."""
-        F = trt.PluginFieldType
-        return [
-            (f"{prefix}weights", np.ascontiguousarray(L["w"], dtype=np.int32).reshape(-1), F.INT32),
-            (f"{prefix}w_scale", np.ascontiguousarray(L["w_scale"], dtype=np.float32), F.FLOAT32),
-            (f"{prefix}bias", np.ascontiguousarray(L["bias"], dtype=np.float32), F.FLOAT32),
-            (f"{prefix}x_scale", np.array([L["x_scale"]], dtype=np.float32), F.FLOAT32),
-            (f"{prefix}out_scale", np.array([L["out_scale"]], dtype=np.float32), F.FLOAT32),
-        ]
-
-
-def create_plugin(name: str, L: dict, cin: int, cout: int, P: dict | None = None, N: dict | None = None):
-    fields = PluginFields(L, cin, cout, P, N)
-    return plugin_creator().create_plugin(name, fields.collection)
-
-
-def _int8_io(t: trt.ITensor, scale: float):
-    t.dtype = trt.int8
-    t.allowed_formats = 1 << int(trt.TensorFormat.CHW32)
-    t.dynamic_range = (-127.0 * scale, 127.0 * scale)  # TensorRT's int8 scale = range / 127
-
-
 def build_engine(kind: str, L: dict, n: int, cin: int, cout: int, hw: int):
     """kind 'trt': Conv (+ Add + ReLU with a residual input) by TensorRT; 'plugin': TrtfuseResidualConv. L["r_scale"]
     0: no residual input; L["stride"] (default 1). Returns (engine, layer info)."""
@@ -157,27 +87,6 @@ def build_engine(kind: str, L: dict, n: int, cin: int, cout: int, hw: int):
     return finish_engine(builder, network, out, L["out_scale"], kind)
 
 
-def finish_engine(builder, network, out: trt.ITensor, out_scale: float, what: str, more=()):
-    """Marks `out` (int8 kCHW32 at out_scale) as the output ("out"; and each (tensor, name, scale) of `more`), builds
-    with the INT8 flag and no tactic libraries (no cuBLAS/cuDNN/cuBLASLt on the GPU machine); returns (engine, its
-    layer information)."""
-    for t, name, scale in ((out, "out", out_scale), *more):
-        t.name = name
-        network.mark_output(t)
-        _int8_io(t, scale)
-    config = builder.create_builder_config()
-    config.set_flag(trt.BuilderFlag.INT8)
-    config.set_tactic_sources(0)
-    config.profiling_verbosity = trt.ProfilingVerbosity.DETAILED
-    config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, 1 << 30)
-    blob = builder.build_serialized_network(network, config)
-    if blob is None:
-        raise RuntimeError(f"building the {what} engine failed")
-    engine = trt.Runtime(LOGGER).deserialize_cuda_engine(blob)
-    info = engine.create_engine_inspector().get_engine_information(trt.LayerInformationFormat.JSON)
-    return engine, json.loads(info)
-
-
 def build_fused_engine(kind: str, T: dict, P: dict, n: int, hw: int):
     """A stage's first block: inputs x (the tail's, ceil(hw / stride) square) and xp (the block input, hw square).
     kind 'trt': the projection Conv (its int8 output range: P's out_scale), then the tail Conv + Add(projection) +
@@ -213,55 +122,6 @@ def build_fused_engine(kind: str, T: dict, P: dict, n: int, hw: int):
             raise RuntimeError("create_plugin refused the fused fields (see stderr)")
         out = network.add_plugin_v2([x, xp], plugin).get_output(0)
     return finish_engine(builder, network, out, T["out_scale"], f"fused {kind}")
-
-
-def time_x_engines(build, kinds, x_ptr: int, ob: DeviceBuffer, out_like: np.ndarray, cout: int, stream, reps: int,
-                   label: str, row: dict, outs: dict) -> None:
-    """One-input ("x") engines side by side on the same device input: for each kind, build(kind) -> (engine, info);
-    one run into the poisoned output buffer `ob` (kCHW32 like out_like), whose first cout channels go to outs[kind],
-    then CUDA-event timing (median of reps) into row["trt_ms"] for "trt", else row["plugin_engine_ms"], and the
-    engine's layers into row[kind + "_layers"]."""
-    for kind in kinds:
-        t0 = time.time()
-        engine, info = build(kind)
-        ctx = engine.create_execution_context()
-        ob.fill(0x5A)
-        bindings = [x_ptr if engine.get_binding_name(i) == "x" else ob.ptr for i in range(engine.num_bindings)]
-        if not ctx.execute_async_v2(bindings, int(stream)):
-            raise RuntimeError(f"{kind}: execute_async_v2 failed")
-        ck(cudart.cudaStreamSynchronize(stream))
-        outs[kind] = ref.from_nc32hw32(ob.download(out_like), cout)
-        key = "trt_ms" if kind == "trt" else "plugin_engine_ms"
-        row[key] = time_ms(lambda _: ctx.execute_async_v2(bindings, int(stream)), stream, reps)
-        row[f"{kind}_layers"] = layer_summary(info)
-        print(f"  {label} {kind} engine: built in {time.time() - t0:.0f} s, {row[key]:.4f} ms; "
-              f"{row[f'{kind}_layers']}", flush=True)
-        del ctx, engine
-
-
-def layer_summary(info: dict) -> list[str]:
-    out = []
-    for layer in info.get("Layers", []):
-        if isinstance(layer, str):
-            out.append(layer)
-            continue
-        fmt = [i.get("Format/Datatype", "") for i in layer.get("Inputs", [])]
-        out.append(
-            f"{layer.get('LayerType', '?')} {layer.get('Name', '')} tactic={layer.get('TacticName', '')} "
-            f"in={fmt}"
-        )
-    return out
-
-
-def check_binding_formats(engine):
-    for i in range(engine.num_bindings):
-        assert engine.get_binding_dtype(i) == trt.int8, (
-            engine.get_binding_name(i),
-            engine.get_binding_dtype(i),
-        )
-        assert engine.get_binding_format(i) == trt.TensorFormat.CHW32, (
-            engine.get_binding_format_desc(i)
-        )
 
 
 # ------------------------------------------------------------------------------------------------ one case
@@ -405,7 +265,7 @@ def run_fused_case(stage: str, n: int, reps: int, stream, rng) -> dict:
     # Informational, not a check: in this implicitly quantized network TensorRT may fuse the Add into the
     # projection's conv instead of the tail's (trt_layers says which), quantizing the tail conv's output to int8 at
     # the output's scale first: another function than the network's Q/DQ graph, where the projection's output is
-    # the quantized tensor (the engines built from that graph are compared by resnet50_e2e.py's agreement stage).
+    # the quantized tensor (the engines built from that graph are compared by the e2e suite's agreement stage).
     # Where TensorRT fuses as the graph does, a 1-LSB difference in the projection's output moves the tail's value
     # by r_scale / out_scale LSB, on top of the tail's own 1 LSB.
     row["trt_agreement"] = compare("plugin vs TensorRT (all images, informational)", outs["plugin"], outs["trt"],
@@ -579,19 +439,8 @@ def qdq_onnx_check(rng, stream) -> dict:
 
 
 # ------------------------------------------------------------------------------------------------ main
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument(
-        "--stages", default="res2,res3,res4,res5", help=f"comma-separated, of {', '.join([*STAGES, *FUSED])}"
-    )
-    p.add_argument("--batches", default="256,2048")
-    p.add_argument("--reps", type=int, default=100)
-    p.add_argument(
-        "--qdq", action="store_true", help="also check the explicitly quantized ONNX path"
-    )
-    p.add_argument("--out", default="benchmarks/results/residual_conv_h100.json")
-    args = p.parse_args(argv)
-
+def run(args) -> int:
+    """`trtfuse bench layers --kind residual` (trtfuse.bench.layers.resolve checked args)."""
     lib = load_plugin_library()
     print(f"TensorRT {trt.__version__}, plugin library {lib}")
     ck(cudart.cudaSetDevice(0))
@@ -608,18 +457,8 @@ def main(argv=None) -> int:
     ] + [plugin_round_trip_check(rng, stream, False, residual=False, stride=stride) for stride in (1, 2)]
     if args.qdq:
         result["qdq_check"] = qdq_onnx_check(rng, stream)
-    stages = args.stages.split(",")
-    unknown = [st for st in stages if st not in STAGES and st not in FUSED]
-    if unknown:
-        p.error(f"unknown stage(s) {', '.join(unknown)}: choose from {', '.join([*STAGES, *FUSED])}")
-    for stage in stages:
-        for n in (int(b) for b in args.batches.split(",")):
-            case = run_fused_case if stage in FUSED else run_case
-            result["rows"].append(case(stage, n, args.reps, stream, rng))
-            Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-            Path(args.out).write_text(
-                json.dumps(result, indent=1) + "\n"
-            )  # partial results survive a crash
+    measure(args, result, "rows",
+            lambda stage, n: (run_fused_case if stage in FUSED else run_case)(stage, n, args.reps, stream, rng))
 
     ok = (
         all(c["ok"] for row in result["rows"] for c in row["checks"])
@@ -639,6 +478,3 @@ def main(argv=None) -> int:
     print(f"wrote {args.out}; all checks {'passed' if ok else 'FAILED'}")
     return 0 if ok else 1
 
-
-if __name__ == "__main__":
-    sys.exit(main())

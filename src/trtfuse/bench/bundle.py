@@ -5,8 +5,8 @@ models are prepared here (CPU: export, calibrate, quantize, check the rewrite on
 bundle of parts that each fit one call, and each carried part is stashed on the machine outside the
 work tree (which every call replaces), where the benchmarks read them.
 
-    python tools/device_bundle.py prepare [--bundle .devcache/e2e] [--methods all]   # here (CPU)
-    python3.10 tools/device_bundle.py stash                                           # on the GPU machine
+    trtfuse bench bundle prepare [--bundle .devcache/e2e] [--methods all]   # here (CPU)
+    python3.10 -m trtfuse bench bundle stash                                           # on the GPU machine
 
 Bundle: models/ (the Q/DQ models of ResNet-50 (random weights) and EfficientNet-Lite0, labels,
 prepare.json with the CPU numbers) and images0..2 (EfficientNet-Lite0's evaluation images, already
@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 from trtfuse.passes.quantize import METHOD_CANDIDATES as METHODS
 
-REPO = Path(__file__).resolve().parent.parent
+from trtfuse.bench import REPO
 IMAGES = REPO.parent / "shared" / "data" / "imagenet-sample"
 IMAGE_PARTS = 3
 STASH = Path("/tmp/trtfuse-e2e")
@@ -87,7 +87,7 @@ def prepare(bundle: Path, methods=METHODS, agreement_images: int = 64) -> dict:
         onnx.save(result.model, out_dir / QDQ_FILE)
         meta = pm.to_json()
         meta["onnx_path"] = QDQ_FILE  # the bundle carries the int8 model only
-        meta["notes"] = {**meta.get("notes", {}), "bundle": "int8 Q/DQ model only (benchmarks/resnet50_e2e.py)"}
+        meta["notes"] = {**meta.get("notes", {}), "bundle": "int8 Q/DQ model only (trtfuse bench e2e)"}
         (out_dir / "model.json").write_text(json.dumps(meta, indent=1) + "\n")
         (out_dir / QUANT_META).write_text(json.dumps(
             {"calibration": str(IMAGES), "method": method, "percentile": pct, "every": 7,

@@ -3,7 +3,7 @@ TensorRT 8.5's own.
 
 For each layer and batch, on identical int8 kCHW32 data (device resident), in one process:
   (a) a one-layer engine of TensorRT's int8 Conv(3x3, padding 1) + ReLU: network API, int8 I/O through dynamic
-      ranges (implicit quantization), allowed formats CHW32, INT8 flag, tactic sources 0 (as residual_conv_trt.py);
+      ranges (implicit quantization), allowed formats CHW32, INT8 flag, tactic sources 0 (common.py);
   (b) our kernel through the C ABI (trtfuse_conv3x3_forward), every halo configuration that holds the layer, and the
       one forward(-1) picks; and (with TensorRT) the TrtfuseResidualConv plugin node (kernel_size 3) in an engine;
 checks ours bit-exact against the rounding rule and TensorRT within 1 LSB of the float64 formula (on three images),
@@ -11,28 +11,19 @@ times each (CUDA events, median of --reps), and sets them against two limits mea
 the DRAM floor (input + output bytes at the measured device copy bandwidth) and the int8 dense tensor-core peak of
 the GPU (--peak-tops, H100 SXM: 1979). ResNet-50 has random weights here: performance only.
 
-  python3.10 benchmarks/conv3x3_trt.py --out benchmarks/results/conv3x3_h100.json          (TensorRT staged)
-  python3 benchmarks/conv3x3_trt.py --no-trt --out /tmp/conv3x3.json                        (ours only)
+  python3.10 -m trtfuse bench layers --kind conv3x3 --out benchmarks/results/conv3x3_h100.json   (TensorRT staged)
+  python3 -m trtfuse bench layers --kind conv3x3 --no-trt --out /tmp/conv3x3.json                (ours only)
 """
 
 from __future__ import annotations
 
-import argparse
-import json
-import sys
-from pathlib import Path
-
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench_cuda, also when loaded by path (tests)
-from bench_cuda import DeviceBuffer, ck, compare, cudart, result_header, time_ms
+from trtfuse.bench.cuda import DeviceBuffer, ck, compare, cudart, result_header, time_ms
+from trtfuse.bench.layers import CONV3X3_LAYERS as LAYERS
+from trtfuse.bench.layers import measure
 from trtfuse.ops import residual_conv as op
 from trtfuse.ops import residual_conv_reference as ref
-
-# name: (cin == cout, input h == w, stride); the 3x3 convs of ResNet-50 the halo kernel holds (layer4's and layer3.0's:
-# weight slices too large)
-LAYERS = {"layer1.conv2": (64, 56, 1), "layer2.conv2": (128, 28, 1), "layer3.conv2": (256, 14, 1),
-          "layer2.0.conv2": (128, 56, 2)}
 
 
 def random_conv3x3(rng, c):
@@ -45,7 +36,7 @@ def trt_engine(kind: str, L: dict, n: int, c: int, hw: int, stride: int):
     """kind 'trt': TensorRT's Conv 3x3 (padding 1) + ReLU; 'plugin': the TrtfuseResidualConv node with kernel_size 3
     (what the ONNX rewrite emits). Returns (engine, layer info)."""
     import tensorrt as trt
-    from residual_conv_trt import LOGGER, _int8_io, create_plugin, finish_engine
+    from trtfuse.bench.layers.common import LOGGER, _int8_io, create_plugin, finish_engine
 
     builder = trt.Builder(LOGGER)
     network = builder.create_network(1 << int(trt.NetworkDefinitionCreationFlag.EXPLICIT_BATCH))
@@ -98,7 +89,7 @@ def run_case(name: str, n: int, reps: int, stream, rng, with_trt: bool) -> dict:
     row["ours_ms"] = configs[row["ours_config"]]
     row["ours_best_ms"] = min(configs.values())
     if with_trt:  # TensorRT's own kernel, and ours as the plugin node inside a TensorRT engine
-        from residual_conv_trt import time_x_engines
+        from trtfuse.bench.layers.common import time_x_engines
 
         time_x_engines(lambda kind: trt_engine(kind, L, n, c, hw, stride), ("trt", "plugin"), xb.ptr, ob,
                        out_like, c, stream, reps, f"{name} batch {n}", row, outs)
@@ -120,27 +111,20 @@ def run_case(name: str, n: int, reps: int, stream, rng, with_trt: bool) -> dict:
     return row
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--layers", default=",".join(LAYERS))
-    ap.add_argument("--batches", default="256,2048")
-    ap.add_argument("--reps", type=int, default=30)
-    ap.add_argument("--peak-tops", type=float, default=1979.0, help="int8 dense tensor-core peak (H100 SXM: 1979)")
-    ap.add_argument("--no-trt", action="store_true", help="ours only (no TensorRT on this machine)")
-    ap.add_argument("--out", required=True)
-    args = ap.parse_args(argv)
+def run(args) -> int:
+    """`trtfuse bench layers --kind conv3x3` (trtfuse.bench.layers.resolve checked args)."""
     stream = ck(cudart.cudaStreamCreate())
     rng = np.random.default_rng(0)
-    result = result_header("benchmarks/conv3x3_trt.py", stream, not args.no_trt, peak_tops=args.peak_tops,
-                           layers=[])
+    result = result_header(args.command, stream, not args.no_trt, peak_tops=args.peak_tops, layers=[])
     print(f"copy bandwidth {result['copy_gbps']:.0f} GB/s", flush=True)
-    for name in args.layers.split(","):
-        for n in (int(b) for b in args.batches.split(",")):
-            row = run_case(name, n, args.reps, stream, rng, not args.no_trt)
-            row["floor_ms"] = row["bytes"] / result["copy_gbps"] / 1e6
-            row["ours_tops"] = row["ops"] / row["ours_ms"] / 1e9
-            result["layers"].append(row)
-            Path(args.out).write_text(json.dumps(result, indent=1))
+
+    def case(name, n):
+        row = run_case(name, n, args.reps, stream, rng, not args.no_trt)
+        row["floor_ms"] = row["bytes"] / result["copy_gbps"] / 1e6
+        row["ours_tops"] = row["ops"] / row["ours_ms"] / 1e9
+        return row
+
+    measure(args, result, "layers", case)
     print(f"\n{'layer':14} {'batch':>5} {'ours ms':>8} {'config':>20} {'TRT ms':>8} {'x TRT':>6} {'floor':>6} "
           f"{'% peak':>6}")
     for r in result["layers"]:
@@ -151,6 +135,3 @@ def main(argv=None) -> int:
     print(f"checks: {len(bad)} failed" + (f": {bad}" if bad else ""))
     return 1 if bad else 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,7 +1,7 @@
 """Where the serving path's time goes, without LoadGen: host->device row copies and the backend loop.
 
-GPU machine, after resnet50_e2e.py's bundle is stashed (its engines are built or cached):
-    python3.10 benchmarks/serving_probe.py --out /tmp/trtfuse-results/serving_probe.json
+GPU machine, after the e2e suite's bundle is stashed (its engines are built or cached):
+    python3.10 -m trtfuse bench probe --out /tmp/trtfuse-results/serving_probe.json
 
 1. Copies: a batch of random store rows to the device as one cudaMemcpyBatchAsync, as one
    cudaMemcpyAsync per row, and the same bytes as one contiguous copy (the PCIe rate to compare with).
@@ -17,15 +17,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import threading
 import time
 from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from resnet50_e2e import BundleImages, _backend, log  # noqa: E402
+from trtfuse.bench.e2e import BundleImages, _backend, log
 
 
 def copy_rates(cr, store: np.ndarray, n: int, reps: int = 10) -> dict:

@@ -3,9 +3,9 @@ MultiStream and Offline at the official settings with TEST01/TEST04 each, the tr
 on it, and SingleStream p90 / MultiStream p99 latency against TensorRT's own (plugins off).
 
 A thin caller of the harness (``session.run``, ``compliance.run_compliance``, ``submission.main``): it adds
-the device bundle's model and images (tools/device_bundle.py) and the order of the work.
+the device bundle's model and images (trtfuse.bench.bundle) and the order of the work.
 
-    python3.10 benchmarks/edge_submission.py UNIT [UNIT ...] [--out DIR] [--mlperf-dir DIR]
+    python3.10 -m trtfuse bench edge UNIT [UNIT ...] [--out DIR] [--mlperf-dir DIR]
 
 Units (a unit whose folder is complete is skipped, so units spread over several leases resume):
   latency            SingleStream and MultiStream, --latency-s each, plugins off then --plugins, one
@@ -17,7 +17,7 @@ Units (a unit whose folder is complete is skipped, so units spread over several 
   tree               `trtfuse submission` of every run into OUT/tree/closed/<submitter>, then MLCommons'
                      submission checker (--check): OUT/checker.txt, OUT/edge_submission.json
 A unit takes 600 s of LoadGen and more (engine builds, warm-up): start it detached and poll, e.g.
-    nohup python3.10 benchmarks/edge_submission.py ss > /tmp/edge-ss.log 2>&1 &
+    nohup python3.10 -m trtfuse bench edge ss > /tmp/edge-ss.log 2>&1 &
 
 ResNet-50 has random weights: performance is real; its accuracy runs are real runs of that model and fail
 MLPerf's target (the checker says so; the tree takes them with --allow-invalid). Without --dataset, the
@@ -36,8 +36,7 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
+from trtfuse.bench import REPO
 
 SCENARIOS = {"ss": "singlestream", "ms": "multistream", "off": "offline"}
 KINDS = ("perf", "acc", "test01", "test04")
@@ -102,7 +101,7 @@ class Edge:
 
             d = open_dataset(self.args.dataset, self.model().preprocess, progress=False)
             return d, d
-        from device_bundle import BundleImages
+        from trtfuse.bench.bundle import BundleImages
 
         images = BundleImages(self.args.bundle)
         return Tiled(images, max(PSC, len(images))), Tiled(images, IMAGENET_VAL)
@@ -204,7 +203,7 @@ class Edge:
         log(f"{name}: {entry}")
 
     def command(self, scenario: str, mode: str = "performance") -> list[str]:
-        return ["python3.10", "benchmarks/edge_submission.py", f"{[k for k, v in SCENARIOS.items() if v == scenario][0]}-"
+        return ["python3.10", "-m", "trtfuse", "bench", "edge", f"{[k for k, v in SCENARIOS.items() if v == scenario][0]}-"
                 + {"performance": "perf", "accuracy": "acc"}[mode], "--plugins", self.args.plugins]
 
     def tree(self) -> None:
@@ -253,7 +252,7 @@ class Edge:
 
 
 def main(argv=None) -> int:
-    from device_bundle import STASH
+    from trtfuse.bench.bundle import STASH
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("units", nargs="+")
@@ -261,7 +260,7 @@ def main(argv=None) -> int:
     p.add_argument("--bundle", type=Path, default=STASH)
     p.add_argument("--dataset", help="an ImageNet validation folder (val_map.txt): accuracy on real images")
     p.add_argument("--mlperf-dir", type=Path,
-                   default=Path(__file__).resolve().parent.parent / ".devcache" / "mlperf")
+                   default=REPO / ".devcache" / "mlperf")
     p.add_argument("--plugins", default="all", choices=["tails", "all"])
     p.add_argument("--offline-batch", type=int, default=2048)
     p.add_argument("--latency-s", type=float, default=60.0)

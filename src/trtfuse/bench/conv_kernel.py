@@ -4,6 +4,9 @@ For each ResNet-50 conv3 stage and batch: our kernel (config from the tuning cac
 the strongest peer available without TensorRT (torch._int_mm = cuBLASLt int8 GEMM on the same M x K x N,
 NHWC rows, int32 out; and the same plus the epilogue as separate torch ops), and the bandwidth floor
 from a device-to-device copy measured in the same run. Writes JSON (--out) and prints a table.
+
+    python3 -m trtfuse.bench.conv_kernel --out OUT.json      (the GPU machine's python3: PyTorch, no TensorRT)
+    trtfuse bench conv-kernel --out OUT.json                 (the same, where the CLI's dependencies are installed)
 """
 
 from __future__ import annotations
@@ -59,7 +62,7 @@ def tail_stage(stage: str) -> tuple[int, int, int]:
     cin, cout, hw, stride, residual = tuning.RESNET50_STAGES[stage]
     if stride != 1 or not residual:
         raise SystemExit(f"--stages {stage}: not a bottleneck tail (res2-res5); time projections with "
-                         "benchmarks/residual_conv_trt.py")
+                         "trtfuse bench layers --kind residual")
     return cin, cout, hw
 
 

@@ -1,7 +1,7 @@
 """LayerNorm on the GPU: ours (C ABI) and torch.nn.functional.layer_norm side by side, in one run.
 
-    python3 benchmarks/layernorm_bench.py --json OUT.json [--explore] [--rows 49152]
-    python3 benchmarks/layernorm_bench.py --sanitize      # small checked launches of every path, for
+    python3 -m trtfuse.bench.layernorm --json OUT.json [--explore] [--rows 49152]
+    python3 -m trtfuse.bench.layernorm --sanitize      # small checked launches of every path, for
                                                           # compute-sanitizer memcheck / racecheck
 
 Timing: each implementation's launches are captured in a CUDA graph (host launch cost out of the
@@ -293,7 +293,7 @@ def run_sanitize() -> int:
     return 0
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--json", help="write results here")
     p.add_argument("--rows", type=int, default=49152)
@@ -310,7 +310,7 @@ def main() -> int:
     p.add_argument(
         "--sanitize-launch-only", action="store_true", help="shared-memory paths (racecheck driver)"
     )
-    args = p.parse_args()
+    args = p.parse_args(argv)
     if args.sanitize:
         return run_sanitize()
     if args.sanitize_launch_only:

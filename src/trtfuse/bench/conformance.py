@@ -2,10 +2,10 @@
 Offline run, Server, TEST01/TEST04 judged by MLCommons' scripts, and MLCommons' ImageNet scorer.
 
 A thin caller of the harness (``trtfuse.session.run``, ``trtfuse.compliance.run_compliance``); it adds
-only the device bundle (tools/device_bundle.py's stashed models and int8 images) and the JSON of
+only the device bundle (trtfuse.bench.bundle's stashed models and int8 images) and the JSON of
 benchmarks/results/mlperf_conformance_h100.json. ResNet-50 has random weights: performance only.
 
-    python3.10 benchmarks/mlperf_conformance.py run --stages STAGES [--mlperf-dir DIR] [--out FILE]
+    python3.10 -m trtfuse bench conformance run --stages STAGES [--mlperf-dir DIR] [--out FILE]
 
 Stages (each guarded: a failure is recorded under "errors" and the next one runs; results merge
 into --out, so stages can be spread over several device calls):
@@ -25,16 +25,14 @@ with RESULTS = the folder of --out.
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
-from device_bundle import STASH, BundleImages, log  # noqa: E402
-from resnet50_e2e import Results  # noqa: E402
+from trtfuse.bench import REPO
+from trtfuse.bench.bundle import STASH, BundleImages, log
+from trtfuse.bench.e2e import Results
 
 STAGES = ("engine", "accuracy", "server", "offline-short", "offline-official", "compliance-server",
           "compliance-offline")
@@ -73,7 +71,7 @@ def main(argv=None) -> int:
     p.add_argument("--stages", default=",".join(s for s in STAGES if s != "offline-official"))
     p.add_argument("--bundle", type=Path, default=STASH)
     p.add_argument("--out", type=Path, default=Path("/tmp/trtfuse-conf/mlperf_conformance_h100.json"))
-    p.add_argument("--mlperf-dir", default=str(Path(__file__).resolve().parent.parent / ".devcache" / "mlperf"))
+    p.add_argument("--mlperf-dir", default=str(REPO / ".devcache" / "mlperf"))
     p.add_argument("--offline-batch", type=int, default=2048)
     p.add_argument("--server-batch", type=int, default=256)
     p.add_argument("--server-start-qps", type=float, default=60000.0)

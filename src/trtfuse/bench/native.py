@@ -1,7 +1,7 @@
 """The native run loop against the Python SUT on one GPU lease: ResNet-50 int8 with the plugins (random weights:
 performance only), the engine alone, LoadGen Offline and Server, each SUT on the same engine and inputs.
 
-    python3.10 benchmarks/native_sut.py run --stages engines,engine,offline,server [--seconds 60]   # GPU machine
+    python3.10 -m trtfuse bench native run --stages engines,engine,offline,server [--seconds 60]   # GPU machine
 
 Stages add to one JSON (--out) so that they can spread over several device calls on one warm machine:
   engines   build the engines (plugins all, int8 input, 2 optimization profiles) at batch 2048 and 256
@@ -28,7 +28,6 @@ from pathlib import Path
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parent.parent
 BUNDLE = Path("/tmp/trtfuse-e2e")
 STAGES = ("engines", "engine", "offline", "server", "attribution")
 
@@ -169,7 +168,7 @@ def run(args) -> int:
     data.setdefault("errors", {})
     data.update(gpu=cuda_runtime.device_name(), trt_version=trt.__version__,
                 loadgen_version=native_sut.loadgen_version(), weights="random: performance only",
-                how="benchmarks/native_sut.py (tools/device_trt.sh native:STAGES)")
+                how="trtfuse bench native (tools/device_trt.sh native:STAGES)")
     lease = data.setdefault("leases", [])
     if not lease or lease[-1].get("lease") != args.lease:
         lease.append({"lease": args.lease, "cpu_model": cpu_model(), "offline": [], "server": []})

@@ -2,14 +2,14 @@
 harness's TensorRT backend and through a real Triton server (`trtfuse serve`: the tritonserver that
 nvidia-pytriton bundles, its Python backend running trtfuse's TensorRT backend in each model instance),
 LoadGen Offline and Server back to back; and one lane per GPU (`--devices`) against today's direct path.
-A thin caller of the harness over the device bundle of tools/device_bundle.py (ResNet-50 with random
+A thin caller of the harness over the device bundle of trtfuse.bench.bundle (ResNet-50 with random
 weights: performance only).
 
-    python3.10 benchmarks/triton_h100.py run [--stages direct,triton-offline,triton-server,lanes]   # GPU machine
+    python3.10 -m trtfuse bench triton run [--stages direct,triton-offline,triton-server,lanes]   # GPU machine
 
-Stages (guarded and merged into --out like resnet50_e2e.py's, so they can be spread over calls):
+Stages (guarded and merged into --out like the e2e suite's, so they can be spread over calls):
 - direct: LoadGen Offline (batch 2048 engine) and the Server QPS search (batch 256 engine), TensorRT
-  backend, as resnet50_e2e.py measures them;
+  backend, as `trtfuse bench e2e` measures them;
 - triton-offline: the batch-2048 engine served by `trtfuse serve`, LoadGen Offline through
   `--backend triton`, for each served configuration of --served (INSTANCESxCONCURRENCY: model instances,
   and batches each runs at once) and transport of --offline-transports;
@@ -36,18 +36,14 @@ from __future__ import annotations
 
 import argparse
 import re
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "tools"))
-sys.path.insert(0, str(REPO / "benchmarks"))
-from device_bundle import STASH, BundleImages, log  # noqa: E402
-from bench_runs import loadgen_row, server_search  # noqa: E402
-from resnet50_e2e import Results  # noqa: E402
+from trtfuse.bench.bundle import STASH, BundleImages, log
+from trtfuse.bench.runs import loadgen_row, server_search
+from trtfuse.bench.e2e import Results
 
 STAGES = ("direct", "triton-offline", "triton-server", "triton-cost", "lanes", "native-offline", "native-server",
           "native-accuracy")

@@ -2,13 +2,13 @@
 ResNet-50 plugin engine and `trtfuse compare` of plugins off vs tails; writes
 benchmarks/results/gpu_quickstart_h100.json.
 
-    python3.10 benchmarks/gpu_quickstart.py --images VAL_DIR --calibration CALIB_DIR --resnet50 MODEL_DIR
+    python3.10 trtfuse bench quickstart --images VAL_DIR --calibration CALIB_DIR --resnet50 MODEL_DIR
 
 The commands are read from the README's quick-start block, not written here again: what runs is what
 a user pastes (with $IMAGES and $CALIBRATION set to the folders given). `trtfuse` must be on PATH.
 Each command's wall time and output tail are kept; the run folders' report.json give samples/s and
 top-1, set beside the committed figures they should match (within 5 %). The Offline samples/s is
-matched with resnet50_e2e.py's committed LoadGen Offline run of the same model, engine settings and
+matched with the e2e suite's committed LoadGen Offline run of the same model, engine settings and
 batch (offline_efficientnet_lite0, its offline_lite0 stage) where there is one; the engine-only figure
 (no LoadGen, no host) is reported beside it, labelled as such.
 """
@@ -24,7 +24,7 @@ import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+from trtfuse.bench import REPO
 RESULTS = REPO / "benchmarks" / "results"
 
 
@@ -64,7 +64,7 @@ def committed(name: str) -> dict:
 
 def offline_comparison(samples_per_s: float | None, model: str, batch: int, input_format: str,
                        e2e: dict) -> dict:
-    """The quick start's Offline samples/s beside resnet50_e2e's committed figures of the same model
+    """The quick start's Offline samples/s beside the e2e suite's committed figures of the same model
     and batch (plugins on): its LoadGen Offline run of the same engine (input format too), VALID, like
     for like; and the engine alone. ``ratio_to_committed`` is the like-for-like ratio where that run
     is committed, else the engine-only one; ``compared_with`` says which."""
@@ -95,7 +95,7 @@ def main(argv=None) -> int:
     p.add_argument("--workdir", default="/tmp/trtfuse-quickstart", help="where the commands run (runs/ goes here)")
     p.add_argument("--out", default="/tmp/trtfuse-results/gpu_quickstart_h100.json")
     p.add_argument("--e2e-results", type=Path, default=RESULTS / "resnet50_e2e_h100.json",
-                   help="resnet50_e2e.py's results to compare with (default the committed ones; on the GPU "
+                   help="the e2e suite's results to compare with (default the committed ones; on the GPU "
                         "machine, a fresh offline_lite0 stage's file, merged over the committed ones)")
     args = p.parse_args(argv)
     work = Path(args.workdir)

@@ -1,8 +1,8 @@
 """ResNet-50 int8 with the plugins on N GPUs of one host through the native run loop (one lane per GPU, one
 process), against N times one GPU; and the host path alone (the null engine) at 1, 2, 4, 8 lanes.
 
-    python3.10 benchmarks/multigpu.py run --stages engines,engine,offline,server --counts 1,2,4   # GPU host
-    python3.10 benchmarks/multigpu.py run --stages host-path --host-path-seconds 2              # any host
+    python3.10 -m trtfuse bench multigpu run --stages engines,engine,offline,server --counts 1,2,4   # GPU host
+    python3.10 -m trtfuse bench multigpu run --stages host-path --host-path-seconds 2              # any host
 
 Stages add to one JSON (--out, issue 44's schema) so that they can spread over several device calls:
   engines    build the int8 plugin engines (2 optimization profiles) at batch 2048 and 256
@@ -27,9 +27,7 @@ import time
 import traceback
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "benchmarks"))
-import native_sut as nbench  # noqa: E402  (benchmarks/native_sut.py: RandomImages, settings_for, cpu_model)
+from trtfuse.bench import native as nbench  # RandomImages, settings_for, cpu_model
 
 STAGES = ("engines", "engine", "offline", "server", "host-path")
 RUNS_DIR = "/tmp/trtfuse-multigpu-runs"
@@ -100,7 +98,7 @@ def run(args) -> int:
     data.update(sut=args.sut, cpu_model=nbench.cpu_model(), numa_nodes=numa_nodes(), cpus=os.cpu_count(),
                 loadgen_version=native_sut.loadgen_version(), weights="random: performance only",
                 inputs=f"{args.images} random int8 images 3x224x224 (seed 0)",
-                how="benchmarks/multigpu.py (tools/device_trt.sh multigpu-native)")
+                how="trtfuse bench multigpu (tools/device_trt.sh multigpu-native)")
     data.setdefault("runs", [])
     data.setdefault("host_path_null_engine", [])
     images = nbench.RandomImages(args.images)

@@ -1,17 +1,17 @@
 """End-to-end int8 run on the GPU machine (TensorRT 8.5): ResNet-50 and EfficientNet-Lite0 engines,
 with trtfuse's plugins off, on the tails, and on tails and projections (--plugins off,tails,all), measured: a thin caller of the harness (build_engine, the TensorRT backend,
-`trtfuse profile`'s profile_engine, LoadGen runs) over the device bundle of tools/device_bundle.py.
+`trtfuse profile`'s profile_engine, LoadGen runs) over the device bundle of trtfuse.bench.bundle.
 
-    python tools/device_bundle.py prepare --bundle .devcache/e2e     # here (CPU): the bundle
-    python3.10 tools/device_bundle.py stash                           # GPU machine, once per carried part
-    python3.10 benchmarks/resnet50_e2e.py run [--stages ...]         # GPU machine
+    trtfuse bench bundle prepare --bundle .devcache/e2e     # here (CPU): the bundle
+    python3.10 -m trtfuse bench bundle stash                           # GPU machine, once per carried part
+    python3.10 -m trtfuse bench e2e run [--stages ...]         # GPU machine
 
 Stages (each guarded: a failure is recorded in "errors" and the next stage runs; results merge into
 --out, default /tmp/trtfuse-e2e/results/resnet50_e2e_h100.json beside the LoadGen logs, so stages can
 be spread over several calls): build, engine, profile, agreement, accuracy, offline, offline_lite0,
 server (offline and server run the last of --plugins). offline_lite0 is the GPU quick start's Offline run in committed form (EfficientNet-Lite0 int8,
 plugins tails, batch 256, int8 input, LoadGen sized as `trtfuse run` sizes it): the like-for-like
-figure benchmarks/gpu_quickstart.py compares the quick start with (key offline_efficientnet_lite0).
+figure trtfuse bench quickstart compares the quick start with (key offline_efficientnet_lite0).
 """
 
 from __future__ import annotations
@@ -19,16 +19,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import time
 import traceback
 from pathlib import Path
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "tools"))
-from device_bundle import STASH, BundleImages, log  # noqa: E402
+from trtfuse.bench.bundle import STASH, BundleImages, log
 from trtfuse.config import PLUGIN_MODES, plugin_mode  # noqa: E402
 
 STAGES = ("build", "engine", "profile", "agreement", "accuracy", "offline", "offline_lite0", "server")
@@ -148,7 +145,7 @@ def run(bundle: Path, out: Path, stages, batches, seconds: float, server_batch: 
     def engine():
         # Each engine alone twice: with every input byte 1 (the figure every record has) and with the
         # bundle's real images. At the H100's 700 W cap the images ran 1.5 % slower, at a 1.7 % lower clock
-        # (benchmarks/offline_gap.py).
+        # (trtfuse bench gap).
         data = BundleImages(bundle)
         images = data.images(np.arange(1024) % len(data))
         for name, b, p in combos:

@@ -5,44 +5,35 @@ reading that output back from memory).
 Pairs: the three layer1 tails with the next block's conv1 (kind "fused-tail-conv1", int8 kCHW32 inputs), and the stem
 with layer1.0's conv1 ("stem+layer1.0.conv1", kind "fused-stem-conv1": the int8 LINEAR input [n, 3, 224, 224] as the
 network's, the stem 3 -> 64, the conv1 64 -> 64 1x1 + ReLU on the 56 x 56 pooled output; TensorRT's stem as
-benchmarks/stem_trt.py builds it). For each pair and batch, on identical int8 inputs (device resident), in one process:
+the stem kind (stem.py) builds it). For each pair and batch, on identical int8 inputs (device resident), in one process:
   (a) ours through the C ABI: forward_next (one kernel where it chains), and the same two layers as two of our own
       launches (the tail or the stem, then the conv1), which shows what the chaining itself saves;
   (b) with TensorRT: a two-output engine of TensorRT's own kernels (network API, int8 I/O through dynamic ranges,
-      INT8 flag, tactic sources 0, as residual_conv_trt.py), and the TrtfuseResidualConv node with next_* fields (two
+      INT8 flag, tactic sources 0, as common.py), and the TrtfuseResidualConv node with next_* fields (two
       outputs) in an engine;
 checks both of our outputs bit-exact against the composed rounding rule on three images (the conv1 reads the tail's
 or the stem's int8 output) and every engine against ours, times each (CUDA events, median of --reps), and sets them
 against the DRAM floor (every input, both outputs, at the copy bandwidth measured in the same run). Random weights:
 performance only.
 
-  python3.10 benchmarks/next_conv_trt.py --out benchmarks/results/next_conv_h100.json     (TensorRT staged)
-  python3 benchmarks/next_conv_trt.py --no-trt --out /tmp/next.json                       (ours only)
+  python3.10 -m trtfuse bench layers --kind next --out benchmarks/results/next_conv_h100.json   (TensorRT staged)
+  python3 -m trtfuse bench layers --kind next --no-trt --out /tmp/next.json                     (ours only)
 """
 
 from __future__ import annotations
 
-import argparse
-import json
-import sys
-from pathlib import Path
-
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench_cuda, also when loaded by path (tests)
-from bench_cuda import DeviceBuffer, ck, compare, cudart, result_header, time_ms
+from trtfuse.bench.cuda import DeviceBuffer, ck, compare, cudart, result_header, time_ms
+from trtfuse.bench.layers import NEXT_PAIRS as PAIRS
+from trtfuse.bench.layers import STEM_PAIR, measure
+from trtfuse.errors import UserError
 from trtfuse.ops import residual_conv as op
 from trtfuse.ops import residual_conv_reference as ref
 
 HW = 56
-# pair: (tail cin, tail cout, next cout, projection cin or 0): the tail whose output the next block's conv1 reads
-PAIRS = {
-    "layer1.0+layer1.1.conv1": (64, 256, 64, 64),  # the stage's first block (projection + tail in one kernel)
-    "layer1.1+layer1.2.conv1": (64, 256, 64, 0),
-    "layer1.2+layer2.0.conv1": (64, 256, 128, 0),  # layer2.0's conv1: 256 -> 128, stride 1 (torchvision v1.5)
-}
-# the stem (stem_trt.py's: 3 x 224 x 224 -> 64 x 56 x 56) and layer1.0's conv1 (64 -> STEM_NEXT_COUT, 1x1 + ReLU)
-STEM_PAIR = "stem+layer1.0.conv1"
+# PAIRS (the layers table's NEXT_PAIRS): pair -> (tail cin, tail cout, next cout, projection cin or 0); STEM_PAIR: the
+# stem (stem.py's: 3 x 224 x 224 -> 64 x 56 x 56) and layer1.0's conv1 (64 -> STEM_NEXT_COUT, 1x1 + ReLU)
 STEM_NEXT_COUT = 64
 NAMES = [*PAIRS, STEM_PAIR]
 
@@ -63,7 +54,7 @@ def trt_engine(kind: str, T: dict, N: dict, P: dict | None, n: int):
     both the tail's output and the conv1's marked as outputs; 'plugin': one TrtfuseResidualConv node with the next_*
     (and proj_*) fields. Inputs "x" and "r" (or "xp"), outputs "out" and "next". Returns (engine, layer info)."""
     import tensorrt as trt
-    from residual_conv_trt import LOGGER, _int8_io, create_plugin, finish_engine
+    from trtfuse.bench.layers.common import LOGGER, _int8_io, create_plugin, finish_engine
 
     builder = trt.Builder(LOGGER)
     network = builder.create_network(1 << int(trt.NetworkDefinitionCreationFlag.EXPLICIT_BATCH))
@@ -110,12 +101,12 @@ def trt_conv1x1(network, inp, L: dict, relu: bool, scale: float):
 
 
 def stem_trt_engine(kind: str, S: dict, N: dict, n: int):
-    """The stem pair. kind 'trt': TensorRT's own stem (stem_trt.py's Conv 7x7/2 + ReLU + MaxPool 3x3/2), then its
+    """The stem pair. kind 'trt': TensorRT's own stem (stem.py's Conv 7x7/2 + ReLU + MaxPool 3x3/2), then its
     1x1 conv + ReLU of the pooled output; 'plugin': one TrtfuseResidualConv node with kernel_size 7 and the next_*
     fields. Input "x" (int8 LINEAR, as the network's), outputs "out" and "next" (kCHW32). Returns (engine, info)."""
     import tensorrt as trt
-    from residual_conv_trt import LOGGER, create_plugin, finish_engine
-    from stem_trt import CIN, COUT, add_trt_stem, stem_fields, stem_input
+    from trtfuse.bench.layers.common import LOGGER, create_plugin, finish_engine
+    from trtfuse.bench.layers.stem import CIN, COUT, add_trt_stem, stem_fields, stem_input
 
     builder = trt.Builder(LOGGER)
     network = builder.create_network(1 << int(trt.NetworkDefinitionCreationFlag.EXPLICIT_BATCH))
@@ -173,7 +164,7 @@ def time_engines(row: dict, label: str, build, ptrs: dict, dev: PairOutputs, str
     """TensorRT's two layers ('trt') and the plugin node ('plugin'), each build(kind) -> (engine, info) bound by
     name (ptrs: the inputs'; "out" and "next" are dev's): one run into the poisoned outputs (outs[kind]), then timing
     into row["trt_ms"] / row["plugin_engine_ms"], the engine's layers into row[kind + "_layers"]; row["speedup"]."""
-    from residual_conv_trt import layer_summary
+    from trtfuse.bench.layers.common import layer_summary
 
     ptrs = {**ptrs, "out": dev.ob.ptr, "next": dev.nb.ptr}
     for kind in ("trt", "plugin"):
@@ -282,8 +273,8 @@ def run_case(name: str, n: int, reps: int, stream, rng, with_trt: bool, config: 
 def run_stem_case(n: int, reps: int, stream, rng, with_trt: bool) -> dict:
     """The stem (int8 LINEAR input, as the network's) with layer1.0's conv1 chained: forward_next, the stem's forward
     then the conv1's as two of our launches, and (with TensorRT) its stem and conv1 and the plugin node."""
-    from stem_trt import CIN, COUT, random_stem
-    from stem_trt import HW as IN_HW
+    from trtfuse.bench.layers.stem import CIN, COUT, random_stem
+    from trtfuse.bench.layers.stem import HW as IN_HW
 
     S = random_stem(rng)
     N = ref.random_layer(rng, COUT, STEM_NEXT_COUT, True)
@@ -320,35 +311,23 @@ def run_stem_case(n: int, reps: int, stream, rng, with_trt: bool) -> dict:
     return record_checks(row, outs, idx, want, N, "stem")
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--pairs", default=",".join(NAMES), help=f"comma-separated, of {', '.join(NAMES)}")
-    ap.add_argument("--batches", default="256,2048")
-    ap.add_argument("--reps", type=int, default=30)
-    ap.add_argument("--no-trt", action="store_true", help="ours only (no TensorRT on this machine)")
-    ap.add_argument("--config", default="",
-                    help="the tail pairs' chained launch on this configuration (a name of op.config_names(); it must be "
-                         "one compiled with a chained next conv), instead of the library's pick")
-    ap.add_argument("--out", required=True)
-    args = ap.parse_args(argv)
-    pairs = args.pairs.split(",")
-    unknown = [p for p in pairs if p not in NAMES]
-    if unknown:
-        ap.error(f"unknown pair(s) {', '.join(unknown)}: choose from {', '.join(NAMES)}")
+def run(args) -> int:
+    """`trtfuse bench layers --kind next` (trtfuse.bench.layers.resolve checked args)."""
     names = op.config_names()
     if args.config and args.config not in names:
-        ap.error(f"unknown configuration {args.config}: choose from {', '.join(names)}")
+        raise UserError(f"unknown configuration {args.config}: choose --config from {', '.join(names)}")
     config = names.index(args.config) if args.config else -1
     stream = ck(cudart.cudaStreamCreate())
     rng = np.random.default_rng(0)
-    result = result_header("benchmarks/next_conv_trt.py", stream, not args.no_trt, layers=[])
+    result = result_header(args.command, stream, not args.no_trt, layers=[])
     print(f"copy bandwidth {result['copy_gbps']:.0f} GB/s", flush=True)
-    for name in pairs:
-        for n in (int(b) for b in args.batches.split(",")):
-            row = run_case(name, n, args.reps, stream, rng, not args.no_trt, config)
-            row["floor_ms"] = row["bytes"] / result["copy_gbps"] / 1e6
-            result["layers"].append(row)
-            Path(args.out).write_text(json.dumps(result, indent=1))  # partial results survive a crash
+
+    def case(name, n):
+        row = run_case(name, n, args.reps, stream, rng, not args.no_trt, config)
+        row["floor_ms"] = row["bytes"] / result["copy_gbps"] / 1e6
+        return row
+
+    measure(args, result, "layers", case)
     ok = all(c["ok"] for r in result["layers"] for c in r["checks"])
     print(f"\n{'pair':24} {'batch':>5} {'ours ms':>8} {'2 launches':>10} {'TRT ms':>8} {'x TRT':>6} {'plugin':>7} "
           f"{'floor':>6} {'checks':>6}")
@@ -361,6 +340,3 @@ def main(argv=None) -> int:
     print(f"wrote {args.out}; all checks {'passed' if ok else 'FAILED'}")
     return 0 if ok else 1
 
-
-if __name__ == "__main__":
-    sys.exit(main())

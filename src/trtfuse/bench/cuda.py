@@ -80,7 +80,7 @@ def result_header(script: str, stream, with_trt: bool, **fields) -> dict:
               "weights": "random (performance only)", "copy_gbps": copy_gbps(stream), **fields}
     if with_trt:
         import tensorrt as trt
-        from residual_conv_trt import load_plugin_library
+        from trtfuse.bench.layers.common import load_plugin_library
 
         result["trt_version"] = trt.__version__
         result["plugin_library"] = load_plugin_library()

@@ -6,7 +6,7 @@
                 that LoadGen calls VALID with p99 <= 15 ms
   accuracy      EfficientNet-Lite0 fp32 top-1 on ../shared/data/imagenet-sample (if present)
 
-Usage: python benchmarks/harness_cpu.py [--quick] [--out FILE]
+Usage: trtfuse bench harness-cpu [--quick] [--out FILE]
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from trtfuse.backends import create_backend
 from trtfuse.data import open_dataset
 from trtfuse.models import PreparedModel, PreprocessSpec
 
-REPO = Path(__file__).resolve().parent.parent
+from trtfuse.bench import REPO
 SAMPLE = REPO.parent / "shared" / "data" / "imagenet-sample"
 
 
@@ -184,14 +184,14 @@ def accuracy(out_dir: Path) -> dict | None:
             "dataset": "../shared/data/imagenet-sample"}
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "harness_cpu.json"))
     p.add_argument("--seconds", type=float, default=6.0, help="per measurement (default 6)")
     p.add_argument("--rounds", type=int, default=4, help="loop/LoadGen alternations per row (default 3)")
     p.add_argument("--batches", default="1,8")
     p.add_argument("--quick", action="store_true", help="2 s measurements, batch 8 only (a smoke test)")
-    args = p.parse_args()
+    args = p.parse_args(argv)
     seconds = 2.0 if args.quick else args.seconds
     batches = [8] if args.quick else [int(b) for b in args.batches.split(",")]
     data = str(SAMPLE) if SAMPLE.is_dir() else "demo"

@@ -15,8 +15,8 @@ board power (and the active throttle reasons) sampled by nvidia-smi over each ph
                     store of 1024 images (MLPerf's ResNet-50 performance sample count), runs ordered
     rows_overlap    the same with the runs free to overlap (serial_compute off)
 
-GPU machine, after resnet50_e2e.py's bundle is stashed (the engine is built or taken from its cache):
-    python3.10 benchmarks/offline_gap.py --out /tmp/trtfuse-results/offline_gap_h100.json
+GPU machine, after the e2e suite's bundle is stashed (the engine is built or taken from its cache):
+    python3.10 -m trtfuse bench gap --out /tmp/trtfuse-results/offline_gap_h100.json
 Weights are random: every figure is performance only.
 """
 
@@ -27,14 +27,12 @@ import datetime as dt
 import json
 import statistics
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from resnet50_e2e import BundleImages, _backend, log  # noqa: E402
-from serving_probe import backend_loop  # noqa: E402
+from trtfuse.bench.e2e import BundleImages, _backend, log
+from trtfuse.bench.probe import backend_loop
 
 PHASES = ("ones_overlap", "images_overlap", "images_serial", "rows_serial", "rows_overlap")
 SMI_FIELDS = "timestamp,clocks.sm,power.draw,temperature.gpu,clocks_throttle_reasons.active"
@@ -99,7 +97,7 @@ def main(argv=None) -> int:
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--batch", type=int, default=2048)
     p.add_argument("--plugins", default="all")
-    p.add_argument("--streams", type=int, default=3, help="as resnet50_e2e.py's Offline (one profile each)")
+    p.add_argument("--streams", type=int, default=3, help="as the e2e suite's Offline (one profile each)")
     p.add_argument("--seconds", type=float, default=5.0, help="per phase")
     p.add_argument("--rounds", type=int, default=2, help="each round runs every phase; odd rounds in reverse")
     p.add_argument("--store", type=int, default=1024, help="images in the pinned store")

@@ -4,15 +4,15 @@ the two device runs that measure it; nothing is measured here:
   - the layers: benchmarks/conv_layers_device.sh -> conv_layers_h100.json (each replaced layer's plugin against
     TensorRT's own kernel for the same layer, in one run; copy bandwidth), and later runs of some layers
     (conv_layers_fused_h100.json: the fused first blocks; conv3x3_h100.json: the 3x3 convs, from
-    benchmarks/conv3x3_trt.py; stem_h100.json: the stem, from benchmarks/stem_trt.py; next_conv_h100.json: the layer1
-    tails and the stem with the next conv1 chained, from benchmarks/next_conv_trt.py), whose rows add to or replace
+    trtfuse bench layers --kind conv3x3; stem_h100.json: the stem, from trtfuse bench layers --kind stem; next_conv_h100.json: the layer1
+    tails and the stem with the next conv1 chained, from trtfuse bench layers --kind next), whose rows add to or replace
     the first file's;
-  - the network: benchmarks/resnet50_e2e.py run --plugins off,tails,all -> resnet50_fullnet_e2e_h100.json (engines
+  - the network: trtfuse bench e2e run --plugins off,tails,all -> resnet50_fullnet_e2e_h100.json (engines
     off / tails / all at batch 256 and 2048, TensorRT's per-layer profile, agreement, LoadGen Offline and Server);
   - optionally a second network run (--e2e2, e.g. on a machine without Server latency tails): its --e2e2-keys
     (default server, server_search, accuracy and offline) replace the first's, which stay in the record under "first_run".
 
-    python benchmarks/resnet50_fullnet.py [--layers FILE ...] [--e2e FILE] [--e2e2 FILE] [--e2e2-keys K,..] [--out FILE]
+    trtfuse bench fullnet [--layers FILE ...] [--e2e FILE] [--e2e2 FILE] [--e2e2-keys K,..] [--out FILE]
 
 A field the runs did not measure is null, with the reason under "missing". Prints a table of the result.
 """
@@ -27,7 +27,7 @@ from pathlib import Path
 from trtfuse.passes.residual_conv_rewrite import MAX_CONV3X3_COUT, MAX_PROJECTION_CIN, POOL_OP
 from trtfuse.tuning import RESNET50_STAGES
 
-RESULTS = Path(__file__).resolve().parent / "results"
+from trtfuse.bench import RESULTS
 
 
 SECOND_RUN_KEYS = ("server", "server_search", "accuracy", "offline")
@@ -38,7 +38,7 @@ def merge_layers(runs: list[dict]) -> dict:
     is the first run's."""
     rows = {}
     for run in runs:
-        for r in run.get("rows", []) + run.get("layers", []):   # conv3x3_trt.py: "layers", named by "layer"
+        for r in run.get("rows", []) + run.get("layers", []):   # the conv3x3, stem and next kinds: "layers", named by "layer"
             r = {"stage": r.get("layer"), **r}
             rows[(r["stage"], r["batch"])] = r
     return {**runs[0], "rows": list(rows.values())} if runs else {}
@@ -123,10 +123,10 @@ def compose(layers: dict, e2e: dict, e2e2: dict | None = None, e2e2_keys=SECOND_
         "second_run_note": (f"only {', '.join(e2e2_keys)} taken from it; its note: {e2e2['note']}"
                             if e2e2 and e2e2.get("note") else None),
         "sources": {"layers": "conv_layers_h100.json (benchmarks/conv_layers_device.sh), rows of "
-                              "conv_layers_fused_h100.json (benchmarks/residual_conv_trt.py --stages fused1,fused2), "
-                              "of conv3x3_h100.json (benchmarks/conv3x3_trt.py), of stem_h100.json "
-                              "(benchmarks/stem_trt.py) and of next_conv_h100.json (benchmarks/next_conv_trt.py)",
-                    "network": "resnet50_fullnet_e2e_h100.json (resnet50_e2e.py --plugins off,tails,all)",
+                              "conv_layers_fused_h100.json (trtfuse bench layers --kind residual --layers fused1,fused2), "
+                              "of conv3x3_h100.json (trtfuse bench layers --kind conv3x3), of stem_h100.json "
+                              "(trtfuse bench layers --kind stem) and of next_conv_h100.json (trtfuse bench layers --kind next)",
+                    "network": "resnet50_fullnet_e2e_h100.json (trtfuse bench e2e --plugins off,tails,all)",
                     "second_run": ("resnet50_fullnet_e2e2_h100.json: " + ", ".join(e2e2_keys)) if e2e2 else None},
     }
 

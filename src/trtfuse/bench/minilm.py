@@ -40,7 +40,7 @@ except ImportError:   # GPU machine without trtfuse on PYTHONPATH: works when --
     class UserError(Exception):
         pass
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+from trtfuse.bench import REPO as REPO_ROOT
 DEFAULT_BUNDLE = REPO_ROOT / ".devcache" / "minilm"
 BARS = {"fp32": 0.9999, "fp16": 0.999}
 INPUT_NAMES = ("input_ids", "attention_mask")
