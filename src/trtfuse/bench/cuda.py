@@ -80,10 +80,10 @@ def result_header(script: str, stream, with_trt: bool, **fields) -> dict:
               "weights": "random (performance only)", "copy_gbps": copy_gbps(stream), **fields}
     if with_trt:
         import tensorrt as trt
-        from trtfuse.bench.layers.common import load_plugin_library
+        from trtfuse.trt_graph import load_plugin_library
 
         result["trt_version"] = trt.__version__
-        result["plugin_library"] = load_plugin_library()
+        result["plugin_library"] = str(load_plugin_library())
     return result
 
 

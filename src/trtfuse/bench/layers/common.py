@@ -5,7 +5,6 @@ Imports TensorRT: the kinds import it only when they build engines (`--no-trt` r
 
 from __future__ import annotations
 
-import ctypes
 import json
 import time
 
@@ -19,11 +18,9 @@ LOGGER = trt.Logger(trt.Logger.WARNING)
 
 
 def load_plugin_library() -> str:
-    from trtfuse.plugin_build import library_path
+    from trtfuse import trt_graph
 
-    path = str(library_path("plugins"))
-    ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
-    return path
+    return str(trt_graph.load_plugin_library())
 
 
 def plugin_creator():
