@@ -1,4 +1,5 @@
-// TensorRT plugin TrtfuseResidualConv (IPluginV2DynamicExt): a thin layer over the C ABI in residual_conv.h.
+// TensorRT plugin TrtfuseResidualConv (IPluginV2DynamicExt): a thin layer over the C ABI of the int8 conv library
+// (plugins/conv_int8/c_api.h).
 // It validates, (de)serializes the fields and calls trtfuse_residual_conv_forward / trtfuse_proj_tail_forward, the
 // same functions the tests call, so an IPluginV3 version can sit beside it without touching the kernels.
 //
@@ -17,12 +18,12 @@
 //
 // With kernel_size = 3 (optional, default 1) the layer is a 3x3 conv (padding 1, stride 1 or 2) + BN (+ReLU) without a
 // residual: weights [cout][cin][3][3], input x [N, cin, H, W], output [N, cout, Ho, Wo] (the sm_90a halo kernel,
-// kernel3x3_sm90.cuh; r_scale must be 0 and there are no proj_* fields).
+// conv_int8/kernels/conv3x3_sm90.cuh; r_scale must be 0 and there are no proj_* fields).
 //
 // With kernel_size = 7 the layer is the ResNet stem: a 7x7 conv (stride 2, padding 3) + BN (+ReLU) + 3x3 max pool
 // (stride 2, padding 1), weights [cout][cin][7][7] (cin <= 4, cout <= 64), stride 2, r_scale 0, no proj_* fields. Its
 // input x [N, cin, H, W] is INT8 kLINEAR (the network's input as the host sends it: no reformat), W a multiple of 16;
-// output [N, cout, ceil(ceil(H/2)/2), ceil(ceil(W/2)/2)] kCHW32 (stem_sm90.cuh).
+// output [N, cout, ceil(ceil(H/2)/2), ceil(ceil(W/2)/2)] kCHW32 (conv_int8/kernels/stem_sm90.cuh).
 //
 // With the next_* fields (all or none: next_weights [next_cout][cout], next_w_scale, next_bias, next_x_scale,
 // next_out_scale, next_cout, next_relu) a tail (kernel_size 1, stride 1, r_scale > 0, with or without the proj_*
@@ -47,7 +48,7 @@
 #include <vector>
 
 #include "common/serialize.h"
-#include "residual_conv/residual_conv.h"
+#include "conv_int8/c_api.h"
 
 using namespace nvinfer1;
 

@@ -9,7 +9,7 @@
 #include <cuda.h>
 #include <cuda_runtime.h>
 
-#include "residual_conv/ptx_sm80.cuh"   // smem_u32, cp.async (the producers copy x and residual with it)
+#include "conv_int8/core/ptx_sm80.cuh"   // smem_u32, cp.async (the producers copy x and residual with it)
 
 namespace trtfuse {
 namespace rconv {

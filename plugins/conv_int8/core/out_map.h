@@ -5,7 +5,7 @@
 #include <cudaTypedefs.h>   // PFN_cuTensorMapEncodeTiled
 #include <cuda_runtime.h>
 
-#include "residual_conv/params.h"
+#include "conv_int8/core/params.h"
 
 namespace trtfuse {
 namespace rconv {

@@ -44,9 +44,9 @@
 #include <cuda.h>
 #include <cuda_runtime.h>
 
-#include "residual_conv/epilogue.cuh"
-#include "residual_conv/params.h"
-#include "residual_conv/ptx_sm90.cuh"
+#include "conv_int8/core/epilogue.cuh"
+#include "conv_int8/core/params.h"
+#include "conv_int8/core/ptx_sm90.cuh"
 
 namespace trtfuse {
 namespace rconv {
