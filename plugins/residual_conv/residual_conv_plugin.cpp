@@ -33,10 +33,11 @@
 // the inputs and output 0 are as without them, the stem's input still kLINEAR). ResNet-50: layer1's tails, and the
 // stem with layer1.0's conv1.
 //
-// Serialization: "RCV5" (written): RCV4's, then an int32 "has next" flag and (if set) the next conv's cout, relu,
-// x_scale, out_scale, weights, w_scale, bias. "RCV4": RCV3's, then an int32 kernel_size. "RCV3": RCV2's fields, an
-// int32 "has projection" flag, then (if set) the projection's cin, stride, x_scale, out_scale, weights, w_scale, bias.
-// "RCV4", "RCV3", "RCV2" and "RCV1" blobs (older engines) are still read.
+// Serialization, "RCV5" (read and written): the tag, cin, cout, relu, stride, x_scale, r_scale, out_scale, weights,
+// w_scale, bias; an int32 "has projection" flag, then (if set) the projection's cin, stride, x_scale, out_scale,
+// weights, w_scale, bias; an int32 kernel_size; an int32 "has next" flag and (if set) the next conv's cout, relu,
+// x_scale, out_scale, weights, w_scale, bias. Blobs of the older formats RCV1-RCV4 are refused (the engine must be
+// rebuilt): every engine built since the chained next conv writes RCV5.
 #include <NvInfer.h>
 #include <NvInferRuntime.h>
 
@@ -57,11 +58,8 @@ namespace {
 
 constexpr char const* kName = "TrtfuseResidualConv";
 constexpr char const* kVersion = "1";
-constexpr uint32_t kSerialTag = 0x52435635;   // "RCV5": RCV4 + the next conv; refuses foreign blobs
-constexpr uint32_t kSerialTagV4 = 0x52435634; // "RCV4": engines built before the chained next conv
-constexpr uint32_t kSerialTagV3 = 0x52435633; // "RCV3": engines built before the 3x3 form
-constexpr uint32_t kSerialTagV2 = 0x52435632; // "RCV2": engines built before the projection + tail form
-constexpr uint32_t kSerialTagV1 = 0x52435631; // "RCV1": engines built before stride (read as stride 1)
+constexpr uint32_t kSerialTag = 0x52435635;   // "RCV5", the only format read and written; refuses foreign blobs
+constexpr uint32_t kSerialTagOldest = 0x52435631;   // "RCV1" .. "RCV4": older formats, refused with a rebuild hint
 
 // Refusals go to stderr with the reason: TensorRT 8.5 gives plugins no logger of their own.
 void refuse(std::string const& why) { std::fprintf(stderr, "trtfuse: %s refused: %s\n", kName, why.c_str()); }
@@ -203,25 +201,23 @@ public:
     ResidualConvPlugin(void const* data, size_t length) {
         Reader r(data, length);
         uint32_t const tag = r.get<uint32_t>();
-        if (tag != kSerialTag && tag != kSerialTagV4 && tag != kSerialTagV3 && tag != kSerialTagV2 &&
-            tag != kSerialTagV1)
-            throw std::runtime_error("not a TrtfuseResidualConv blob");
+        if (tag >= kSerialTagOldest && tag < kSerialTag)
+            throw std::runtime_error("a TrtfuseResidualConv blob of an older format (RCV" +
+                                     std::to_string((tag & 0xff) - 0x30) + "): rebuild the engine");
+        if (tag != kSerialTag) throw std::runtime_error("not a TrtfuseResidualConv blob");
         f_.cin = r.get<int32_t>();
         f_.cout = r.get<int32_t>();
         f_.relu = r.get<int32_t>();
-        f_.stride = tag == kSerialTagV1 ? 1 : r.get<int32_t>();
+        f_.stride = r.get<int32_t>();
         f_.x_scale = r.get<float>();
         f_.r_scale = r.get<float>();
         f_.out_scale = r.get<float>();
         f_.weights = r.getVector<int8_t>();
         f_.w_scale = r.getVector<float>();
         f_.bias = r.getVector<float>();
-        if (tag == kSerialTag || tag == kSerialTagV4 || tag == kSerialTagV3) {
-            int32_t const has_proj = r.get<int32_t>();
-            if (has_proj != 0 && has_proj != 1)
-                throw std::runtime_error("bad TrtfuseResidualConv blob: projection flag");
-            f_.has_proj = has_proj == 1;
-        }
+        int32_t const has_proj = r.get<int32_t>();
+        if (has_proj != 0 && has_proj != 1) throw std::runtime_error("bad TrtfuseResidualConv blob: projection flag");
+        f_.has_proj = has_proj == 1;
         if (f_.has_proj) {
             f_.proj.cin = r.get<int32_t>();
             f_.proj.stride = r.get<int32_t>();
@@ -231,12 +227,10 @@ public:
             f_.proj.w_scale = r.getVector<float>();
             f_.proj.bias = r.getVector<float>();
         }
-        if (tag == kSerialTag || tag == kSerialTagV4) f_.kernel_size = r.get<int32_t>();
-        if (tag == kSerialTag) {
-            int32_t const has_next = r.get<int32_t>();
-            if (has_next != 0 && has_next != 1) throw std::runtime_error("bad TrtfuseResidualConv blob: next flag");
-            f_.has_next = has_next == 1;
-        }
+        f_.kernel_size = r.get<int32_t>();
+        int32_t const has_next = r.get<int32_t>();
+        if (has_next != 0 && has_next != 1) throw std::runtime_error("bad TrtfuseResidualConv blob: next flag");
+        f_.has_next = has_next == 1;
         if (f_.has_next) {
             f_.next.cout = r.get<int32_t>();
             f_.next.relu = r.get<int32_t>();
