@@ -333,7 +333,7 @@ extern "C" int trtfuse_next_attach(void* handle, int cout, int8_t const* weights
     int const next_n = N->nc * 32 <= 64 ? 64 : N->nc * 32 <= 128 && !stem ? 128 : 0;
     if (st == 0 && next_n > 0 && L->nc * 32 <= kWeightSliceRows && N->kpad <= kNextMaxK) {
         // K zero padded to kNextMaxK (k32 chunks are the outer dimension: the padding is the image's tail), so that
-        // the chained kernel runs every k32 step with no branch on K between its register-A wgmmas (kernel_sm90.cuh)
+        // the chained kernel runs every k32 step with no branch on K between its register-A wgmmas (conv1x1_sm90.cuh)
         std::vector<int8_t> img(static_cast<size_t>(next_n) * kNextMaxK, 0);
         pack_weight_slices(rows.data(), next_n, N->kpad, next_n, img.data());
         st = upload(img, &L->w_img_next);

@@ -190,7 +190,7 @@ int select_config(int cin, int cout, int n, int hw, bool residual, int stride, i
 // ---- 3x3 conv on halo tiles (conv3x3_sm90.cuh) ----
 
 // Names are what a tuning cache would store. BN, MB (m64 blocks per consumer tile), STAGES, SBUF (params in
-// kernel3x3_sm90.cuh).
+// conv3x3_sm90.cuh).
 // Without turns (PINGPONG false) each was 5-9 % slower, and rings of 3 or 5 slots, one staging tile, or (layer2) a
 // ring of 2 with 2 staging tiles no faster (H100, batch 2048; docs/residual_conv.md, Version 15).
 using H0 = HaloConfig<64, 4, 4, 2, true>;    // Cout 64 (layer1): 4 x 64 rows per tile, 4 image rows at W 56
@@ -198,12 +198,12 @@ using H1 = HaloConfig<128, 2, 3, 1, true>;   // Cout 128 (layer2): weights 147 K
 using H2 = HaloConfig<64, 2, 4, 2, true>;    // Cout > 64 on N tiles of 64, smaller tiles (layer3: weights 147 KB)
 using H3 = HaloConfig<64, 2, 2, 2, true>;    // stride 2: a slot is four phase boxes (layer2.0: 20 KB), Cout 64
 using H4 = HaloConfig<128, 1, 2, 2, true>;   // stride 2 on one N block (the input read once), 64-row tiles
-// Cout 64 (layer1) with three consumer warpgroups (kernel3x3_sm90.cuh: NC) of 2 x 64-row tiles: 0.476 ms against
+// Cout 64 (layer1) with three consumer warpgroups (conv3x3_sm90.cuh: NC) of 2 x 64-row tiles: 0.476 ms against
 // H0's 0.493 (H100, batch 2048). Four consumers of 2 x 64 rows (0.498), and at layer2 three or four of 64 rows
 // (0.397, 0.622 against H1's 0.364: shared-memory bound there) were measured and dropped (docs/residual_conv.md,
 // Version 20).
 using H5 = HaloConfig<64, 2, 4, 2, true, 3>;
-// Cout 64 with Cin <= 64 (layer1), weights stationary in registers (kernel3x3_sm90.cuh: WREG): one m64n256k32 per tap.
+// Cout 64 with Cin <= 64 (layer1), weights stationary in registers (conv3x3_sm90.cuh: WREG): one m64n256k32 per tap.
 // Without turns: 0.391 ms against 0.398 with them (H100, batch 2048; docs/residual_conv.md, Version 24).
 using H6 = HaloConfig<64, 4, 4, 2, false, 2, true>;
 

@@ -22,7 +22,7 @@ struct ConfigInfo {
     int bk = 0;
     int (*smem_bytes)(int k_tiles) = nullptr;   // sm90: the launch's shared memory for a layer of k_tiles stages
     bool balance = false;   // sm90, one warpgroup per tile, in turns: extra blocks allowed (schedule_sm90.h)
-    // sm90 with a chained next conv (kernel_sm90.cuh, NEXT_N): [NEXT_N 64, 128][Form]; null: not compiled for this
+    // sm90 with a chained next conv (conv1x1_sm90.cuh, NEXT_N): [NEXT_N 64, 128][Form]; null: not compiled for this
     // configuration (see kNextConfig)
     void (*next_kernels[2][kForms])(Params) = {};
     int wn = 0;   // sm90: the columns of a tile that one consumer warpgroup computes and stores (WgwConfig::WN)

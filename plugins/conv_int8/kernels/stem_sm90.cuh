@@ -82,7 +82,7 @@ struct StemBand {
     static constexpr int BOX_PLANE = IR * kStemBoxRow, PLANE = BOX_PLANE + 64;
 };
 
-// Kernel arguments of the stem (the host fills them: residual_conv.cu, launch_stem).
+// Kernel arguments of the stem (the host fills them: host/launch_stem.cu).
 struct StemParams {
     CUtensorMap in_map;    // x as (W, H, Cin, N) bytes, box (256, IR, Cin, 1), zero fill outside the image
     Rule rule;             // the conv's rule (no residual)
