@@ -12,7 +12,8 @@ plugins/ folder is exported and built with ``trtfuse.plugin_build`` (kernels onl
 Kernels compare by their instructions with the encodings (register allocation included) and, where those differ,
 by their opcodes and operands with register numbers masked, so that a report says whether only the allocation
 moved. Exit status: 0 when every kernel is byte-identical and both sides have the same kernels, 1 otherwise,
-2 on a usage or build error.
+2 on a usage or build error. Needs nvcc (to build revisions), cuobjdump and nvdisasm: the CUDA toolkit's, or the
+wheels `pip install nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm` (found through the `nvidia` package).
 """
 
 from __future__ import annotations
