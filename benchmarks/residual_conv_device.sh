@@ -19,7 +19,7 @@ step sass
 {
   nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,clocks.mem,power.draw,temperature.gpu --format=csv
   cuobjdump -res-usage "$LIB" 2>&1 | grep -A1 conv_kernel_sm | grep -oE "(conv_kernel_sm[0-9]+I[0-9A-Za-z_]*|REG:[0-9]+|STACK:[0-9]+|LOCAL:[0-9]+)" | paste - - - -
-  # every kernel of the library (residual_conv.cu's kConfigs): instruction mix of its sm_90a SASS
+  # every kernel of the library (plugins/conv_int8/host/config_table.cu's kConfigs): instruction mix of its sm_90a SASS
   for k in $(cuobjdump -sass "$LIB" | grep -oE "Function : _ZN7trtfuse5rconv[0-9]+conv_kernel_sm[0-9A-Za-z_]+" | sort -u | cut -d' ' -f3); do
     echo "-- $k"; cuobjdump -sass "$LIB" | awk -v k="$k" '/Function :/{f=index($0,k)>0} f' \
       | grep -oE "\b(MUFU[.A-Z0-9]*|IMMA[.A-Z0-9]*|IGMMA[.A-Z0-9x]*|WARPGROUP[.A-Z]*|FENCE[.A-Z]*|LDSM[.A-Z0-9]*|LDGSTS[.A-Z0-9]*|STG[.A-Z0-9]*|LDS[.A-Z0-9]*|STS[.A-Z0-9]*|LDG[.A-Z0-9]*|LDL[.A-Z0-9]*|STL[.A-Z0-9]*|BAR[.A-Z0-9]*)" | sort | uniq -c

@@ -114,7 +114,7 @@ def test_small_auto_config(cuda, shape, relu):
     run_conv3x3(cuda, n, cin, cout, h, w, relu, -1, np.random.default_rng(), *stride)
 
 
-HALO_CONFIGS = 7  # residual_conv.cu's kHaloConfigs
+HALO_CONFIGS = 7  # plugins/conv_int8/host/config_table.cu's kHaloConfigs
 
 
 def test_config_count_is_the_librarys():

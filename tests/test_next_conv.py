@@ -10,7 +10,7 @@ from test_residual_conv import NUM_CONFIGS, POISON, Cuda, _kernels_lib, trt_benc
 from test_stem import random_stem, stem_reference
 from trtfuse.ops import residual_conv_reference as ref
 
-# The configuration compiled with a chained next conv (residual_conv.cu: kNextConfig)
+# The configuration compiled with a chained next conv (plugins/conv_int8/host/config_table.h: kNextConfig)
 NEXT_CONFIG = "wgw_64x256x64_s4_r2"
 ERR_SCALE, ERR_CONFIG, ERR_ALIGN, ERR_NEXT = -3, -5, -6, -15
 
@@ -161,7 +161,7 @@ def test_plugin_node_with_next_fields_is_exact(cuda, pair):
 
 
 # ---------------------------------------------------------------------------------------------- the stem
-# The stem configuration compiled with the chained conv1 (residual_conv.cu: kStemConfigs), and the widest conv1 it
+# The stem configuration compiled with the chained conv1 (plugins/conv_int8/host/config_table.cu: kStemConfigs), and the widest conv1 it
 # chains (the stem kernel's N tile); others take two launches (the stem, then a 1x1 launch)
 STEM_NEXT_CONFIG = "stem_p8"
 STEM_NEXT_MAX_COUT = 64

@@ -45,15 +45,29 @@ def test_plugins_compile_against_tensorrt_headers(version, tmp_path):
 @needs_nvcc
 @pytest.mark.slow
 def test_kernels_compile_for_sm90a(tmp_path):
-    # The wgmma kernel of residual_conv (kernel_sm90.cuh) is compiled only in the sm_90a pass (the sm_90
-    # pass above compiles it out): assemble it here so that CI sees its inline PTX. Kernels only, no TensorRT.
+    # The wgmma kernels of conv_int8 (kernels/*_sm90.cuh) are compiled only in the sm_90a pass (the sm_90
+    # pass above compiles them out): assemble them here so that CI sees their inline PTX. Kernels only, no TensorRT.
     plan = plugin_build.BuildPlan(
         source_dir=plugin_build.plugins_source_dir(), build_dir=tmp_path, archs=("90a",)
     )
     both, _ = plan.sources()
-    assert any(p.name == "residual_conv.cu" for p in both)
+    # host/config_table.cu is the one translation unit that instantiates the conv kernels
+    assert any(p.relative_to(plan.source_dir).as_posix() == "conv_int8/host/config_table.cu" for p in both)
     plugin_build.build(plan, link=False, jobs=2, progress=lambda *_: None)
     assert len(list((tmp_path / "obj").glob("*.o"))) == len(both)
+
+
+def test_conv_library_layout():
+    """The int8 conv library by part (core/, kernels/ one file per family, host/, the C ABI) and no source under
+    plugins/ over 700 lines (issue 40's bar: a file a reader can hold)."""
+    plugins = plugin_build.plugins_source_dir()
+    conv = plugins / "conv_int8"
+    for rel in ("c_api.h", "c_api.cu", "host/config_table.cu", "kernels/conv1x1_sm80.cuh",
+                "kernels/conv1x1_sm90.cuh", "kernels/conv3x3_sm90.cuh", "kernels/stem_sm90.cuh", "core/params.h"):
+        assert (conv / rel).is_file(), rel
+    long = [f"{p.relative_to(plugins)}: {n}" for p in sorted(plugins.rglob("*")) if p.is_file()
+            and (n := len(p.read_text(errors="replace").splitlines())) > 700]
+    assert not long, long
 
 
 def test_missing_tensorrt_headers_is_a_user_error(tmp_path, monkeypatch):

@@ -335,7 +335,7 @@ def test_small_auto_config(cuda, shape, relu):
     )
 
 
-NUM_CONFIGS = 11  # 2 on the sm80 kernel + 9 on the sm90 one (residual_conv.cu's kConfigs)
+NUM_CONFIGS = 11  # 2 on the sm80 kernel + 9 on the sm90 one (plugins/conv_int8/host/config_table.cu's kConfigs)
 SM90_PREFIX = "wgw_"  # the sm90 kernel's configurations (need the sm_90a build on a compute capability 9.0 GPU)
 
 

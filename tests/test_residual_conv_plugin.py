@@ -186,7 +186,7 @@ FUSED = [
 @pytest.mark.parametrize("shape", FUSED, ids=lambda s: "x".join(map(str, s[:5])) + f"_s{s[5]}")
 def test_fused_plugin_engine_exact_and_round_trip(side, shape):
     """The fused form in TensorRT: exactly the projection's rounding rule composed with the tail's (the projection's
-    int8 output is the tail's residual), before and after engine serialization (the RCV3 blob)."""
+    int8 output is the tail's residual), before and after engine serialization (the RCV5 blob)."""
     from trtfuse.ops import residual_conv_reference as ref
 
     n, pcin, cin, cout, hw, stride = shape
@@ -243,13 +243,15 @@ def test_creator_refuses_bad_fused_fields(side):
 def test_plugin_fields_and_serialization_on_the_host(version, tmp_path):
     """tests/residual_conv_plugin_host.cpp, compiled against each TensorRT header set with the plugin's own source:
     the creator's proj_* and next_* fields (all or none, proj_stride optional; next_* on a tail or the stem) and
-    refusals, the RCV5 round trip of every form, RCV4, RCV3, RCV2 and RCV1 blobs read, truncated or foreign blobs
+    refusals, the RCV5 round trip of every form, RCV4, RCV3, RCV2 and RCV1 blobs refused, truncated or foreign blobs
     refused, and configurePlugin's refusals by name."""
     res = run_host_check(HOST_CHECK, version, tmp_path, timeout=300)
     print(res.stdout)
     assert res.returncode == 0 and "FAIL" not in res.stdout, res.stdout + res.stderr
     assert "failures 0" in res.stdout
     assert "missing field proj_bias (the proj_* fields come all together)" in res.stderr
+    for old in (1, 2, 3, 4):  # older engines' blobs: refused with the fix named
+        assert f"a TrtfuseResidualConv blob of an older format (RCV{old}): rebuild the engine" in res.stderr
     assert "needs r_scale > 0" in res.stderr
     assert "missing field next_relu (the next_* fields come all together)" in res.stderr
     assert "next_weights (the next_* fields) given to a layer that is neither a tail nor the stem" in res.stderr

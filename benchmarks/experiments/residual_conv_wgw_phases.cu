@@ -10,9 +10,9 @@
 #include <cstdlib>
 #include <vector>
 
-#include "residual_conv/kernel_sm90.cuh"
-#include "residual_conv/out_map.h"
-#include "residual_conv/schedule_sm90.h"
+#include "conv_int8/kernels/conv1x1_sm90.cuh"
+#include "conv_int8/core/out_map.h"
+#include "conv_int8/core/schedule_sm90.h"
 
 using namespace trtfuse;
 using namespace trtfuse::rconv;

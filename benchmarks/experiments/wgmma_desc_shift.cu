@@ -12,7 +12,7 @@
 #include <cstdint>
 #include <cuda_runtime.h>
 
-#include "residual_conv/ptx_sm90.cuh"   // the library's wgmma wrappers
+#include "conv_int8/core/ptx_sm90.cuh"   // the library's wgmma wrappers
 #define CK(x) do { cudaError_t e_ = (x); if (e_ != cudaSuccess) { printf("CUDA %s at %d\n", cudaGetErrorString(e_), __LINE__); return 1; } } while (0)
 
 __device__ uint64_t desc(uint32_t a, uint32_t lbo, uint32_t sbo, uint32_t base_off, uint32_t layout) {

@@ -4,7 +4,7 @@
 //   nvcc -std=c++17 -O3 -arch=sm_90a -Iplugins -o /tmp/wgmma_rate benchmarks/experiments/wgmma_rate.cu && /tmp/wgmma_rate
 #include <cstdio>
 #include <cstdint>
-#include "residual_conv/ptx_sm90.cuh"
+#include "conv_int8/core/ptx_sm90.cuh"
 using namespace trtfuse::rconv;
 #define CK(x) do { cudaError_t e = (x); if (e != cudaSuccess) { printf("%s: %s\n", #x, cudaGetErrorString(e)); return 1; } } while (0)
 

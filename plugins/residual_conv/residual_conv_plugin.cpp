@@ -1,4 +1,5 @@
-// TensorRT plugin TrtfuseResidualConv (IPluginV2DynamicExt): a thin layer over the C ABI in residual_conv.h.
+// TensorRT plugin TrtfuseResidualConv (IPluginV2DynamicExt): a thin layer over the C ABI of the int8 conv library
+// (plugins/conv_int8/c_api.h).
 // It validates, (de)serializes the fields and calls trtfuse_residual_conv_forward / trtfuse_proj_tail_forward, the
 // same functions the tests call, so an IPluginV3 version can sit beside it without touching the kernels.
 //
@@ -17,12 +18,12 @@
 //
 // With kernel_size = 3 (optional, default 1) the layer is a 3x3 conv (padding 1, stride 1 or 2) + BN (+ReLU) without a
 // residual: weights [cout][cin][3][3], input x [N, cin, H, W], output [N, cout, Ho, Wo] (the sm_90a halo kernel,
-// kernel3x3_sm90.cuh; r_scale must be 0 and there are no proj_* fields).
+// conv_int8/kernels/conv3x3_sm90.cuh; r_scale must be 0 and there are no proj_* fields).
 //
 // With kernel_size = 7 the layer is the ResNet stem: a 7x7 conv (stride 2, padding 3) + BN (+ReLU) + 3x3 max pool
 // (stride 2, padding 1), weights [cout][cin][7][7] (cin <= 4, cout <= 64), stride 2, r_scale 0, no proj_* fields. Its
 // input x [N, cin, H, W] is INT8 kLINEAR (the network's input as the host sends it: no reformat), W a multiple of 16;
-// output [N, cout, ceil(ceil(H/2)/2), ceil(ceil(W/2)/2)] kCHW32 (stem_sm90.cuh).
+// output [N, cout, ceil(ceil(H/2)/2), ceil(ceil(W/2)/2)] kCHW32 (conv_int8/kernels/stem_sm90.cuh).
 //
 // With the next_* fields (all or none: next_weights [next_cout][cout], next_w_scale, next_bias, next_x_scale,
 // next_out_scale, next_cout, next_relu) a tail (kernel_size 1, stride 1, r_scale > 0, with or without the proj_*
@@ -32,10 +33,11 @@
 // the inputs and output 0 are as without them, the stem's input still kLINEAR). ResNet-50: layer1's tails, and the
 // stem with layer1.0's conv1.
 //
-// Serialization: "RCV5" (written): RCV4's, then an int32 "has next" flag and (if set) the next conv's cout, relu,
-// x_scale, out_scale, weights, w_scale, bias. "RCV4": RCV3's, then an int32 kernel_size. "RCV3": RCV2's fields, an
-// int32 "has projection" flag, then (if set) the projection's cin, stride, x_scale, out_scale, weights, w_scale, bias.
-// "RCV4", "RCV3", "RCV2" and "RCV1" blobs (older engines) are still read.
+// Serialization, "RCV5" (read and written): the tag, cin, cout, relu, stride, x_scale, r_scale, out_scale, weights,
+// w_scale, bias; an int32 "has projection" flag, then (if set) the projection's cin, stride, x_scale, out_scale,
+// weights, w_scale, bias; an int32 kernel_size; an int32 "has next" flag and (if set) the next conv's cout, relu,
+// x_scale, out_scale, weights, w_scale, bias. Blobs of the older formats RCV1-RCV4 are refused (the engine must be
+// rebuilt): every engine built since the chained next conv writes RCV5.
 #include <NvInfer.h>
 #include <NvInferRuntime.h>
 
@@ -47,7 +49,7 @@
 #include <vector>
 
 #include "common/serialize.h"
-#include "residual_conv/residual_conv.h"
+#include "conv_int8/c_api.h"
 
 using namespace nvinfer1;
 
@@ -56,11 +58,8 @@ namespace {
 
 constexpr char const* kName = "TrtfuseResidualConv";
 constexpr char const* kVersion = "1";
-constexpr uint32_t kSerialTag = 0x52435635;   // "RCV5": RCV4 + the next conv; refuses foreign blobs
-constexpr uint32_t kSerialTagV4 = 0x52435634; // "RCV4": engines built before the chained next conv
-constexpr uint32_t kSerialTagV3 = 0x52435633; // "RCV3": engines built before the 3x3 form
-constexpr uint32_t kSerialTagV2 = 0x52435632; // "RCV2": engines built before the projection + tail form
-constexpr uint32_t kSerialTagV1 = 0x52435631; // "RCV1": engines built before stride (read as stride 1)
+constexpr uint32_t kSerialTag = 0x52435635;   // "RCV5", the only format read and written; refuses foreign blobs
+constexpr uint32_t kSerialTagOldest = 0x52435631;   // "RCV1" .. "RCV4": older formats, refused with a rebuild hint
 
 // Refusals go to stderr with the reason: TensorRT 8.5 gives plugins no logger of their own.
 void refuse(std::string const& why) { std::fprintf(stderr, "trtfuse: %s refused: %s\n", kName, why.c_str()); }
@@ -202,25 +201,23 @@ public:
     ResidualConvPlugin(void const* data, size_t length) {
         Reader r(data, length);
         uint32_t const tag = r.get<uint32_t>();
-        if (tag != kSerialTag && tag != kSerialTagV4 && tag != kSerialTagV3 && tag != kSerialTagV2 &&
-            tag != kSerialTagV1)
-            throw std::runtime_error("not a TrtfuseResidualConv blob");
+        if (tag >= kSerialTagOldest && tag < kSerialTag)
+            throw std::runtime_error("a TrtfuseResidualConv blob of an older format (RCV" +
+                                     std::to_string((tag & 0xff) - 0x30) + "): rebuild the engine");
+        if (tag != kSerialTag) throw std::runtime_error("not a TrtfuseResidualConv blob");
         f_.cin = r.get<int32_t>();
         f_.cout = r.get<int32_t>();
         f_.relu = r.get<int32_t>();
-        f_.stride = tag == kSerialTagV1 ? 1 : r.get<int32_t>();
+        f_.stride = r.get<int32_t>();
         f_.x_scale = r.get<float>();
         f_.r_scale = r.get<float>();
         f_.out_scale = r.get<float>();
         f_.weights = r.getVector<int8_t>();
         f_.w_scale = r.getVector<float>();
         f_.bias = r.getVector<float>();
-        if (tag == kSerialTag || tag == kSerialTagV4 || tag == kSerialTagV3) {
-            int32_t const has_proj = r.get<int32_t>();
-            if (has_proj != 0 && has_proj != 1)
-                throw std::runtime_error("bad TrtfuseResidualConv blob: projection flag");
-            f_.has_proj = has_proj == 1;
-        }
+        int32_t const has_proj = r.get<int32_t>();
+        if (has_proj != 0 && has_proj != 1) throw std::runtime_error("bad TrtfuseResidualConv blob: projection flag");
+        f_.has_proj = has_proj == 1;
         if (f_.has_proj) {
             f_.proj.cin = r.get<int32_t>();
             f_.proj.stride = r.get<int32_t>();
@@ -230,12 +227,10 @@ public:
             f_.proj.w_scale = r.getVector<float>();
             f_.proj.bias = r.getVector<float>();
         }
-        if (tag == kSerialTag || tag == kSerialTagV4) f_.kernel_size = r.get<int32_t>();
-        if (tag == kSerialTag) {
-            int32_t const has_next = r.get<int32_t>();
-            if (has_next != 0 && has_next != 1) throw std::runtime_error("bad TrtfuseResidualConv blob: next flag");
-            f_.has_next = has_next == 1;
-        }
+        f_.kernel_size = r.get<int32_t>();
+        int32_t const has_next = r.get<int32_t>();
+        if (has_next != 0 && has_next != 1) throw std::runtime_error("bad TrtfuseResidualConv blob: next flag");
+        f_.has_next = has_next == 1;
         if (f_.has_next) {
             f_.next.cout = r.get<int32_t>();
             f_.next.relu = r.get<int32_t>();

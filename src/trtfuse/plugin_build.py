@@ -4,7 +4,8 @@ Two shared libraries come out of one set of sources:
   libtrtfuse_kernels.so   every kernel with its C ABI; no TensorRT needed (tests load it by ctypes)
   libtrtfuse_plugins.so   the same plus the TensorRT plugin classes and their creators
 
-Source convention, per folder plugins/<op>/ (and plugins/common/):
+Source convention, per folder plugins/<op>/ and its subfolders (plugins/common/, the conv library plugins/conv_int8/
+with core/, kernels/ and host/), found by walking plugins/; includes are relative to plugins/ ("conv_int8/c_api.h"):
   *.cu            kernels and their C ABI            -> both libraries
   *_plugin.cpp    TensorRT plugin classes/creators   -> plugins library only (TensorRT headers)
   other *.cpp     host code that needs no TensorRT   -> both libraries
@@ -28,7 +29,7 @@ from pathlib import Path
 from trtfuse.errors import UserError
 
 REPO_ROOT = Path(__file__).resolve().parents[2]  # src/trtfuse/plugin_build.py -> the checkout
-# 90a: the wgmma kernel of plugins/residual_conv (kernel_sm90.cuh) exists only in the sm_90a cubin; on an
+# 90a: the wgmma kernels of plugins/conv_int8 (kernels/*_sm90.cuh) exist only in the sm_90a cubin; on an
 # H100/H200 the driver loads the sm_90a cubin when both it and the sm_90 one are present (checked on the H100 with
 # CUDA 13.0). 90: the PTX for newer GPUs (which run the mma.sync kernel). 80: A100.
 DEFAULT_ARCHS = ("80", "90", "90a")
@@ -232,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--kernels-only", action="store_true", help="only the C-ABI kernels library")
     p.add_argument("--archs", default=os.environ.get("TRTFUSE_CUDA_ARCHS", ",".join(DEFAULT_ARCHS)),
                    help="comma-separated SM versions, e.g. 80,90 or 90a (default %(default)s); "
-                        "the residual_conv wgmma configurations need 90a")
+                        "the conv_int8 wgmma configurations need 90a")
     p.add_argument("--source", help="the plugins/ folder (default: this checkout's)")
     p.add_argument("--build-dir", help=f"output folder (default {default_build_dir()})")
     p.add_argument("--debug", action="store_true", help="-O0 -g")

@@ -1,4 +1,4 @@
-"""ctypes wrapper over the C ABI of the fused int8 residual conv (plugins/residual_conv/residual_conv.h).
+"""ctypes wrapper over the C ABI of the fused int8 residual conv (plugins/conv_int8/c_api.h).
 
 Device memory is passed as integer pointers (torch/cupy `data_ptr()`), so this module needs neither torch
 nor cupy; `check` needs no GPU at all.
@@ -180,7 +180,7 @@ def select_config(cin: int, cout: int, n: int, hw: int) -> int:
 
 def wgw_schedule(m_blocks: int, n_blocks: int, resident: int, balance: bool) -> list[list[tuple[int, int]]]:
     """The wgw_* configs' tile schedule, as the kernel walks it: per block, its (M block, N block) tiles in order.
-    No GPU needed (schedule_sm90.h)."""
+    No GPU needed (plugins/conv_int8/core/schedule_sm90.h)."""
     lib = library()
     grid = lib.trtfuse_residual_conv_wgw_schedule(m_blocks, n_blocks, resident, int(balance), -1, 0, None, None)
     _raise(min(grid, 0), "wgw_schedule")

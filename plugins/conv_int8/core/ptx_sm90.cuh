@@ -9,7 +9,7 @@
 #include <cuda.h>
 #include <cuda_runtime.h>
 
-#include "residual_conv/ptx_sm80.cuh"   // smem_u32, cp.async (the producers copy x and residual with it)
+#include "conv_int8/core/ptx_sm80.cuh"   // smem_u32, cp.async (the producers copy x and residual with it)
 
 namespace trtfuse {
 namespace rconv {
@@ -87,7 +87,7 @@ __device__ __forceinline__ uint64_t smem_desc(uint32_t saddr) {
     "+r"(d[120]), "+r"(d[121]), "+r"(d[122]), "+r"(d[123]), "+r"(d[124]), "+r"(d[125]), "+r"(d[126]), "+r"(d[127])
 
 // wgmma.mma_async m64nNk32 s32 += s8 x s8, A and B from shared memory (scale-d = 1: D = A*B + D), N = 256, 128, 64
-// (N/2 accumulator registers per thread; 128 and 64: the 3x3 kernel, kernel3x3_sm90.cuh).
+// (N/2 accumulator registers per thread; 128 and 64: the 3x3 kernel, conv3x3_sm90.cuh).
 __device__ __forceinline__ void wgmma_m64n256k32_s8(int (&d)[128], uint64_t da, uint64_t db) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     asm volatile(
@@ -167,7 +167,7 @@ __device__ __forceinline__ void wgmma_m64n64k32_s8_rs(int (&d)[32], uint32_t con
 #endif
 }
 
-// m64n256k32 with A from registers (the 3x3 kernel's weights-stationary form, kernel3x3_sm90.cuh: WREG): as
+// m64n256k32 with A from registers (the 3x3 kernel's weights-stationary form, conv3x3_sm90.cuh: WREG): as
 // wgmma_m64n64k32_s8_rs, 128 accumulator registers per thread.
 __device__ __forceinline__ void wgmma_m64n256k32_s8_rs(int (&d)[128], uint32_t const (&a)[4], uint64_t db,
                                                        int scale_d) {

@@ -58,9 +58,9 @@
 #include <cuda.h>
 #include <cuda_runtime.h>
 
-#include "residual_conv/epilogue.cuh"
-#include "residual_conv/params.h"
-#include "residual_conv/ptx_sm90.cuh"
+#include "conv_int8/core/epilogue.cuh"
+#include "conv_int8/core/params.h"
+#include "conv_int8/core/ptx_sm90.cuh"
 
 namespace trtfuse {
 namespace rconv {
@@ -82,7 +82,7 @@ struct StemBand {
     static constexpr int BOX_PLANE = IR * kStemBoxRow, PLANE = BOX_PLANE + 64;
 };
 
-// Kernel arguments of the stem (the host fills them: residual_conv.cu, launch_stem).
+// Kernel arguments of the stem (the host fills them: host/launch_stem.cu).
 struct StemParams {
     CUtensorMap in_map;    // x as (W, H, Cin, N) bytes, box (256, IR, Cin, 1), zero fill outside the image
     Rule rule;             // the conv's rule (no residual)

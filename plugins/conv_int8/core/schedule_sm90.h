@@ -1,4 +1,4 @@
-// Which tiles each block of an sm90 ("wgw_*") launch (kernel_sm90.cuh) computes: the host picks the schedule
+// Which tiles each block of an sm90 ("wgw_*") launch (conv1x1_sm90.cuh) computes: the host picks the schedule
 // (wgw_schedule), the kernel walks it (WgwTiles). Both live here so that they cannot drift apart.
 //
 // A block keeps a weight slice (one N block) in shared memory, so the plain schedule gives every N block the same

@@ -19,10 +19,10 @@
 #include <cstdint>
 #include <cuda_runtime.h>
 
-#include "residual_conv/epilogue.cuh"
-#include "residual_conv/params.h"
-#include "residual_conv/ptx_sm80.cuh"
-#include "residual_conv/tile_layout.h"
+#include "conv_int8/core/epilogue.cuh"
+#include "conv_int8/core/params.h"
+#include "conv_int8/core/ptx_sm80.cuh"
+#include "conv_int8/core/tile_layout.h"
 
 namespace trtfuse {
 namespace rconv {

@@ -30,8 +30,8 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
-#include "residual_conv/params.h"
-#include "residual_conv/tile_layout.h"
+#include "conv_int8/core/params.h"
+#include "conv_int8/core/tile_layout.h"
 
 namespace trtfuse {
 namespace rconv {

@@ -1,11 +1,11 @@
 // Host side of the sm90 kernel's TMA output stores: Params::out_map, the output as a 4-d tensor map.
-// Shared by the library (residual_conv.cu) and the measuring program benchmarks/experiments/residual_conv_wgw_phases.cu.
+// Shared by the library (host/launch_conv1x1.cu) and the measuring program benchmarks/experiments/residual_conv_wgw_phases.cu.
 #pragma once
 #include <cuda.h>
 #include <cudaTypedefs.h>   // PFN_cuTensorMapEncodeTiled
 #include <cuda_runtime.h>
 
-#include "residual_conv/params.h"
+#include "conv_int8/core/params.h"
 
 namespace trtfuse {
 namespace rconv {

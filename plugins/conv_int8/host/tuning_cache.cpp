@@ -1,6 +1,6 @@
 // A deliberately small JSON reader: the cache is a flat list of flat objects, so a tokenizer for
 // strings, numbers and punctuation is enough and keeps the plugin free of a JSON dependency.
-#include "residual_conv/tuning_cache.h"
+#include "conv_int8/host/tuning_cache.h"
 
 #include <algorithm>
 #include <cctype>

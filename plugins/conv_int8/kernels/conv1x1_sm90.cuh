@@ -76,40 +76,26 @@
 #include <type_traits>
 #include <cuda_runtime.h>
 
-#include "residual_conv/epilogue.cuh"
-#include "residual_conv/params.h"
-#include "residual_conv/ptx_sm80.cuh"
-#include "residual_conv/ptx_sm90.cuh"
-#include "residual_conv/schedule_sm90.h"
-#include "residual_conv/tile_layout.h"
+#include "conv_int8/core/epilogue.cuh"
+#include "conv_int8/core/params.h"
+#include "conv_int8/core/ptx_sm80.cuh"
+#include "conv_int8/core/ptx_sm90.cuh"
+#include "conv_int8/core/schedule_sm90.h"
+#include "conv_int8/core/tile_layout.h"
+#include "conv_int8/kernels/next_gemm_sm90.cuh"   // WgwNextGemm, kNextMaxK
 
 namespace trtfuse {
 namespace rconv {
 
-// Diagnostic hook (off unless a measuring program defines TRTFUSE_WGW_TRACE before including this header):
-// thread 0 of each consumer (NH 2: of its first warpgroup) records clock64() at the phases of its first 64 tiles.
-// The buffer's address is read once per thread (wgw_trace): reading the __device__ pointer at every record made
-// the recording warp wait for a global load each time (~1k cycles under this kernel's memory traffic).
-// TRTFUSE_WGW_TRACE_GLOBALTIMER records %globaltimer (ns, one clock for all SMs) instead, and WGW_SPAN the block's
-// start (i = 0) and each consumer's end (1 + c) into g_wgw_span: where a short launch's time goes.
+// Phase marks of the per-tile clock trace (WGW_TRACE, WGW_SPAN, WGW_TRACE_*): empty unless a measuring program
+// defines TRTFUSE_WGW_TRACE before including this header (kernels/wgw_trace.cuh defines them then).
 #ifdef TRTFUSE_WGW_TRACE
-__device__ long long* g_wgw_trace;
-__device__ long long* g_wgw_span;
-__device__ __forceinline__ long long wgw_clock() {
-#ifdef TRTFUSE_WGW_TRACE_GLOBALTIMER
-    long long t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    return t;
-#else
-    return clock64();
-#endif
-}
-#define WGW_TRACE(i) \
-    if (t128 == 0 && part == 0 && u < 64) wgw_trace[((blockIdx.x * 2 + c) * 64 + u) * 8 + (i)] = wgw_clock()
-#define WGW_SPAN(i) g_wgw_span[blockIdx.x * 4 + (i)] = wgw_clock()
+#include "conv_int8/kernels/wgw_trace.cuh"
 #else
 #define WGW_TRACE(i)
 #define WGW_SPAN(i)
+#define WGW_TRACE_BEGIN()
+#define WGW_TRACE_STAGE0(t, c, u)
 #endif
 
 // Tile configuration: BK (k bytes per x stage), STAGES x slots and RBUF residual buffers per consumer, and the
@@ -167,9 +153,194 @@ template <class Cfg>
 constexpr int wgw_smem_bytes(int k_tiles) {
     return Cfg::BN * k_tiles * Cfg::BK + Cfg::SMEM;
 }
-// the largest K a chained next conv may have (its K padded to 128); its weight slice is zero padded to this K and takes
-// NEXT_N x this many bytes of shared memory
-constexpr int kNextMaxK = 256;
+
+// ---- the kernel's parts: the shared-memory pipeline, the producer loop, the epilogue store; the next GEMM is
+// next_gemm_sm90.cuh's; the consumer mainloop is the kernel's body ----
+
+// The shared memory of conv_kernel_sm90 and its pipeline's barriers: [weights BN x w_tiles*BK][NEXT_N: the next conv's
+// weights, NEXT_N x kNextMaxK][X_SLOTS x stages][2 x RBUF residual/output tiles][mbarriers], and which x slot a stage
+// takes.
+template <class Cfg, int NEXT_N>
+struct WgwPipeline {
+    static constexpr int BN = Cfg::BN, BK = Cfg::BK, XS = Cfg::X_SLOTS, RBUF = Cfg::RBUF, STAGES = Cfg::STAGES;
+    int8_t* sW;    // w_tiles*KCH chunks x [BN][32] (swz_offset)
+    int8_t* sW2;   // NEXT_N: the next conv's weights, [kNextMaxK/32][NEXT_N][32]
+    int8_t* sA;    // [slot]: [KCH][64][32] (swz_offset)
+    int8_t* sR;    // [consumer][buffer]: 4 warp blocks [BN/32][16][32], residual/output
+    uint32_t bars;
+    int k_tiles;
+    __device__ __forceinline__ WgwPipeline(int8_t* smem, int w_tiles, int k_tiles_)
+        : sW(smem),
+          sW2(sW + BN * w_tiles * BK),
+          sA(sW2 + NEXT_N * kNextMaxK),
+          sR(sA + XS * Cfg::A_STAGE),
+          bars(smem_u32(sR + 2 * RBUF * Cfg::R_TILE)),
+          k_tiles(k_tiles_) {}
+    // barriers of x slot s, of consumer c's buffer b (index c * RBUF + b), of weight chunk kt
+    __device__ __forceinline__ uint32_t x_full(int s) const { return bars + 8 * s; }
+    __device__ __forceinline__ uint32_t x_empty(int s) const { return bars + 8 * (XS + s); }
+    __device__ __forceinline__ uint32_t r_full(int b) const { return bars + 8 * (2 * XS + b); }
+    __device__ __forceinline__ uint32_t r_empty(int b) const { return bars + 8 * (2 * XS + 2 * RBUF + b); }
+    __device__ __forceinline__ uint32_t w_full(int kt) const { return bars + 8 * (2 * XS + 4 * RBUF + kt); }
+    __device__ __forceinline__ uint32_t mma_turn(int c) const {
+        return bars + 8 * (2 * XS + 4 * RBUF + Cfg::MAX_K_TILES + c);
+    }
+    __device__ __forceinline__ uint32_t mma_done(int c) const {
+        return bars + 8 * (2 * XS + 4 * RBUF + Cfg::MAX_K_TILES + 2 + c);
+    }
+    __device__ __forceinline__ uint32_t w2_full() const { return bars + 8 * (2 * XS + 4 * RBUF + Cfg::MAX_K_TILES + 4); }
+    // the x slot of stage kt of tile t (consumer t % 2, its tile u = t / 2) and that slot's fill count: per consumer
+    // rings of STAGES slots, or (SHARED) one ring that the tiles of both consumers take in order
+    __device__ __forceinline__ void x_pos(int t, int kt, int& slot, int& fill) const {
+        int const q = (Cfg::SHARED ? t : t >> 1) * k_tiles + kt;
+        slot = (Cfg::SHARED ? 0 : (t & 1) * STAGES) + q % STAGES;
+        fill = q / STAGES;
+    }
+};
+
+// The producer warpgroup's loop (the block's last warpgroup): each consumer's x stages and residual tiles into their
+// rings by cp.async, landing on the slots' full barriers, each slot first waited for on its empty barrier. k0: the
+// projection's stages of a tile (FUSED), k_tiles: all of them; slab_bytes: between slabs of r and out.
+template <class Cfg, int FORM, int NEXT_N>
+__device__ __forceinline__ void wgw_producer_loop(Params const& p, WgwPipeline<Cfg, NEXT_N> const& pipe,
+                                                  WgwTiles const& tiles, int warp, int lane, int k0, int k_tiles,
+                                                  int64_t slab_bytes) {
+    constexpr int BM = Cfg::BM, BN = Cfg::BN, KCH = Cfg::KCH, RBUF = Cfg::RBUF;
+    constexpr bool RESIDUAL = FORM == kResidual, FUSED = FORM == kProjResidual;
+    int const my_tiles = tiles.count;
+    setmaxnreg_dec<Cfg::PRODUCER_REGS>();
+    // SPLIT: warps c and c + 2 each copy half of consumer c's rows of x and of the residual; else warp c
+    // copies consumer c's x and warp c + 2 its residual. SHARED: warps 0 and 1 copy half of the rows of x of
+    // every tile (both consumers', in turn order), warps 2 and 3 half of the rows of every residual.
+    int const pw = warp - 4 * Cfg::NC;
+    constexpr bool SH = Cfg::SHARED;
+    constexpr int W = Cfg::SPLIT ? 2 : 1, ROWS = 4 / W;
+    int const wsub = SH ? pw & 1 : Cfg::SPLIT ? pw >> 1 : 0;
+    bool const do_x = SH ? pw < 2 : Cfg::SPLIT || pw < 2, do_r = SH ? pw >= 2 : Cfg::SPLIT || pw >= 2;
+    int const t0 = SH ? 0 : pw & 1, t_step = SH ? 1 : 2;   // the tiles this warp serves: t0, t0 + t_step, ...
+    // Lane l copies rows l/2 + 16 (W i + wsub), i < ROWS, 16-byte half l % 2, of every slab of a tile: per slab
+    // 16 lanes read 16 consecutive rows x 32 bytes (coalesced). The swizzle depends on the row mod 8 only, so
+    // piece (slab, i) lies at a lane's first piece + slab * SLAB + i * STEP: in an x stage ([slab][64][32]) SLAB
+    // is 64 rows and STEP 16 W rows, in a residual tile (warp blocks) SLAB is 16 rows and STEP W blocks. Source
+    // offsets are computed once per tile.
+    int const half = lane & 1, row0 = (lane >> 1) + 16 * wsub;
+    uint32_t const x_dst = swz_offset(0, BM, row0, half * 16);
+    uint32_t const r_dst = wsub * Cfg::R_BLOCK + swz_offset(0, 16, row0 & 15, half * 16);
+    // copies `slabs` slabs of the tile rows, starting at slab s0 of a tensor with `nslabs` slabs `pitch` bytes
+    // apart, to dst (see above); slabs past nslabs and rows past M are zero-filled
+    auto copy_slabs = [&](uint32_t dst, int slab_step, int row_step, int8_t const* src, int64_t pitch,
+                          int64_t const (&off)[ROWS], int const (&bytes)[ROWS], int slabs, int s0, int nslabs) {
+#pragma unroll
+        for (int sl = 0; sl < slabs; ++sl) {
+            bool const ok = s0 + sl < nslabs;
+            int8_t const* base = src + (ok ? s0 + sl : 0) * pitch;
+#pragma unroll
+            for (int i = 0; i < ROWS; ++i)
+                cp_async_16(dst + sl * slab_step + i * row_step, base + off[i], ok ? bytes[i] : 0);
+        }
+    };
+    // per tile: the byte offsets of this lane's rows (slab 0, its half) in operand x (or, null, the residual),
+    // and their source sizes (0 for rows past M, clamped to a valid address and zero-filled)
+    auto row_offsets = [&](int m0, Operand const* x, int64_t (&off)[ROWS], int (&bytes)[ROWS]) {
+#pragma unroll
+        for (int i = 0; i < ROWS; ++i) {
+            int m = m0 + row0 + 16 * W * i;
+            bytes[i] = m < p.M ? 16 : 0;
+            m = min(m, p.M - 1);
+            off[i] = (x ? x_row_offset(p, *x, m) : out_row_offset(p, m)) + half * 16;
+        }
+    };
+    for (int t = t0; t < my_tiles; t += t_step) {
+        int const m0 = tiles.m_block(t) * BM, n0 = tiles.n_block(t) * BN, u = t >> 1;
+        auto load_residual = [&] {
+            int const b = (t & 1) * RBUF + u % RBUF;
+            if constexpr (!RESIDUAL) {   // no residual input (or computed here): only hand the free buffer on
+                mbar_wait(pipe.r_empty(b), ((u / RBUF) & 1) ^ 1);
+                mbar_arrive(pipe.r_full(b));
+                return;
+            }
+            int64_t off[ROWS];
+            int bytes[ROWS];
+            row_offsets(m0, nullptr, off, bytes);
+            mbar_wait(pipe.r_empty(b), ((u / RBUF) & 1) ^ 1);
+            copy_slabs(smem_u32(pipe.sR + b * Cfg::R_TILE) + r_dst, 16 * 32, W * Cfg::R_BLOCK, p.r, slab_bytes, off, bytes,
+                       BN / 32, n0 / 32, p.Nc);
+            mbar_arrive_on_cp_async(pipe.r_full(b));
+        };
+        if (!do_x) {
+            load_residual();
+            continue;
+        }
+        // SPLIT: the residual first. Its r_empty wait keeps these warps within RBUF tiles of the consumer; with
+        // x stage 0 first, the x ring let them run up to STAGES tiles ahead, and a parity wait two phases ahead
+        // passed at once (racecheck: residual overwritten before the epilogue read it). Cost: a cp.async
+        // mbarrier arrival waits for all of the thread's earlier copies, so x stage 0 lands no sooner than the
+        // residual (measured: not ready at 24-36 % of res2/res3 tile starts).
+        if (do_r) load_residual();
+        // stages kt0..kt1-1 of the tile from operand src, its slabs from 0 (offsets made once per loop: made in
+        // the loop at the operand switch, they cost the consumers' wgmmas their registers, ptxas C7511)
+        auto load_stages = [&](Operand const& src, int kt0, int kt1) {
+            int64_t off[ROWS];
+            int bytes[ROWS];
+            row_offsets(m0, &src, off, bytes);
+            for (int kt = kt0; kt < kt1; ++kt) {
+                int slot, fill;
+                pipe.x_pos(t, kt, slot, fill);
+                mbar_wait(pipe.x_empty(slot), (fill & 1) ^ 1);
+                copy_slabs(smem_u32(pipe.sA + slot * Cfg::A_STAGE) + x_dst, BM * 32, 16 * W * 32, src.data,
+                           static_cast<int64_t>(src.in_hw) * 32, off, bytes, KCH, (kt - kt0) * KCH, src.Kc);
+                mbar_arrive_on_cp_async(pipe.x_full(slot));
+            }
+        };
+        if (FUSED) load_stages(p.xp, 0, k0);   // the projection's stages first
+        load_stages(p.x, k0, k_tiles);
+    }
+    asm volatile("cp.async.wait_all;\n" ::: "memory");
+}
+
+// Each warp stores its own 16 rows, which only its epilogue wrote: a warp barrier suffices. Rows within
+// one image leave by one TMA store (p.out_map, box 16 rows x WN/32 slabs, this warpgroup's columns, from
+// the block's first row; rows past HW or M and slabs past Nc not written), issued by lane 0, which
+// releases the buffer after the next tile's wgmmas, when the engine has long read it (waiting right away
+// put the read, 0.7-1k cycles, on the warpgroup's path: the next wgmma needs every warp). Rows that
+// straddle two images take 16-byte stores: a store box must not start at a negative hw (measured: illegal
+// instruction). 16-row blocks straddle only where an image boundary falls inside one: never at
+// res2/res3, ~1 in 12 at res4, ~1 in 3 at res5.
+// (w_tile: this warp's block of the tile in shared memory; n0, part: the tile's and this warpgroup's columns; b: the
+// buffer, whose r_empty arrival lane 0 owes (owed) until its TMA store has been read.)
+template <class Cfg, int NEXT_N>
+__device__ __forceinline__ void wgw_store_rows(Params const& p, WgwPipeline<Cfg, NEXT_N> const& pipe, int8_t* w_tile,
+                                               int wm0, int n0, int part, int lane, int my_row, int my_half, int b,
+                                               int& owed, int64_t slab_bytes) {
+    constexpr int WN = Cfg::WN;
+    int const img0 = p.hw_div.div(min(wm0, p.M - 1)), hs = wm0 - img0 * p.HW;
+    if (wm0 < p.M && min(16, p.M - wm0) + hs <= p.HW) {
+        fence_proxy_async_smem();   // this thread's output bytes (generic writes) -> the TMA engine's reads
+        __syncwarp();
+        if (lane == 0) {
+            tma_store_4d(&p.out_map, smem_u32(w_tile), 0, hs, (n0 + part * WN) / 32, img0);
+            bulk_commit();
+            owed = b;
+        } else {
+            mbar_arrive(pipe.r_empty(b));
+        }
+    } else {
+        __syncwarp();
+        int const m = wm0 + my_row;
+        if (m < p.M) {
+            int const img = p.hw_div.div(m), hw = m - img * p.HW;
+            int8_t* obase = p.out + (static_cast<int64_t>(img) * p.Nc * p.HW + hw) * 32 + my_half * 16;
+#pragma unroll
+            for (int slab = 0; slab < WN / 32; ++slab) {
+                int const gslab = (n0 + part * WN) / 32 + slab;
+                if (gslab < p.Nc)
+                    st_global_cs_16(obase + gslab * slab_bytes,
+                        *reinterpret_cast<int4 const*>(w_tile + swz_offset(slab, 16, my_row, my_half * 16)));
+            }
+        }
+        mbar_arrive(pipe.r_empty(b));
+    }
+}
 
 // FORM: kResidual, the layer has a residual input (p.r); kPlain, none: the producers only hand the residual
 // buffers on and the epilogue only writes them (they stage the output for its TMA store); kProjResidual, the residual
@@ -178,7 +349,7 @@ template <class Cfg, int FORM, int NEXT_N = 0>
 __global__ void __launch_bounds__(Cfg::THREADS, 1)
 conv_kernel_sm90(const __grid_constant__ Params p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    constexpr int BM = Cfg::BM, BN = Cfg::BN, BK = Cfg::BK, STAGES = Cfg::STAGES, RBUF = Cfg::RBUF;
+    constexpr int BM = Cfg::BM, BN = Cfg::BN, BK = Cfg::BK, RBUF = Cfg::RBUF;
     constexpr int KCH = Cfg::KCH, NI = BN / 8, NH = Cfg::NH, WN = Cfg::WN;
     constexpr bool RESIDUAL = FORM == kResidual, FUSED = FORM == kProjResidual;
     static_assert(NEXT_N == 0 || NEXT_N == 64 || NEXT_N == 128, "the next conv's N tile: 64 or 128");
@@ -196,28 +367,13 @@ conv_kernel_sm90(const __grid_constant__ Params p) {
     int const w_tiles = w_x0 + k_tiles - k0;
     auto w_tile_of = [&](int kt) { return kt < k0 ? kt : w_x0 + kt - k0; };
     extern __shared__ __align__(1024) int8_t wg_smem[];
-    int8_t* sW = wg_smem;                          // w_tiles*KCH chunks x [BN][32] (swz_offset)
     constexpr int XS = Cfg::X_SLOTS;
-    int8_t* sW2 = sW + BN * w_tiles * BK;          // NEXT_N: the next conv's weights, [kNextMaxK/32][NEXT_N][32]
-    int8_t* sA = sW2 + NEXT_N * kNextMaxK;   // [slot]: [KCH][64][32] (swz_offset)
-    int8_t* sR = sA + XS * Cfg::A_STAGE;           // [consumer][buffer]: 4 warp blocks [BN/32][16][32], residual/output
-    uint32_t const bars = smem_u32(sR + 2 * RBUF * Cfg::R_TILE);
-    // barriers of x slot s, of consumer c's buffer b (index c * RBUF + b), of weight chunk kt
-    auto x_full = [&](int s) { return bars + 8 * s; };
-    auto x_empty = [&](int s) { return bars + 8 * (XS + s); };
-    auto r_full = [&](int b) { return bars + 8 * (2 * XS + b); };
-    auto r_empty = [&](int b) { return bars + 8 * (2 * XS + 2 * RBUF + b); };
-    auto w_full = [&](int kt) { return bars + 8 * (2 * XS + 4 * RBUF + kt); };
-    auto mma_turn = [&](int c) { return bars + 8 * (2 * XS + 4 * RBUF + Cfg::MAX_K_TILES + c); };
-    auto mma_done = [&](int c) { return bars + 8 * (2 * XS + 4 * RBUF + Cfg::MAX_K_TILES + 2 + c); };
-    uint32_t const w2_full = bars + 8 * (2 * XS + 4 * RBUF + Cfg::MAX_K_TILES + 4);
-    // the x slot of stage kt of tile t (consumer t % 2, its tile u = t / 2) and that slot's fill count: per consumer
-    // rings of STAGES slots, or (SHARED) one ring that the tiles of both consumers take in order
-    auto x_pos = [&](int t, int kt, int& slot, int& fill) {
-        int const q = (Cfg::SHARED ? t : t >> 1) * k_tiles + kt;
-        slot = (Cfg::SHARED ? 0 : (t & 1) * STAGES) + q % STAGES;
-        fill = q / STAGES;
-    };
+    WgwPipeline<Cfg, NEXT_N> const pipe(wg_smem, w_tiles, k_tiles);
+    int8_t* const sW = pipe.sW;
+    int8_t* const sW2 = pipe.sW2;
+    int8_t* const sA = pipe.sA;
+    int8_t* const sR = pipe.sR;
+    uint32_t const w2_full = pipe.w2_full();
 
     constexpr int XW = Cfg::SPLIT ? 2 : 1;   // producer warps per ring
     int const tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -230,23 +386,23 @@ conv_kernel_sm90(const __grid_constant__ Params p) {
     if (!Cfg::BALANCE && tiles.extra) __trap();
     int const my_tiles = tiles.count;
     // the weight slice of N block nb: k chunk kt, BN x BK contiguous bytes of the packed image, by one bulk copy on
-    // w_full(kt)
+    // pipe.w_full(kt)
     auto load_weights = [&](int nb) {
         int8_t const* src = p.w_img + static_cast<int64_t>(nb) * BN * p.Kpad;
 #pragma unroll 1
         for (int kt = 0; kt < w_tiles; ++kt) {
-            mbar_arrive_expect_tx(w_full(kt), BN * BK);
-            bulk_load(smem_u32(sW + kt * BK * BN), src + kt * BK * BN, BN * BK, w_full(kt));
+            mbar_arrive_expect_tx(pipe.w_full(kt), BN * BK);
+            bulk_load(smem_u32(sW + kt * BK * BN), src + kt * BK * BN, BN * BK, pipe.w_full(kt));
         }
     };
 
     if (tid == 0) {
         WGW_SPAN(0);
         // consumer arrivals: every warp (x_empty, mma_done) or thread (r_empty, mma_turn) of a tile's NH warpgroups
-        for (int s = 0; s < XS; ++s) { mbar_init(x_full(s), 32 * XW); mbar_init(x_empty(s), 4 * NH); }
-        for (int b = 0; b < 2 * RBUF; ++b) { mbar_init(r_full(b), 32 * XW); mbar_init(r_empty(b), 128 * NH); }
-        for (int kt = 0; kt < w_tiles; ++kt) mbar_init(w_full(kt), 1);
-        for (int c = 0; c < 2; ++c) { mbar_init(mma_turn(c), 128 * NH); mbar_init(mma_done(c), 4 * NH); }
+        for (int s = 0; s < XS; ++s) { mbar_init(pipe.x_full(s), 32 * XW); mbar_init(pipe.x_empty(s), 4 * NH); }
+        for (int b = 0; b < 2 * RBUF; ++b) { mbar_init(pipe.r_full(b), 32 * XW); mbar_init(pipe.r_empty(b), 128 * NH); }
+        for (int kt = 0; kt < w_tiles; ++kt) mbar_init(pipe.w_full(kt), 1);
+        for (int c = 0; c < 2; ++c) { mbar_init(pipe.mma_turn(c), 128 * NH); mbar_init(pipe.mma_done(c), 4 * NH); }
         if (NEXT_N > 0) mbar_init(w2_full, 1);
         fence_mbarrier_init();
         if (my_tiles > 0) load_weights(tiles.n_block(0));   // the first slice, ahead of every other load
@@ -257,96 +413,8 @@ conv_kernel_sm90(const __grid_constant__ Params p) {
     }
     __syncthreads();   // the only block-wide barrier
 
-    if (warp >= 4 * Cfg::NC) {
-        // ---------------- producers (the last warpgroup) ----------------
-        setmaxnreg_dec<Cfg::PRODUCER_REGS>();
-        // SPLIT: warps c and c + 2 each copy half of consumer c's rows of x and of the residual; else warp c
-        // copies consumer c's x and warp c + 2 its residual. SHARED: warps 0 and 1 copy half of the rows of x of
-        // every tile (both consumers', in turn order), warps 2 and 3 half of the rows of every residual.
-        int const pw = warp - 4 * Cfg::NC;
-        constexpr bool SH = Cfg::SHARED;
-        constexpr int W = Cfg::SPLIT ? 2 : 1, ROWS = 4 / W;
-        int const wsub = SH ? pw & 1 : Cfg::SPLIT ? pw >> 1 : 0;
-        bool const do_x = SH ? pw < 2 : Cfg::SPLIT || pw < 2, do_r = SH ? pw >= 2 : Cfg::SPLIT || pw >= 2;
-        int const t0 = SH ? 0 : pw & 1, t_step = SH ? 1 : 2;   // the tiles this warp serves: t0, t0 + t_step, ...
-        // Lane l copies rows l/2 + 16 (W i + wsub), i < ROWS, 16-byte half l % 2, of every slab of a tile: per slab
-        // 16 lanes read 16 consecutive rows x 32 bytes (coalesced). The swizzle depends on the row mod 8 only, so
-        // piece (slab, i) lies at a lane's first piece + slab * SLAB + i * STEP: in an x stage ([slab][64][32]) SLAB
-        // is 64 rows and STEP 16 W rows, in a residual tile (warp blocks) SLAB is 16 rows and STEP W blocks. Source
-        // offsets are computed once per tile.
-        int const half = lane & 1, row0 = (lane >> 1) + 16 * wsub;
-        uint32_t const x_dst = swz_offset(0, BM, row0, half * 16);
-        uint32_t const r_dst = wsub * Cfg::R_BLOCK + swz_offset(0, 16, row0 & 15, half * 16);
-        // copies `slabs` slabs of the tile rows, starting at slab s0 of a tensor with `nslabs` slabs `pitch` bytes
-        // apart, to dst (see above); slabs past nslabs and rows past M are zero-filled
-        auto copy_slabs = [&](uint32_t dst, int slab_step, int row_step, int8_t const* src, int64_t pitch,
-                              int64_t const (&off)[ROWS], int const (&bytes)[ROWS], int slabs, int s0, int nslabs) {
-#pragma unroll
-            for (int sl = 0; sl < slabs; ++sl) {
-                bool const ok = s0 + sl < nslabs;
-                int8_t const* base = src + (ok ? s0 + sl : 0) * pitch;
-#pragma unroll
-                for (int i = 0; i < ROWS; ++i)
-                    cp_async_16(dst + sl * slab_step + i * row_step, base + off[i], ok ? bytes[i] : 0);
-            }
-        };
-        // per tile: the byte offsets of this lane's rows (slab 0, its half) in operand x (or, null, the residual),
-        // and their source sizes (0 for rows past M, clamped to a valid address and zero-filled)
-        auto row_offsets = [&](int m0, Operand const* x, int64_t (&off)[ROWS], int (&bytes)[ROWS]) {
-#pragma unroll
-            for (int i = 0; i < ROWS; ++i) {
-                int m = m0 + row0 + 16 * W * i;
-                bytes[i] = m < p.M ? 16 : 0;
-                m = min(m, p.M - 1);
-                off[i] = (x ? x_row_offset(p, *x, m) : out_row_offset(p, m)) + half * 16;
-            }
-        };
-        for (int t = t0; t < my_tiles; t += t_step) {
-            int const m0 = tiles.m_block(t) * BM, n0 = tiles.n_block(t) * BN, u = t >> 1;
-            auto load_residual = [&] {
-                int const b = (t & 1) * RBUF + u % RBUF;
-                if constexpr (!RESIDUAL) {   // no residual input (or computed here): only hand the free buffer on
-                    mbar_wait(r_empty(b), ((u / RBUF) & 1) ^ 1);
-                    mbar_arrive(r_full(b));
-                    return;
-                }
-                int64_t off[ROWS];
-                int bytes[ROWS];
-                row_offsets(m0, nullptr, off, bytes);
-                mbar_wait(r_empty(b), ((u / RBUF) & 1) ^ 1);
-                copy_slabs(smem_u32(sR + b * Cfg::R_TILE) + r_dst, 16 * 32, W * Cfg::R_BLOCK, p.r, slab_bytes, off, bytes,
-                           BN / 32, n0 / 32, p.Nc);
-                mbar_arrive_on_cp_async(r_full(b));
-            };
-            if (!do_x) {
-                load_residual();
-                continue;
-            }
-            // SPLIT: the residual first. Its r_empty wait keeps these warps within RBUF tiles of the consumer; with
-            // x stage 0 first, the x ring let them run up to STAGES tiles ahead, and a parity wait two phases ahead
-            // passed at once (racecheck: residual overwritten before the epilogue read it). Cost: a cp.async
-            // mbarrier arrival waits for all of the thread's earlier copies, so x stage 0 lands no sooner than the
-            // residual (measured: not ready at 24-36 % of res2/res3 tile starts).
-            if (do_r) load_residual();
-            // stages kt0..kt1-1 of the tile from operand src, its slabs from 0 (offsets made once per loop: made in
-            // the loop at the operand switch, they cost the consumers' wgmmas their registers, ptxas C7511)
-            auto load_stages = [&](Operand const& src, int kt0, int kt1) {
-                int64_t off[ROWS];
-                int bytes[ROWS];
-                row_offsets(m0, &src, off, bytes);
-                for (int kt = kt0; kt < kt1; ++kt) {
-                    int slot, fill;
-                    x_pos(t, kt, slot, fill);
-                    mbar_wait(x_empty(slot), (fill & 1) ^ 1);
-                    copy_slabs(smem_u32(sA + slot * Cfg::A_STAGE) + x_dst, BM * 32, 16 * W * 32, src.data,
-                               static_cast<int64_t>(src.in_hw) * 32, off, bytes, KCH, (kt - kt0) * KCH, src.Kc);
-                    mbar_arrive_on_cp_async(x_full(slot));
-                }
-            };
-            if (FUSED) load_stages(p.xp, 0, k0);   // the projection's stages first
-            load_stages(p.x, k0, k_tiles);
-        }
-        asm volatile("cp.async.wait_all;\n" ::: "memory");
+    if (warp >= 4 * Cfg::NC) {   // the producers (the last warpgroup)
+        wgw_producer_loop<Cfg, FORM>(p, pipe, tiles, warp, lane, k0, k_tiles, slab_bytes);
         return;
     }
 
@@ -362,9 +430,7 @@ conv_kernel_sm90(const __grid_constant__ Params p) {
     uint64_t const descB0 = smem_desc(smem_u32(sW));
     // the output pieces this thread stores (16-byte path): row lane / 2 of its warp's block, half lane % 2, every slab
     int const my_row = lane >> 1, my_half = lane & 1;
-#ifdef TRTFUSE_WGW_TRACE
-    long long* const wgw_trace = g_wgw_trace;
-#endif
+    WGW_TRACE_BEGIN();
 
     int acc[1][WN / 2];   // the warp's m64nWN fragment: one 16-row group of the epilogue
 #pragma unroll
@@ -374,57 +440,13 @@ conv_kernel_sm90(const __grid_constant__ Params p) {
     auto pay_owed = [&] {
         if (owed >= 0) {
             bulk_wait<0, true>();
-            mbar_arrive(r_empty(owed));
+            mbar_arrive(pipe.r_empty(owed));
             owed = -1;
         }
     };
-    // The chained next conv (NEXT_N > 0, see above) of a tile, in two steps: next_issue starts its wgmmas into acc2
-    // from the A fragments `a` (the tail's output words; first: this consumer's first tile, which waits for the next
-    // conv's weights), next_finish waits for them and writes this warp's 16 rows from wm0. The tile's output store
-    // is issued in between.
-    constexpr int HALVES = NEXT_N > 0 ? NEXT_N / 64 : 1;   // m64n64 wgmmas per k32 step
-    auto next_issue = [&](uint32_t const (&a)[NI / 2][2], int (&acc2)[HALVES][1][32], bool first) {
-        if (first) mbar_wait(w2_full, 0);
-        int const init2 = p.next_rule.small_acc ? kMagicBits : 0;
-#pragma unroll
-        for (int hh = 0; hh < HALVES; ++hh)
-#pragma unroll
-            for (int i = 0; i < 32; ++i) acc2[hh][0][i] = init2;
-        uint64_t const descW2 = smem_desc(smem_u32(sW2));
-        wgmma_fence();   // the A registers and accumulators were just written
-        // Every k32 step, with no branch between the wgmmas: past the layer's channels both the words and the
-        // weights are 0 (trtfuse_next_attach pads the slice to kNextMaxK). A branch on K here cost 1.5-5.8 % of the
-        // chained layer1 nodes (docs/residual_conv.md, Version 22); under NH 2 one on a warpgroup's half of K made
-        // ptxas serialize every wgmma of the kernel (C7520).
-#pragma unroll
-        for (int ks = 0; ks < kNextMaxK / 32; ++ks) {
-            uint32_t const frag[4] = {a[2 * ks][0], a[2 * ks][1], a[2 * ks + 1][0], a[2 * ks + 1][1]};
-#pragma unroll
-            for (int hh = 0; hh < HALVES; ++hh)
-                wgmma_m64n64k32_s8_rs(acc2[hh][0], frag, descW2 + ((ks * NEXT_N * 32 + hh * 64 * 32) >> 4), 1);
-        }
-        wgmma_commit();
-    };
-    auto next_finish = [&](int (&acc2)[HALVES][1][32], int wm0) {
-        wgmma_wait<0>();
-        // rows wm0 + g and + 8 of next_out, the word of channels c .. c + 3 at (slab c / 32, byte c % 32)
-        int64_t const next_slab = static_cast<int64_t>(p.HW) * 32;
-        int8_t* rows[2];
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            int const m = wm0 + g + 8 * h;
-            int const img = p.hw_div.div(min(m, p.M - 1)), hw = m - img * p.HW;
-            rows[h] = m < p.M ? p.next_out + (static_cast<int64_t>(img) * p.next_nc * p.HW + hw) * 32 : nullptr;
-        }
-#pragma unroll
-        for (int hh = 0; hh < HALVES; ++hh)
-            epilogue_fragment<16, 1, 8, false, false>(
-                acc2[hh], p.next_rule, nullptr, g, tig, hh * 64, [&](int j, int, int h, uint32_t word) {
-                    int const ch = hh * 64 + 16 * j + 4 * tig;
-                    if (rows[h] && (ch >> 5) < p.next_nc)
-                        *reinterpret_cast<uint32_t*>(rows[h] + (ch >> 5) * next_slab + (ch & 31)) = word;
-                });
-    };
+    // the chained next conv (NEXT_N > 0): kernels/next_gemm_sm90.cuh
+    using Next = WgwNextGemm<NEXT_N, NI>;
+    constexpr int HALVES = Next::HALVES;
     // an extra block whose run crosses N blocks: the consumers report each tile's wgmmas done (mma_done), so that the
     // consumer that reloads the weight slice knows when the old one is no longer read
     int const nb_first = my_tiles > 0 ? tiles.n_block(0) : 0;
@@ -440,42 +462,36 @@ conv_kernel_sm90(const __grid_constant__ Params p) {
             bool const wait_w = t < 2 || (EXTRA && nb != tiles.template n_block<EXTRA>(t - 2));
             uint32_t const w_parity = (nb - nb_first) & 1;
             WGW_TRACE(0);
-#ifdef TRTFUSE_WGW_TRACE
-            if (t128 == 0 && part == 0 && u < 64) {   // record whether stage 0 of this tile has already landed
-                int slot0, fill0;
-                x_pos(t, 0, slot0, fill0);
-                wgw_trace[((blockIdx.x * 2 + c) * 64 + u) * 8 + 7] = mbar_test(x_full(slot0), fill0 & 1);
-            }
-#endif
+            WGW_TRACE_STAGE0(t, c, u);
             // PINGPONG: the consumers take turns on the tensor cores (tile u of consumer 0, tile u of consumer 1,
             // tile u + 1 of consumer 0, ...), so that one's epilogue runs while the other's wgmmas do
-            if (Cfg::PINGPONG && (c == 1 || u > 0)) mbar_wait(mma_turn(c), (c == 1 ? u : u - 1) & 1);
+            if (Cfg::PINGPONG && (c == 1 || u > 0)) mbar_wait(pipe.mma_turn(c), (c == 1 ? u : u - 1) & 1);
             // The first tile with a new N block (extra blocks only, PINGPONG): the old slice is free once tile
             // t - 1 (the other consumer's, issued before this turn) and tile t - 2 (this consumer's) are done; one
             // thread then loads the new one. Each mma_done wait is at most one phase ahead: the other consumer
             // reported tile t - 3 before it issued t - 1, and no consumer reports a tile past t - 1 before this tile
             // is issued.
             if (EXTRA && t > 0 && nb != tiles.template n_block<EXTRA>(t - 1) && t128 == 0) {
-                mbar_wait(mma_done(1 - c), ((t - 1) >> 1) & 1);
-                if (t >= 2) mbar_wait(mma_done(c), ((t - 2) >> 1) & 1);
+                mbar_wait(pipe.mma_done(1 - c), ((t - 1) >> 1) & 1);
+                if (t >= 2) mbar_wait(pipe.mma_done(c), ((t - 2) >> 1) & 1);
                 load_weights(nb);
             }
             // this warp's part of buffer b: its block's slabs of this warpgroup's columns
             auto warp_part = [&](int b) { return sR + b * Cfg::R_TILE + warp_in_wg * Cfg::R_BLOCK + part * WN * 16; };
             // this tile's residual/output buffer (this warp's part), once it is full
             auto take_buffer = [&](int b) {
-                mbar_wait(r_full(b), (u / RBUF) & 1);
+                mbar_wait(pipe.r_full(b), (u / RBUF) & 1);
                 // the previous tile's TMA stores have had this tile's wgmmas to read their buffer: release it now
                 if (lane == 0) pay_owed();
                 return warp_part(b);
             };
             for (int kt = 0; kt < k_tiles; ++kt) {
                 int slot, fill;
-                x_pos(t, kt, slot, fill);
-                mbar_wait(x_full(slot), fill & 1);
+                pipe.x_pos(t, kt, slot, fill);
+                mbar_wait(pipe.x_full(slot), fill & 1);
                 if (kt == 0) WGW_TRACE(1);
                 int const wt = w_tile_of(kt);
-                if (wait_w) mbar_wait(w_full(wt), w_parity);
+                if (wait_w) mbar_wait(pipe.w_full(wt), w_parity);
                 fence_proxy_async_smem();   // the landed cp.async bytes, visible to this thread's wgmmas
                 wgmma_fence();
                 wgmma_stage<BM, KCH, WN, BN>(acc[0], descA0 + ((slot * Cfg::A_STAGE) >> 4),
@@ -484,14 +500,14 @@ conv_kernel_sm90(const __grid_constant__ Params p) {
                 if (prev >= 0) {   // the previous stage's wgmmas are done: release its slot
                     wgmma_wait<1>();
                     __syncwarp();
-                    if (lane == 0) mbar_arrive(x_empty(prev));
+                    if (lane == 0) mbar_arrive(pipe.x_empty(prev));
                 }
                 prev = slot;
                 if (FUSED && kt == k0 - 1) {
                     // the projection's accumulators are complete: its output bytes go where the residual would land
                     wgmma_wait<0>();
                     __syncwarp();
-                    if (lane == 0) mbar_arrive(x_empty(prev));
+                    if (lane == 0) mbar_arrive(pipe.x_empty(prev));
                     prev = -1;
                     epilogue_fragment<16, 1, WN / 8, false>(acc, p.proj_rule, take_buffer(c * RBUF + u % RBUF), g, tig,
                                                             n0 + part * WN);
@@ -499,14 +515,14 @@ conv_kernel_sm90(const __grid_constant__ Params p) {
                     for (int i = 0; i < WN / 2; ++i) acc[0][i] = init;   // the tail's accumulators
                 }
             }
-            if (Cfg::PINGPONG) mbar_arrive(mma_turn(1 - c));   // this tile's wgmmas are all issued
+            if (Cfg::PINGPONG) mbar_arrive(pipe.mma_turn(1 - c));   // this tile's wgmmas are all issued
             WGW_TRACE(2);
             wgmma_wait<0>();
             WGW_TRACE(3);
             __syncwarp();
             if (lane == 0) {
-                mbar_arrive(x_empty(prev));
-                if (EXTRA && reloads) mbar_arrive(mma_done(c));
+                mbar_arrive(pipe.x_empty(prev));
+                if (EXTRA && reloads) mbar_arrive(pipe.mma_done(c));
             }
 
             // ---- epilogue: in registers, written in place over the residual tile, then 16-byte stores ----
@@ -519,7 +535,7 @@ conv_kernel_sm90(const __grid_constant__ Params p) {
             if constexpr (NEXT_N > 0) {
                 epilogue_fragment<16, 1, NI, RESIDUAL || FUSED>(
                     acc, p.rule, w_tile, g, tig, n0, [&](int j, int, int h, uint32_t word) { next_a[j][h] = word; });
-                next_issue(next_a, acc2, u == 0);
+                Next::issue(p, w2_full, sW2, next_a, acc2, u == 0);
             } else {
                 epilogue_fragment<16, 1, WN / 8, RESIDUAL || FUSED>(acc, p.rule, w_tile, g, tig, n0 + part * WN);
             }
@@ -533,43 +549,11 @@ conv_kernel_sm90(const __grid_constant__ Params p) {
                     asm volatile("mov.b32 %0, %1;\n" : "=r"(acc[0][i]) : "r"(init0));
             };
             if constexpr (NEXT_N == 0) reset_acc();
-            // Each warp stores its own 16 rows, which only its epilogue wrote: a warp barrier suffices. Rows within
-            // one image leave by one TMA store (p.out_map, box 16 rows x WN/32 slabs, this warpgroup's columns, from
-            // the block's first row; rows past HW or M and slabs past Nc not written), issued by lane 0, which
-            // releases the buffer after the next tile's wgmmas, when the engine has long read it (waiting right away
-            // put the read, 0.7-1k cycles, on the warpgroup's path: the next wgmma needs every warp). Rows that
-            // straddle two images take 16-byte stores: a store box must not start at a negative hw (measured: illegal
-            // instruction). 16-row blocks straddle only where an image boundary falls inside one: never at
-            // res2/res3, ~1 in 12 at res4, ~1 in 3 at res5.
-            int const wm0 = m0 + warp_in_wg * 16, img0 = p.hw_div.div(min(wm0, p.M - 1)), hs = wm0 - img0 * p.HW;
-            if (wm0 < p.M && min(16, p.M - wm0) + hs <= p.HW) {
-                fence_proxy_async_smem();   // this thread's output bytes (generic writes) -> the TMA engine's reads
-                __syncwarp();
-                if (lane == 0) {
-                    tma_store_4d(&p.out_map, smem_u32(w_tile), 0, hs, (n0 + part * WN) / 32, img0);
-                    bulk_commit();
-                    owed = b;
-                } else {
-                    mbar_arrive(r_empty(b));
-                }
-            } else {
-                __syncwarp();
-                int const m = wm0 + my_row;
-                if (m < p.M) {
-                    int const img = p.hw_div.div(m), hw = m - img * p.HW;
-                    int8_t* obase = p.out + (static_cast<int64_t>(img) * p.Nc * p.HW + hw) * 32 + my_half * 16;
-#pragma unroll
-                    for (int slab = 0; slab < WN / 32; ++slab) {
-                        int const gslab = (n0 + part * WN) / 32 + slab;
-                        if (gslab < p.Nc)
-                            st_global_cs_16(obase + gslab * slab_bytes,
-                                *reinterpret_cast<int4 const*>(w_tile + swz_offset(slab, 16, my_row, my_half * 16)));
-                    }
-                }
-                mbar_arrive(r_empty(b));
-            }
+            // ---- epilogue store: this warp's 16 rows from wm0 ----
+            int const wm0 = m0 + warp_in_wg * 16;
+            wgw_store_rows<Cfg>(p, pipe, w_tile, wm0, n0, part, lane, my_row, my_half, b, owed, slab_bytes);
             if constexpr (NEXT_N > 0) {
-                next_finish(acc2, wm0);
+                Next::finish(p, acc2, wm0, g, tig);
                 reset_acc();
             }
             WGW_TRACE(6);

@@ -44,14 +44,14 @@
 #include <cuda.h>
 #include <cuda_runtime.h>
 
-#include "residual_conv/epilogue.cuh"
-#include "residual_conv/params.h"
-#include "residual_conv/ptx_sm90.cuh"
+#include "conv_int8/core/epilogue.cuh"
+#include "conv_int8/core/params.h"
+#include "conv_int8/core/ptx_sm90.cuh"
 
 namespace trtfuse {
 namespace rconv {
 
-// Kernel arguments of the 3x3 conv (the host fills them: residual_conv.cu, launch_conv3x3).
+// Kernel arguments of the 3x3 conv (the host fills them: host/launch_conv3x3.cu).
 struct Conv3Params {
     CUtensorMap in_map;    // x as (32 bytes, W_in, H_in, N * Kc), 32-byte swizzle, zero fill; box (32, Wp, R + 2, 1) at
                            // stride 1, (32, 2 Wp, 2 (R + 1), 1) with element strides (1, 2, 2, 1) at stride 2

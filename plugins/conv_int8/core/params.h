@@ -17,7 +17,7 @@ namespace trtfuse {
 namespace rconv {
 
 // What a launch's residual is (the kernels' FORM template argument): none, an int8 input r, or the projection of a
-// second input computed in the kernel (sm90 only, kernel_sm90.cuh).
+// second input computed in the kernel (sm90 only, conv1x1_sm90.cuh).
 enum Form : int { kPlain = 0, kResidual = 1, kProjResidual = 2 };
 constexpr int kForms = 3;
 
@@ -51,13 +51,13 @@ struct Params {
     int8_t const* w;       // packed [Npad][Kpad], rows permuted in 16-channel groups (tile_layout.h), zero padded
                            // (Npad % 256 == 0, Kpad % 128 == 0)
     int8_t const* w_img;   // sm90: w as the kernel's shared-memory weight slices, per N block (tile_layout.h)
-    // sm90, fused projection (kernel_sm90.cuh, Form::kProjResidual): the residual is not read but computed, the
+    // sm90, fused projection (conv1x1_sm90.cuh, Form::kProjResidual): the residual is not read but computed, the
     // projection of xp by the first proj_kpad bytes of each weight row (w_img rows: [projection | x's weights]),
     // rounded by proj_rule, exactly the int8 tensor the projection alone would write
     Operand xp;
     Rule proj_rule;
     int proj_kpad;         // 0, or the projection's K padded to 128: where x's weights start in a row
-    // sm90, a chained next conv (kernel_sm90.cuh, NEXT_N > 0): a 1x1 conv + BN (+ReLU) of this layer's output, from its
+    // sm90, a chained next conv (conv1x1_sm90.cuh, NEXT_N > 0): a 1x1 conv + BN (+ReLU) of this layer's output, from its
     // output tile, into next_out ([N][next_nc][HW][32]); its weights as one slice of NEXT_N rows x kNextMaxK
     // (tile_layout.h: pack_weight_slices; zero past K = this layer's channels; n_blocks 1)
     Rule next_rule;
