@@ -26,7 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from trtfuse.errors import UserError
-from trtfuse.plugin_build import REPO_ROOT, find_nvcc, gencode_flags, tensorrt_include_dir, tensorrt_lib_dir
+from trtfuse.toolchain import REPO_ROOT, find_nvcc, gencode_flags, tensorrt_include_dir, tensorrt_lib_dir
 
 NATIVE_LIB = "libtrtfuse_sut.so"
 LOADGEN_SOURCES = ("early_stopping.cc", "issue_query_controller.cc", "loadgen.cc", "logging.cc",

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import shutil
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -27,8 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from trtfuse.errors import UserError
+from trtfuse.toolchain import REPO_ROOT, find_nvcc, gencode_flags, tensorrt_include_dir, tensorrt_lib_dir
 
-REPO_ROOT = Path(__file__).resolve().parents[2]  # src/trtfuse/plugin_build.py -> the checkout
 # 90a: the wgmma kernels of plugins/conv_int8 (kernels/*_sm90.cuh) exist only in the sm_90a cubin; on an
 # H100/H200 the driver loads the sm_90a cubin when both it and the sm_90 one are present (checked on the H100 with
 # CUDA 13.0). 90: the PTX for newer GPUs (which run the mma.sync kernel). 80: A100.
@@ -57,50 +56,6 @@ def default_build_dir() -> Path:
     from trtfuse.models.prepared import trtfuse_home
 
     return trtfuse_home() / "plugins"
-
-
-def find_nvcc() -> str:
-    nvcc = os.environ.get("CUDACXX") or shutil.which("nvcc")
-    if not nvcc:
-        for guess in ("/usr/local/cuda/bin/nvcc",):
-            if Path(guess).exists():
-                return guess
-        raise UserError("nvcc not found", "install the CUDA toolkit, or put nvcc on PATH / set CUDACXX")
-    return nvcc
-
-
-def tensorrt_include_dir(tensorrt_root: str | os.PathLike | None) -> Path:
-    root = tensorrt_root or os.environ.get("TENSORRT_ROOT")
-    if not root:
-        raise UserError(
-            "TensorRT headers not given",
-            "pass --tensorrt-root DIR or set TENSORRT_ROOT (a folder with include/NvInfer.h)",
-        )
-    for inc in (Path(root) / "include", Path(root)):
-        if (inc / "NvInfer.h").is_file():
-            return inc.resolve()
-    raise UserError(f"no NvInfer.h under {root} or {root}/include", "point TENSORRT_ROOT at a TensorRT install")
-
-
-def tensorrt_lib_dir(tensorrt_root: str | os.PathLike | None) -> Path | None:
-    env = os.environ.get("TENSORRT_LIB_DIR")
-    root = tensorrt_root or os.environ.get("TENSORRT_ROOT")
-    for d in ([Path(env)] if env else []) + ([Path(root) / "lib"] if root else []):
-        if any(d.glob("libnvinfer.so*")):
-            return d.resolve()
-    return None
-
-
-def gencode_flags(archs: tuple[str, ...]) -> list[str]:
-    """'90' -> sm_90 SASS; '90a' -> sm_90a (wgmma/setmaxnreg). PTX of the highest plain arch too."""
-    flags = []
-    for a in archs:
-        flags += ["-gencode", f"arch=compute_{a},code=sm_{a}"]
-    plain = [a for a in archs if a.isdigit()]
-    if plain:
-        top = max(plain, key=int)
-        flags += ["-gencode", f"arch=compute_{top},code=compute_{top}"]
-    return flags
 
 
 @dataclass

@@ -57,7 +57,7 @@ pin_int8_plugin_outputs).
 
 The stem, when replaced (``stem``) and asked (``chain_next``), chains the conv1 that reads its pooled output the same
 way (``MAX_NEXT_STEM_COUT``): ResNet-50's layer1.0 conv1 (64 -> 64), which the stem kernel computes from its band's
-pooled output in shared memory (stem_sm90.cuh, NEXT). The stem's node then has the second output and the next_* fields like a tail's
+pooled output in shared memory (plugins/conv_int8/kernels/stem_sm90.cuh, NEXT). The stem's node then has the second output and the next_* fields like a tail's
 (layer1.0's downsample, the other reader of the pooled output, keeps reading output 0; under ``projections`` as the
 fused projection + tail node's xp).
 
@@ -135,12 +135,12 @@ MAX_CONV3X3_COUT = 64
 # tail's output (the conv1 sums over all of its channels): the kernel's N tile is 256 channels, so tails of at most
 # 256 (ResNet-50's layer1; layer2's 512 would need each row from two tiles). The conv1's weights and accumulator sit
 # beside the tail's in the chained sm90 configuration, which has room for at most 128 conv1 output channels
-# (residual_conv.h, trtfuse_next_fuses): layer1's conv1s (64) and layer2.0's (128). Only 1x1 stride-1 conv1s with a
+# (plugins/conv_int8/c_api.h, trtfuse_next_fuses): layer1's conv1s (64) and layer2.0's (128). Only 1x1 stride-1 conv1s with a
 # ReLU (the conv1 form the kernel chains), reading exactly the tail's channels, are chained.
 MAX_NEXT_TAIL_COUT = 256
 MAX_NEXT_COUT = 128
 # The stem chains the conv1 that reads its pooled output (1x1 stride 1 + ReLU, cin the stem's cout) only up to the stem
-# kernel's N tile, 64 output channels (residual_conv.h, trtfuse_next_fuses: the first stem configuration, stem_p8):
+# kernel's N tile, 64 output channels (plugins/conv_int8/c_api.h, trtfuse_next_fuses: the first stem configuration, stem_p8):
 # ResNet-50's layer1.0 conv1 (64 -> 64). A wider one stays with TensorRT (the library would run it as a second launch).
 MAX_NEXT_STEM_COUT = 64
 
@@ -611,7 +611,7 @@ class Stem:
         return self.conv, self.relu, self.pool
 
 
-STEM_MAX_CIN, STEM_MAX_COUT = 4, 64   # the stem kernel's (stem_sm90.cuh)
+STEM_MAX_CIN, STEM_MAX_COUT = 4, 64   # the stem kernel's (plugins/conv_int8/kernels/stem_sm90.cuh)
 
 
 def find_stems(model: onnx.ModelProto, report: FusionReport | None = None) -> list[Stem]:

@@ -209,7 +209,7 @@ def find_tools() -> dict:
     tools["cxx"] = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
     if not tools["cxx"]:
         raise UserError("no C++ compiler (g++) is installed", "apt-get install g++")
-    from trtfuse.plugin_build import find_nvcc
+    from trtfuse.toolchain import find_nvcc
 
     try:
         tools["nvcc"] = find_nvcc()
