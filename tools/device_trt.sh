@@ -53,6 +53,12 @@ ORIG_ENV=(PATH="$PATH" PYTHONPATH="${PYTHONPATH:-}" LD_LIBRARY_PATH="${LD_LIBRAR
 source /opt/trt85/env.sh
 # shellcheck disable=SC1091
 source tools/dev_env.sh
+# Pure-Python wheels the staging lacks, carried in .devcache/native: tomli (Python 3.10 reads TOML with it, and every
+# `trtfuse` command reads its settings), nvidia-ml-py (GPU energy), tqdm. Unpacked once per machine.
+for w in .devcache/native/*.whl; do
+    [ -f "$w" ] && [ ! -f "$TRT85/site-packages/.$(basename "$w").done" ] && python3.10 -m zipfile -e "$w" "$TRT85/site-packages/" \
+        && touch "$TRT85/site-packages/.$(basename "$w").done"
+done
 OUT=${OUT:-/tmp/trtfuse-out}
 RESULTS=${TRTFUSE_RESULTS:-/tmp/trtfuse-results}   # a bg job's own: $RESULTS/gpuK
 mkdir -p "$OUT" "$RESULTS/logs"
@@ -143,7 +149,6 @@ for step in "$@"; do
                       tests/test_lanes.py tests/test_tensorrt_backend.py tests/test_cuda_runtime.py tests/test_triton_export.py \
                       tests/test_triton_gpu.py ;;
         native-build)  # the native SUT with TensorRT: LoadGen's sdist and nvidia-ml-py carried in .devcache/native
-            for w in .devcache/native/*.whl; do [ -f "$w" ] && python3.10 -m zipfile -e "$w" "$TRT85/site-packages/"; done
             TRTFUSE_LOADGEN_SDIST=$(ls .devcache/native/mlcommons_loadgen-*.tar.gz 2>/dev/null | head -1) \
                 run_step native-build python3.10 -m trtfuse.plugin_build build --native --tensorrt-root "$TENSORRT_ROOT" ;;
         native:*) run_step "native-${step#native:}" python3.10 -m trtfuse bench native run \
