@@ -1,10 +1,12 @@
 """The Python SUT's per-query timeline (server.query_timeline): the arithmetic, and a real Server run."""
 
+import time
+
 import numpy as np
 import pytest
 from conftest_harness import ScriptedBackend, SyntheticDataset, tiny_model
 from test_loadgen_runs import settings
-from trtfuse import report, session
+from trtfuse import query_timeline, report, session
 from trtfuse.backends import create_backend
 from trtfuse.query_timeline import QueryTimeline, describe
 
@@ -30,17 +32,36 @@ def test_an_empty_timeline_has_no_summary():
     assert QueryTimeline().summary() is None and describe(None) is None
 
 
-def test_a_server_run_times_every_completed_sample(tmp_path):
-    s = settings(tmp_path, **{"run.scenario": "server", "run.backend": "onnxruntime", "server.query_timeline": True})
+class ClockStepping(ScriptedBackend):
+    """Each inference moves the timeline's clock on by STEP_S: the inference segment must hold that step and no
+    other segment may, however fast or slow the machine is (no elapsed time is judged)."""
+
+    STEP_S = 1000.0
+
+    def __init__(self, inner, clock: list):
+        super().__init__(inner)
+        self.clock = clock
+
+    def infer(self, batch):
+        self.clock[0] += self.STEP_S
+        return super().infer(batch)
+
+
+def test_a_server_run_times_every_completed_sample(tmp_path, monkeypatch):
+    offset = [0.0]
+    monkeypatch.setattr(query_timeline, "now", lambda: time.perf_counter() + offset[0])
+    # one worker: only its own inference moves the clock between a batch's "taken" and "completed"
+    s = settings(tmp_path, **{"run.scenario": "server", "run.backend": "onnxruntime", "run.threads": 1,
+                              "server.query_timeline": True})
     model = tiny_model(tmp_path)
-    backend = ScriptedBackend(create_backend("onnxruntime"), delay_s=0.002)
+    backend = ClockStepping(create_backend("onnxruntime"), offset)
     backend.load(model, s["run"]["batch_size"])
     result = session.run(s, progress=False, model=model, dataset=SyntheticDataset(64), backend=backend)
     where = result["harness"]["query_timeline"]
     assert where["samples"] == result["harness"]["completed"] > 0
-    pct = where["percentiles_ms"]
+    pct, step_ms = where["percentiles_ms"], ClockStepping.STEP_S * 1e3
     assert min(v for seg in pct.values() for v in seg.values()) >= 0
-    assert pct["inference"]["p50"] >= 2.0  # the scripted backend sleeps 2 ms per batch
+    assert pct["inference"]["p50"] >= step_ms and pct["completion"]["p99"] < step_ms
     assert set(where["before_seen_ms"]) == {"p50", "p90", "p99"}
     assert "where p99 goes" in report.format_table(result)
 

@@ -24,10 +24,10 @@ import json
 import os
 import sys
 import time
-import traceback
 from pathlib import Path
 
 from trtfuse.bench import native as nbench  # RandomImages, settings_for, cpu_model
+from trtfuse.bench.runs import run_stage, save_record
 
 STAGES = ("engines", "engine", "offline", "server", "host-path")
 RUNS_DIR = "/tmp/trtfuse-multigpu-runs"
@@ -117,10 +117,7 @@ def run(args) -> int:
         data.setdefault("trt_version", None)
 
     def save():
-        out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = out.with_name(out.name + ".tmp")
-        tmp.write_text(json.dumps(data, indent=1) + "\n")
-        os.replace(tmp, out)  # never half-written
+        save_record(out, data)
 
     def row_for(n: int) -> dict:
         for row in data["runs"]:
@@ -141,21 +138,8 @@ def run(args) -> int:
         return ",".join(str(d) for d in range(n))
 
     def stage(name, fn):
-        if name not in args.stages:
-            return
-        t0 = time.time()
-        try:
-            fn()
-            data["errors"].pop(name, None)
-        except BaseException as e:  # noqa: BLE001 - record it, go on with the next stage
-            traceback.print_exc()
-            data["errors"][name] = f"{type(e).__name__}: {e}"
-            if isinstance(e, KeyboardInterrupt):
-                save()
-                raise
-        data.setdefault("stage_seconds", {})[name] = round(time.time() - t0, 1)
-        log(f"stage {name} done in {time.time() - t0:.0f} s")
-        save()
+        if name in args.stages:
+            run_stage(data, name, fn, save, log)
 
     def engines():
         for b in (args.batch, args.server_batch):

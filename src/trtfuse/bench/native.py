@@ -23,10 +23,10 @@ import json
 import platform
 import sys
 import time
-import traceback
 from pathlib import Path
 
 import numpy as np
+from trtfuse.bench.runs import run_stage, save_record
 
 BUNDLE = Path("/tmp/trtfuse-e2e")
 STAGES = ("engines", "engine", "offline", "server", "attribution")
@@ -178,21 +178,11 @@ def run(args) -> int:
     this["inputs"] = f"{args.images} random int8 images (seed 0), the same for every run"
 
     def save():
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(data, indent=1) + "\n")
+        save_record(out, data)
 
     def stage(name, fn):
-        if name not in args.stages:
-            return
-        t0 = time.time()
-        try:
-            fn()
-            data["errors"].pop(name, None)
-        except BaseException as e:  # noqa: BLE001 - record it, go on with the next stage
-            traceback.print_exc()
-            data["errors"][name] = f"{type(e).__name__}: {e}"
-        log(f"stage {name} done in {time.time() - t0:.0f} s")
-        save()
+        if name in args.stages:
+            run_stage(data, name, fn, save, log)
 
     def engines():
         for b in (2048, 256):

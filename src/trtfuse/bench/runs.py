@@ -54,3 +54,36 @@ def server_search(run_at: Callable[[float], dict], start: float, tries: int,
     shown = next(t for t in tried if t["target_qps"] == round(best, 1)) if best else tried[-1]
     return {"qps": round(best, 1) if best else None, "p99_ms": shown["p99_ms"], "valid": best is not None,
             "tries": tried}
+
+
+def save_record(out: Path, data: dict) -> None:
+    """Write a suite's results JSON in one step (never half-written)."""
+    import json
+    import os
+
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(out.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=1) + "\n")
+    os.replace(tmp, out)
+
+
+def run_stage(data: dict, name: str, fn: Callable[[], None], save: Callable[[], None],
+              log: Callable[[str], None]) -> None:
+    """One stage of a suite whose record adds up over several calls: a failure is recorded in data["errors"] and the
+    next stage goes on; the stage's seconds; the record saved after it. Ctrl-C saves, then stops the suite."""
+    import traceback
+
+    t0 = time.time()
+    try:
+        fn()
+        data["errors"].pop(name, None)
+    except BaseException as e:  # noqa: BLE001 - record it, go on with the next stage
+        traceback.print_exc()
+        data["errors"][name] = f"{type(e).__name__}: {e}"
+        if isinstance(e, KeyboardInterrupt):
+            save()
+            raise
+    data.setdefault("stage_seconds", {})[name] = round(time.time() - t0, 1)
+    log(f"stage {name} done in {time.time() - t0:.0f} s")
+    save()
