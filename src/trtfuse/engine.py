@@ -25,6 +25,7 @@ import argparse
 import dataclasses
 import hashlib
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -132,10 +133,12 @@ def build_engine(model_dir: str | Path, cfg: BuildConfig, plugin_lib: str | None
     if serialized is None:
         raise UserError("TensorRT failed to build the engine (see its log above)",
                         "try --workspace with more GB, or --plugins off to isolate the plugin")
-    tmp = path.with_suffix(".tmp")
-    tmp.write_bytes(bytes(serialized))
-    tmp.replace(path)
-    timing_path.write_bytes(bytes(config.get_timing_cache().serialize()))
+    # Whole files only, under a name of this process: runs on the other GPUs of a host may build the same
+    # engine, and read the timing cache, at the same moment.
+    for dest, data in ((path, serialized), (timing_path, config.get_timing_cache().serialize())):
+        tmp = dest.with_name(f"{dest.name}.{os.getpid()}.tmp")
+        tmp.write_bytes(bytes(data))
+        tmp.replace(dest)
     meta = {"model": prepared.name, "config": cfg.key(), "tensorrt": trt.__version__, "gpu": gpu,
             "build_s": round(time.time() - t0, 1)}
     path.with_suffix(".json").write_text(json.dumps(meta, indent=1) + "\n")
