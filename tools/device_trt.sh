@@ -72,6 +72,9 @@ export TRTFUSE_TACTIC_SOURCES=none
 tuned=$RESULTS/residual_conv_tuning_h100.json
 [ -f "$tuned" ] || tuned=$PWD/benchmarks/results/residual_conv_tuning_h100.json
 export TRTFUSE_RESIDUAL_CONV_CACHE=$tuned
+# Records are named for the GPU that made them (multigpu_h200.json): the device tool may lend another kind than asked.
+GPU_TAG=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 | grep -oiE 'gh200|h100|h200|b200|a100|l40s' | head -1 | tr '[:upper:]' '[:lower:]')
+GPU_TAG=${GPU_TAG:-gpu}
 failed=0
 
 run_step() {
@@ -93,14 +96,14 @@ for step in "$@"; do
         conv-kernel) run_step conv-kernel env -u TRTFUSE_BUILD_DIR "${ORIG_ENV[@]}" OUT="$RESULTS/conv-kernel" bash benchmarks/residual_conv_device.sh quick
                      cp "$RESULTS/conv-kernel/residual_conv_tuning_h100.json" "$RESULTS/conv-kernel/residual_conv_bench_h100.json" "$RESULTS/" 2>/dev/null
                      [ -f "$RESULTS/residual_conv_tuning_h100.json" ] && export TRTFUSE_RESIDUAL_CONV_CACHE=$RESULTS/residual_conv_tuning_h100.json ;;
-        conv) run_step conv python3.10 -m trtfuse bench layers --kind residual --qdq --out "$RESULTS/residual_conv_h100.json" ;;
+        conv) run_step conv python3.10 -m trtfuse bench layers --kind residual --qdq --out "$RESULTS/residual_conv_${GPU_TAG}.json" ;;
         conv-test) run_step conv-test python3.10 -m pytest -q -m tensorrt -p no:cacheprovider tests/test_residual_conv_plugin.py ;;
         conv3x3) run_step conv3x3-test python3.10 -m pytest -q -m gpu -p no:cacheprovider tests/test_conv3x3.py
-                 run_step conv3x3 python3.10 -m trtfuse bench layers --kind conv3x3 --out "$RESULTS/conv3x3_h100.json" ;;
+                 run_step conv3x3 python3.10 -m trtfuse bench layers --kind conv3x3 --out "$RESULTS/conv3x3_${GPU_TAG}.json" ;;
         stem) run_step stem-test python3.10 -m pytest -q -m "gpu or tensorrt" -p no:cacheprovider tests/test_stem.py
-              run_step stem python3.10 -m trtfuse bench layers --kind stem --out "$RESULTS/stem_h100.json" ;;
+              run_step stem python3.10 -m trtfuse bench layers --kind stem --out "$RESULTS/stem_${GPU_TAG}.json" ;;
         next) run_step next-test python3.10 -m pytest -q -m "gpu or tensorrt" -p no:cacheprovider tests/test_next_conv.py
-              run_step next python3.10 -m trtfuse bench layers --kind next --out "$RESULTS/next_conv_h100.json" ;;
+              run_step next python3.10 -m trtfuse bench layers --kind next --out "$RESULTS/next_conv_${GPU_TAG}.json" ;;
         backend-test) run_step backend-test python3.10 -m pytest -q -m "gpu or tensorrt" -p no:cacheprovider \
                           tests/test_cuda_runtime.py tests/test_tensorrt_backend.py ;;
         minilm) run_step minilm python3.10 -m trtfuse bench minilm check --out "$RESULTS/minilm_trt.json" ;;
@@ -108,12 +111,12 @@ for step in "$@"; do
             LD_LIBRARY_PATH=/tmp/cublas11:$LD_LIBRARY_PATH TRTFUSE_TACTIC_SOURCES=cublas \
                 run_step minilm-cublas python3.10 -m trtfuse bench minilm check --out "$RESULTS/minilm_trt.json" ;;
         probe) run_step probe python3.10 -m trtfuse bench probe --out "$RESULTS/serving_probe.json" ;;
-        gap) run_step gap python3.10 -m trtfuse bench gap --out "$RESULTS/offline_gap_h100.json" ${GAP_ARGS:-} ;;
+        gap) run_step gap python3.10 -m trtfuse bench gap --out "$RESULTS/offline_gap_${GPU_TAG}.json" ${GAP_ARGS:-} ;;
         e2e-stash) run_step e2e-stash python3.10 -m trtfuse bench bundle stash ;;
         e2e:*) run_step "e2e-${step#e2e:}" python3.10 -m trtfuse bench e2e run \
-                   --out "$RESULTS/resnet50_e2e_h100.json" --stages "${step#e2e:}" ${E2E_ARGS:-} ;;
+                   --out "$RESULTS/resnet50_e2e_${GPU_TAG}.json" --stages "${step#e2e:}" ${E2E_ARGS:-} ;;
         conf:*) run_step "conf-${step#conf:}" python3.10 -m trtfuse bench conformance run \
-                    --out "$RESULTS/mlperf_conformance_h100.json" --stages "${step#conf:}" ${CONF_ARGS:-} ;;
+                    --out "$RESULTS/mlperf_conformance_${GPU_TAG}.json" --stages "${step#conf:}" ${CONF_ARGS:-} ;;
         qs-stash)  # carried .devcache/qs/{val,calib,models}: kept in /tmp/qs (outside the work tree)
             mkdir -p /tmp/qs /tmp/trtfuse-home/models
             for d in val calib; do [ -d .devcache/qs/$d ] && cp -r .devcache/qs/$d /tmp/qs/; done
@@ -123,7 +126,7 @@ for step in "$@"; do
             mkdir -p /tmp/bin && printf '#!/bin/sh\nexec python3.10 -m trtfuse "$@"\n' > /tmp/bin/trtfuse && chmod +x /tmp/bin/trtfuse
             PATH=/tmp/bin:$PATH TRTFUSE_HOME=/tmp/trtfuse-home run_step quickstart python3.10 -m trtfuse bench quickstart \
                 --images /tmp/qs/val --calibration /tmp/qs/calib --resnet50 /tmp/trtfuse-e2e/models/resnet50 \
-                --out "$RESULTS/gpu_quickstart_h100.json" --e2e-results "$RESULTS/resnet50_e2e_h100.json" ;;
+                --out "$RESULTS/gpu_quickstart_${GPU_TAG}.json" --e2e-results "$RESULTS/resnet50_e2e_${GPU_TAG}.json" ;;
         pytriton-stash)  # the tritonserver binary, its Python backend and stubs that trtfuse serve runs
             for w in .devcache/pytriton/*.whl; do
                 [ -f "$w" ] && run_step "unzip-$(basename "$w" | cut -d- -f1)" python3.10 -m zipfile -e "$w" "$TRT85/site-packages/"
@@ -132,19 +135,19 @@ for step in "$@"; do
             p=$TRT85/site-packages/pytriton/tritonserver
             [ -d "$p" ] && chmod +x "$p"/bin/* "$p"/python_backend_stubs/*/* 2>/dev/null ;;
         triton:*) run_step "triton-${step#triton:}" python3.10 -m trtfuse bench triton run \
-                      --out "$RESULTS/triton_h100.json" --stages "${step#triton:}" ${TRITON_ARGS:-} ;;
+                      --out "$RESULTS/triton_${GPU_TAG}.json" --stages "${step#triton:}" ${TRITON_ARGS:-} ;;
         triton-native) run_step triton-native python3.10 -m pytest -q -m tensorrt -p no:cacheprovider tests/test_triton_native.py ;;
         edge:*) run_step "edge-${step#edge:}" python3.10 -m trtfuse bench edge ${step#edge:} \
                     --out "$RESULTS/edge" --mlperf-dir .devcache/mlperf ${EDGE_ARGS:-}
                 cp "$RESULTS/edge/edge_submission.json" "$RESULTS/" 2>/dev/null ;;
         switch) run_step switch python3.10 benchmarks/experiments/server_switch_interval.py ${SWITCH_ARGS:-} ;;
         multigpu|multigpu-native) run_step "$step" python3.10 -m trtfuse bench multigpu run \
-                                      --out "$RESULTS/multigpu_h100.json" ${MULTIGPU_ARGS:-} ;;
+                                      --out "$RESULTS/multigpu_${GPU_TAG}.json" ${MULTIGPU_ARGS:-} ;;
         # gpu-test needs pytest and onnxruntime (cp310): a staging made with them, or both on $PYTHONPATH
         # any-resnet: bench any-resnet run on the carried .devcache/any_resnet (made by its prepare on the CPU
         # machine); extra arguments from $ANY_RESNET_ARGS (e.g. "--stages build" then "--stages engine")
         any-resnet) run_step any-resnet python3.10 -m trtfuse bench any-resnet run --bundle .devcache/any_resnet \
-                        --out "$RESULTS/any_resnet_h100.json" ${ANY_RESNET_ARGS:-} ;;
+                        --out "$RESULTS/any_resnet_${GPU_TAG}.json" ${ANY_RESNET_ARGS:-} ;;
         gpu-test) run_step gpu-test python3.10 -m pytest -q -m "gpu or tensorrt" -p no:cacheprovider \
                       tests/test_lanes.py tests/test_tensorrt_backend.py tests/test_cuda_runtime.py tests/test_triton_export.py \
                       tests/test_triton_gpu.py ;;
@@ -152,7 +155,7 @@ for step in "$@"; do
             TRTFUSE_LOADGEN_SDIST=$(ls .devcache/native/mlcommons_loadgen-*.tar.gz 2>/dev/null | head -1) \
                 run_step native-build python3.10 -m trtfuse.plugin_build build --native --tensorrt-root "$TENSORRT_ROOT" ;;
         native:*) run_step "native-${step#native:}" python3.10 -m trtfuse bench native run \
-                      --out "$RESULTS/native_sut_h100.json" --stages "${step#native:}" ${NATIVE_ARGS:-} ;;
+                      --out "$RESULTS/native_sut_${GPU_TAG}.json" --stages "${step#native:}" ${NATIVE_ARGS:-} ;;
         bg:*)
             job=gpu${CUDA_VISIBLE_DEVICES:-all}; job=${job//,/_}; dir=$RESULTS/$job; steps=${step#bg:}
             if [ -f "$dir/bg.pid" ] && kill -0 "$(cat "$dir/bg.pid")" 2>/dev/null; then

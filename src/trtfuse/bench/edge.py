@@ -232,7 +232,7 @@ class Edge:
         except Exception as e:  # noqa: BLE001 - the tree needs no GPU
             self.data["gpu"] = f"none ({type(e).__name__})"
         self.data["lease_started"] = time.strftime("%Y-%m-%dT%H:%M:%S")
-        from native_sut import cpu_model
+        from trtfuse.bench.native import cpu_model
 
         self.data["cpu_model"] = cpu_model()
         for name in todo:
