@@ -379,13 +379,14 @@ def _fake_tool(bin_dir: Path, name: str, script: str) -> None:
 
 
 def test_sysinfo_reads_nvidia_smi(tmp_path, monkeypatch):
-    _fake_tool(tmp_path / "bin", "nvidia-smi", """case "$1" in
-  --query-gpu=clocks*) for i in 0 1; do echo "1980, 5, 16"; done;;
-  --query-gpu=*) for i in 0 1; do echo "NVIDIA H100 80GB HBM3, 81559 MiB, 550.54.15"; done;;
-  nvlink) for i in 0 1 2; do echo "	 Link $i: 26.562 GB/s"; done;;
+    _fake_tool(tmp_path / "bin", "nvidia-smi", """case "$*" in
+  *--query-gpu=clocks*) echo "1980, 5, 16";;
+  *--query-gpu=*) for i in 0 1; do echo "$i, GPU-0000000$i-aaaa, NVIDIA H100 80GB HBM3, 81559 MiB, 550.54.15"; done;;
+  nvlink*) for i in 0 1 2; do echo "	 Link $i: 26.562 GB/s"; done;;
   *) echo "| NVIDIA-SMI 550.54.15    Driver Version: 550.54.15    CUDA Version: 12.4 |";;
 esac""")
     monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     info = sysinfo.probe()
     assert info["gpu_count"] == 2 and info["gpu_names"] == ["NVIDIA H100 80GB HBM3"] * 2
     assert info["gpu_memory_mib"] == [81559, 81559] and info["gpu_driver"] == "550.54.15"
@@ -397,6 +398,19 @@ esac""")
     assert desc["accelerator_host_interconnect"] == "PCIe Gen5 x16"
     assert desc["accelerator_interconnect"] == "NVLink (3 links per accelerator)"
     assert "driver 550.54.15" in desc["other_software_stack"] and "TensorRT" in desc["framework"]
+
+
+@pytest.mark.parametrize("visible, count", [("1", 1), ("GPU-00000000", 1), ("0,1", 2), ("", 0), ("-1,0", 0)])
+def test_sysinfo_counts_the_gpus_this_process_may_use(tmp_path, monkeypatch, visible, count):
+    """A run on one GPU of a host (CUDA_VISIBLE_DEVICES) describes a system of one accelerator."""
+    _fake_tool(tmp_path / "bin", "nvidia-smi", """case "$*" in
+  *--query-gpu=index*) for i in 0 1; do echo "$i, GPU-0000000$i-aaaa, NVIDIA H200, 143771 MiB, 580.1"; done;;
+  *) echo "CUDA Version: 13.0";;
+esac""")
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+    info = sysinfo.probe()
+    assert info["gpu_count"] == count and info["gpu_names"] == ["NVIDIA H200"] * count
 
 
 def test_sysinfo_probes_never_raise(tmp_path, monkeypatch):

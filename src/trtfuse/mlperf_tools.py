@@ -33,7 +33,7 @@ def inference_dir(given: str | os.PathLike | None = None) -> Path:
     if not value:
         raise UserError("the MLCommons inference scripts' folder is not set",
                         f"clone github.com/mlcommons/inference and pass --mlperf-dir DIR or set {ENV_VAR}")
-    path = Path(value).expanduser()
+    path = Path(value).expanduser().resolve()  # absolute: the scripts run in scratch folders
     missing = [p for p in ("compliance/TEST01/run_verification.py", "compliance/TEST04/run_verification.py")
                if not (path / p).is_file()]
     if not any((path / p).is_file() for p in ACCURACY_SCRIPTS):

@@ -145,48 +145,77 @@ def _run(cmd: list[str]) -> str | None:
     return done.stdout if done.returncode == 0 else None
 
 
+def _visible(index: str, uuid: str) -> bool:
+    """Whether CUDA_VISIBLE_DEVICES lets this process see the GPU (nvidia-smi lists every GPU of the
+    host): a run on one GPU of four describes a system of one. Entries are indices or UUID prefixes."""
+    given = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if given is None:
+        return True
+    for entry in (e.strip() for e in given.split(",")):
+        if not entry or entry.startswith("-"):
+            break  # CUDA stops at the first invalid entry
+        if entry == index or (entry.startswith("GPU-") and uuid.startswith(entry)):
+            return True
+    return False
+
+
 @_guarded({"count": 0, "names": [], "memory_mib": [], "driver": UNKNOWN, "cuda_driver": UNKNOWN,
-           "tool": UNKNOWN})
+           "tool": UNKNOWN, "indices": []})
 def _gpus() -> dict:
-    """nvidia-smi's GPUs: names, memory (MiB), driver, the CUDA version the driver supports.
-    No nvidia-smi: no GPUs ("none", 0); one that fails: "unknown"."""
+    """nvidia-smi's GPUs that this process may use (CUDA_VISIBLE_DEVICES): names, memory (MiB), driver,
+    the CUDA version the driver supports. No nvidia-smi: no GPUs ("none", 0); one that fails: "unknown"."""
     if not shutil.which("nvidia-smi"):
-        return {"count": 0, "names": [], "memory_mib": [], "driver": NONE, "cuda_driver": NONE, "tool": NONE}
-    out = _run(["nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"])
+        return {"count": 0, "names": [], "memory_mib": [], "driver": NONE, "cuda_driver": NONE, "tool": NONE,
+                "indices": []}
+    out = _run(["nvidia-smi", "--query-gpu=index,uuid,name,memory.total,driver_version", "--format=csv,noheader"])
     if out is None:
         return {"count": 0, "names": [], "memory_mib": [], "driver": UNKNOWN, "cuda_driver": UNKNOWN,
-                "tool": "nvidia-smi failed"}
-    names, memory, drivers = [], [], []
+                "tool": "nvidia-smi failed", "indices": []}
+    names, memory, drivers, indices = [], [], [], []
     for line in out.strip().splitlines():
         parts = [p.strip() for p in line.split(",")]
-        if len(parts) < 3:
+        if len(parts) < 5 or not _visible(parts[0], parts[1]):
             continue
-        names.append(parts[0])
-        m = re.match(r"(\d+)", parts[1])
+        indices.append(parts[0])
+        names.append(parts[2])
+        m = re.match(r"(\d+)", parts[3])
         memory.append(int(m.group(1)) if m else None)
-        drivers.append(parts[2])
+        drivers.append(parts[4])
     header = _run(["nvidia-smi"]) or ""
     cuda = re.search(r"CUDA Version:\s*([\d.]+)", header)
     return {"count": len(names), "names": names, "memory_mib": memory,
             "driver": drivers[0] if drivers else UNKNOWN,
-            "cuda_driver": cuda.group(1) if cuda else UNKNOWN, "tool": "nvidia-smi"}
+            "cuda_driver": cuda.group(1) if cuda else UNKNOWN, "tool": "nvidia-smi", "indices": indices}
 
 
 @_guarded({})
-def _gpu_links() -> dict:
-    """nvidia-smi's max SM clock (MHz), PCIe link (generation, width) of the first GPU, and its active
+def _gpu_links(index: str = "0") -> dict:
+    """nvidia-smi's max SM clock (MHz), PCIe link (generation, width) of GPU ``index``, and its active
     NVLink links: {} where it says nothing usable."""
-    out = _run(["nvidia-smi", "--query-gpu=clocks.max.sm,pcie.link.gen.max,pcie.link.width.max",
+    out = _run(["nvidia-smi", "-i", index, "--query-gpu=clocks.max.sm,pcie.link.gen.max,pcie.link.width.max",
                 "--format=csv,noheader,nounits"])
     facts: dict = {}
     if out and out.strip():
         parts = [p.strip() for p in out.strip().splitlines()[0].split(",")]
         if len(parts) == 3 and all(p.isdigit() for p in parts):
             facts.update(sm_clock_mhz=int(parts[0]), pcie_gen=int(parts[1]), pcie_width=int(parts[2]))
-    links = _run(["nvidia-smi", "nvlink", "--status", "-i", "0"])
+    links = _run(["nvidia-smi", "nvlink", "--status", "-i", index])
     if links is not None:
         facts["nvlinks"] = len(re.findall(r"Link \d+: [\d.]+ GB/s", links))
     return facts
+
+
+def _trtfuse_version() -> str:
+    """The installed distribution's version, else (a checkout on the path, as on the GPU machine) the
+    package's own with the commit where git can tell it."""
+    installed = _dist_version("trtfuse")
+    if installed:
+        return installed
+    from trtfuse import __version__
+
+    checkout = Path(__file__).resolve().parents[2]
+    commit = _run(["git", "-C", str(checkout), "rev-parse", "--short", "HEAD"])
+    return f"{__version__} (source tree{' ' + commit.strip() if commit and commit.strip() else ''})"
 
 
 # -- software -----------------------------------------------------------------------------------
@@ -261,12 +290,12 @@ def probe() -> dict:
         "gpu_names": gpus["names"],
         "gpu_memory_mib": gpus["memory_mib"],
         "gpu_driver": gpus["driver"],
-        "gpu_links": _gpu_links() if gpus["count"] else {},
+        "gpu_links": _gpu_links(gpus["indices"][0]) if gpus["count"] else {},
         "cuda": cuda,
         "tensorrt": _tensorrt_version(),
         "onnxruntime": _dist_version("onnxruntime", "onnxruntime-gpu") or NONE,
         "loadgen": _dist_version("mlcommons-loadgen", "mlcommons_loadgen") or NONE,
-        "trtfuse": _dist_version("trtfuse") or UNKNOWN,
+        "trtfuse": _trtfuse_version(),
     }
 
 
