@@ -429,3 +429,17 @@ def test_sysinfo_probes_never_raise(tmp_path, monkeypatch):
     assert info["os"] and info["cpu_logical"] == os.cpu_count()
     desc = sysinfo.system_description(info, system_name="b", submitter="s", division="open")
     assert desc["host_memory_capacity"] == "unknown" and desc["host_storage_capacity"] == "unknown"
+
+
+@pytest.mark.parametrize("backend, devices, count", [("tensorrt", "", 1), ("tensorrt", "0,2", 2),
+                                                     ("tensorrt", "all", 4), ("onnxruntime", "", 4)])
+def test_the_system_has_the_gpus_the_run_used(backend, devices, count):
+    """A TensorRT run on one GPU of a four-GPU host (tensorrt.devices "") is a system of one accelerator."""
+    from trtfuse.submission import _gpus_used
+
+    info = {"gpu_count": 4, "gpu_names": ["NVIDIA H200"] * 4, "gpu_memory_mib": [143771] * 4}
+    used = _gpus_used(info, {"backend": backend, "settings": {"tensorrt": {"devices": devices}}})
+    assert used["gpu_count"] == count and used["gpu_names"] == ["NVIDIA H200"] * count
+    desc = sysinfo.system_description({**sysinfo.probe(), **used}, system_name="b", submitter="s",
+                                      division="closed", system_type="edge")
+    assert desc["accelerators_per_node"] == count

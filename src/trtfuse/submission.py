@@ -678,8 +678,21 @@ def _system_facts(runs: list[Run]) -> tuple[dict, str]:
     for r in sorted(runs, key=lambda r: r.mode != "performance"):
         info = r.report.get("sysinfo")
         if isinstance(info, dict) and info:
-            return {**sysinfo.probe(), **info}, f"the machine that ran {r.path} (its report.json)"
+            return _gpus_used({**sysinfo.probe(), **info}, r.report), f"the machine that ran {r.path} (its report.json)"
     return sysinfo.probe(), "this machine (where `trtfuse submission` ran; the runs' reports carry no description)"
+
+
+def _gpus_used(info: dict, report: dict) -> dict:
+    """``info`` with only the GPUs the TensorRT run used (``tensorrt.devices``: "" is one GPU, "0,2" two,
+    "all" every visible one): the system under test of a run on one GPU of a larger host has one accelerator."""
+    devices = str(((report.get("settings") or {}).get("tensorrt") or {}).get("devices", "all"))
+    if report.get("backend") != "tensorrt" or devices.strip() == "all":
+        return info
+    n = max(1, len([d for d in devices.split(",") if d.strip()]))
+    if n >= (info.get("gpu_count") or 0):
+        return info
+    return {**info, "gpu_count": n, "gpu_names": list(info.get("gpu_names") or [])[:n],
+            "gpu_memory_mib": list(info.get("gpu_memory_mib") or [])[:n]}
 
 
 def _src_readme(plan_: Plan, info: dict) -> str:
