@@ -207,9 +207,11 @@ def run(bundle: Path, out: Path, stages, models=MODELS, batch: int = 2048, secon
                     rec.setdefault("engine_file", {})[mode] = Path(engine).name
                     log(f"{name} {mode}: engine {engine} ({time.perf_counter() - t0:.0f} s)")
                 if "engine" in stages:
-                    sps = _engine_alone(bundle / name, engine, mode, batch, seconds, streams)
+                    sps, energy = _engine_alone(bundle / name, engine, mode, batch, seconds, streams)
                     rec.setdefault("samples_per_s", {})[mode] = round(sps, 1)
-                    log(f"{name} {mode}: {sps:,.0f} samples/s at batch {batch}")
+                    rec.setdefault("energy", {})[mode] = energy
+                    watts = f", {energy['avg_watts']:.0f} W" if energy else ""
+                    log(f"{name} {mode}: {sps:,.0f} samples/s at batch {batch}{watts}")
                 save()
             s = rec.get("samples_per_s", {})
             if s.get("off") and s.get("all"):
@@ -224,14 +226,20 @@ def run(bundle: Path, out: Path, stages, models=MODELS, batch: int = 2048, secon
     return failed
 
 
-def _engine_alone(model_dir: Path, engine, mode: str, batch: int, seconds: float, streams: int) -> float:
+def _engine_alone(model_dir: Path, engine, mode: str, batch: int, seconds: float,
+                  streams: int) -> tuple[float, dict | None]:
+    """The engine's samples/s and the GPU's energy over that span: the H100/H200 run these engines at their power
+    cap, where the clock, so the rate, follows how much the weights and activations switch, not only the code."""
     from trtfuse.backends.tensorrt_backend import TensorRTBackend
+    from trtfuse.gpu_energy import EnergySpan
     from trtfuse.models import load_prepared
 
     backend = TensorRTBackend(engine=str(engine), plugins=mode, streams=streams)
     backend.load(load_prepared(model_dir), batch)
     try:
-        return backend.engine_throughput(batch, seconds)
+        with EnergySpan([0]) as span:
+            sps = backend.engine_throughput(batch, seconds)
+        return sps, span.result(int(sps * seconds))
     finally:
         backend.close()
 
