@@ -20,7 +20,8 @@
 # arguments from $E2E_ARGS, e.g. E2E_ARGS="--server-tries 3"), conf:STAGES (bench conformance run
 # --stages STAGES, extra arguments from $CONF_ARGS),
 # edge:UNITS (bench edge UNITS, comma-separated in the step: the edge v6.1 tree in $RESULTS/edge; extra arguments
-# from $EDGE_ARGS).
+# from $EDGE_ARGS); edge-seed (copy carried .devcache/edge_seed/UNIT folders, e.g. an earlier lease's ms-perf, into
+# the edge runs, so that ms-test04 finds its reference: bg:edge-seed+edge:ms-test04).
 # conf* and edge* need the MLCommons scripts carried in .devcache/mlperf (a copy of ../shared/third_party/mlperf).
 # qs-stash (keep carried .devcache/qs/{val,calib,models}), quickstart (bench quickstart: the
 # README's GPU quick start verbatim, then profile and compare of the ResNet-50 engines).
@@ -137,6 +138,8 @@ for step in "$@"; do
         triton:*) run_step "triton-${step#triton:}" python3.10 -m trtfuse bench triton run \
                       --out "$RESULTS/triton_${GPU_TAG}.json" --stages "${step#triton:}" ${TRITON_ARGS:-} ;;
         triton-native) run_step triton-native python3.10 -m pytest -q -m tensorrt -p no:cacheprovider tests/test_triton_native.py ;;
+        edge-seed)  # completed runs of an earlier lease (carried .devcache/edge_seed/UNIT): the references of later units
+            mkdir -p "$RESULTS/edge/runs" && cp -r .devcache/edge_seed/. "$RESULTS/edge/runs/" && ls "$RESULTS/edge/runs" ;;
         edge:*) run_step "edge-${step#edge:}" python3.10 -m trtfuse bench edge ${step#edge:} \
                     --out "$RESULTS/edge" --mlperf-dir .devcache/mlperf ${EDGE_ARGS:-}
                 cp "$RESULTS/edge/edge_submission.json" "$RESULTS/" 2>/dev/null ;;
