@@ -4,6 +4,7 @@ per-layer profiles onto the sites and its choice of the sites that lose (on fake
 
 import dataclasses
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -229,3 +230,38 @@ def test_auto_rebuilds_without_the_losers_until_none_is_left(monkeypatch, tmp_pa
     assert [r["exclude"] for r in records] == [[], ["fused:/l2.0/Add", "next:/l1.2/conv1/Conv"]]
     assert built[0] == ("off", ()) and built[1] == ("all", ()) and len(built) == 3
     assert dataclasses.replace(cfg, plugin_exclude=exclude).plugin_exclude == exclude
+
+
+# ----------------------------------------------------------------------------- bench edge latency-profile (fakes)
+def test_edge_latency_profile_records_ours_against_tensorrt_per_node_at_each_batch(monkeypatch, tmp_path):
+    """The unit asks for the engines the latency unit runs (same settings: batch 1 and 8, one stream, int8 input),
+    compares them per plugin node and records the sites that lose; latency's "auto" takes them from the record."""
+    from types import SimpleNamespace
+
+    import trtfuse.backends.tensorrt_backend as tb
+    from trtfuse.bench import edge
+
+    asked = []
+
+    def engine_file(model, batch, precision, plugins, input_format, streams, tactic_sources):
+        asked.append((batch, plugins, input_format, streams))
+        return tmp_path / f"{plugins}-b{batch}.engine"
+
+    monkeypatch.setattr(tb, "engine_file", engine_file)
+    monkeypatch.setattr(plugin_sites, "sites_of", lambda model_dir, cfg: (NODES, GRAPH))
+    monkeypatch.setattr(plugin_sites, "profile_pair", lambda off, on, sites, batch, runs: {
+        **plugin_sites.compare(OFF, ON, sites[0], graph_nodes=sites[1]), "batch": batch, "runs": runs, "gpu": "fake",
+        "off_engine": str(off), "on_engine": str(on)})
+    monkeypatch.setattr(edge.Edge, "model", lambda self: SimpleNamespace(dir=tmp_path))
+    out = tmp_path / "out"
+    assert edge.main(["latency-profile", "--out", str(out), "--mlperf-dir", str(tmp_path)]) == 0
+    assert asked == [(1, "off", "int8", 1), (1, "all", "int8", 1), (8, "off", "int8", 1), (8, "all", "int8", 1)]
+    record = json.loads((out / "edge_submission.json").read_text())
+    for scenario, batch in (("singlestream", 1), ("multistream", 8)):
+        r = record["latency_profile"][scenario]
+        assert r["batch"] == batch and r["exclude"] == ["fused:/l2.0/Add", "tail:/l4.2/Add"]
+        assert {row["node"]: row["verdict"] for row in r["rows"]}["TrtfuseResidualConv_15"] == "loses"
+        full = json.loads(Path(r["file"]).read_text())
+        assert full["on_engine"].endswith(f"all-b{batch}.engine") and full["exclude"] == r["exclude"]
+    e = edge.Edge(SimpleNamespace(out=out))
+    assert e.excluded("multistream") == ["fused:/l2.0/Add", "tail:/l4.2/Add"]
