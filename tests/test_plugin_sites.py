@@ -1,5 +1,5 @@
-"""Keeping a fusion only where it wins at the engine's batch: the site ids of the rewrite (residual_conv_rewrite.site_id),
-the exclusion (tensorrt.plugin_exclude) honoured by the rewrite, and trtfuse.plugin_sites' mapping of TensorRT's
+"""Keeping a fusion only where it wins at the engine's batch: the site ids of the rewrite
+(residual_conv_rewrite.site_id), the exclusion (tensorrt.plugin_exclude) honoured by the rewrite, and trtfuse.plugin_sites' mapping of TensorRT's
 per-layer profiles onto the sites and its choice of the sites that lose (on fake profiles: no GPU)."""
 
 import dataclasses
@@ -137,7 +137,8 @@ NODES = [
      "replaced": ["/conv1/Conv", "/relu/Relu", "/maxpool/MaxPool", "/maxpool/MaxPool_output_0_QuantizeLinear"]},
     {"node": "TrtfuseAvgPool_0", "kind": "pool", "sites": ["pool:/avgpool/GlobalAveragePool"],
      "replaced": ["/l4.2/relu_2/Relu_output_0_DequantizeLinear", "/avgpool/GlobalAveragePool"],
-     "written": ["TrtfuseAvgPool_0_DequantizeLinear_hi", "TrtfuseAvgPool_0_DequantizeLinear_lo", "TrtfuseAvgPool_0_Add"]},
+     "written": ["TrtfuseAvgPool_0_DequantizeLinear_hi", "TrtfuseAvgPool_0_DequantizeLinear_lo",
+                 "TrtfuseAvgPool_0_Add"]},
 ]
 GRAPH = frozenset(n for node in NODES for n in node["replaced"]) | {"/l4.2/conv1/Conv", "/fc/Gemm", "/l1.2/conv2/Conv"}
 OFF = {  # TensorRT's names: nodes joined by " + ", reformatting layers named after what they feed
@@ -265,3 +266,27 @@ def test_edge_latency_profile_records_ours_against_tensorrt_per_node_at_each_bat
         assert full["on_engine"].endswith(f"all-b{batch}.engine") and full["exclude"] == r["exclude"]
     e = edge.Edge(SimpleNamespace(out=out))
     assert e.excluded("multistream") == ["fused:/l2.0/Add", "tail:/l4.2/Add"]
+
+
+def test_build_plugins_auto_builds_all_without_the_sites_that_lose(monkeypatch, tmp_path, capsys):
+    """`trtfuse build --plugins auto`: --plugins all at --batch, less auto_exclude's sites; the rounds beside the
+    engine; --plugin-exclude given by hand is where auto starts."""
+    from test_bn_fold import toy_resnet
+    from test_fusions import _prepared
+    from trtfuse import engine
+
+    built = []
+    monkeypatch.setattr(engine, "import_tensorrt", lambda: None)
+    monkeypatch.setattr(engine, "build_engine", lambda d, cfg, lib=None, rebuild=False: built.append(cfg)
+                        or tmp_path / "x.engine")
+    monkeypatch.setattr(plugin_sites, "auto_exclude", lambda d, cfg, lib=None: (
+        tuple(sorted({*cfg.plugin_exclude, "tail:/b/Add"})), [{"round": 0, "exclude": list(cfg.plugin_exclude)}]))
+    folder = _prepared(tmp_path, toy_resnet(), (3, 16, 16))
+    assert engine.cli_main([str(folder), "--plugins", "auto", "--batch", "1", "--plugin-exclude", "pool:/p"]) == 0
+    assert [(c.plugins, c.batch, c.plugin_exclude) for c in built] == [("all", 1, ("pool:/p", "tail:/b/Add"))]
+    assert 'tensorrt.plugin_exclude = ["pool:/p", "tail:/b/Add"]' in capsys.readouterr().err
+    sites = json.loads((tmp_path / "x.engine.sites.json").read_text())
+    assert sites["exclude"] == ["pool:/p", "tail:/b/Add"] and sites["rounds"][0]["exclude"] == ["pool:/p"]
+    built.clear()
+    assert engine.cli_main([str(folder), "--plugins", "all", "--plugin-exclude", "tail:/a/Add,tail:/a/Add"]) == 0
+    assert built[0].plugin_exclude == ("tail:/a/Add",)

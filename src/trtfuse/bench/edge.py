@@ -76,7 +76,8 @@ def units(names: list[str]) -> list[str]:
     for n in [part for name in names for part in name.split(",") if part]:
         if n in SCENARIOS:
             out += [f"{n}-{k}" for k in KINDS]
-        elif n in ("latency", "latency-profile", "tree") or (n.split("-")[0] in SCENARIOS and n.split("-", 1)[-1] in KINDS):
+        elif n in ("latency", "latency-profile", "tree") or (
+                n.split("-")[0] in SCENARIOS and n.split("-", 1)[-1] in KINDS):
             out.append(n)
         else:
             raise SystemExit(f"unknown unit {n!r}: latency, latency-profile, tree, ss|ms|off, or "
