@@ -24,14 +24,24 @@ class BuildConfig:
     weight_dtype: str = "int32"      # how the plugin's int8 weights travel in the ONNX attribute
     profiles: int = 2                # one optimization profile per concurrent context (stream)
     top_k: int = 5                   # a TopK output (TOP_CLASSES) of this many classes; 0: scores only
+    # fusion sites left to TensorRT (config.plugin_exclude: sorted site ids); only with plugins on
+    plugin_exclude: tuple = ()
 
     def __post_init__(self):
-        from trtfuse.config import plugin_mode
+        from trtfuse.config import plugin_exclude, plugin_mode
 
         self.plugins = plugin_mode(self.plugins)
+        self.plugin_exclude = plugin_exclude(self.plugin_exclude) if self.plugins != "off" else ()
 
     def key(self) -> dict:
-        return dataclasses.asdict(self)
+        """The engine cache's key; without plugin_exclude where it is empty, so that the key of every engine built
+        before the field (none excluded) stays as it was."""
+        key = dataclasses.asdict(self)
+        if not self.plugin_exclude:
+            del key["plugin_exclude"]
+        else:
+            key["plugin_exclude"] = list(self.plugin_exclude)
+        return key
 
 
 TACTIC_SOURCES = ("default", "none")

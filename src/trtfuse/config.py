@@ -46,6 +46,30 @@ def plugin_mode(value: Any) -> str:
                     'e.g. plugins = "tails" (the fused bottleneck tails) or "all" (tails and projections)')
 
 
+# tensorrt.plugin_exclude: the fusion sites left to TensorRT although --plugins enables their kind, each
+# "<kind>:<anchor node name>" (residual_conv_rewrite.site_id; kinds: the conv family's, residual_conv_rewrite.KINDS).
+# Written by measurement (trtfuse.plugin_sites: the sites where TensorRT's own layers are faster at the engine's batch).
+PLUGIN_SITE_KINDS = ("tail", "proj", "fused", "conv3x3", "stem", "next", "pool")
+
+
+def plugin_exclude(value: Any) -> tuple[str, ...]:
+    """tensorrt.plugin_exclude as a sorted tuple of distinct site ids; a list, or one string of ids split by commas."""
+    items = value.split(",") if isinstance(value, str) else list(value or ())
+    out = set()
+    for item in items:
+        item = item.strip() if isinstance(item, str) else item
+        if item == "":
+            continue
+        kind, _, anchor = item.partition(":") if isinstance(item, str) else ("", "", "")
+        if kind not in PLUGIN_SITE_KINDS or not anchor:
+            raise UserError(f"tensorrt.plugin_exclude: {item!r} is not a site id (<kind>:<node name>, kind one of "
+                            f"{', '.join(PLUGIN_SITE_KINDS)})",
+                            'e.g. plugin_exclude = ["tail:/layer4/layer4.2/Add"], as `trtfuse bench edge '
+                            'latency-profile` writes them')
+        out.add(item)
+    return tuple(sorted(out))
+
+
 Settings = dict[str, dict[str, Any]]
 
 
@@ -89,6 +113,8 @@ def merge(base: Settings, updates: dict[str, Any], source: str) -> Settings:
         section, _, name = key.partition(".")
         if key == "tensorrt.plugins":  # true/false from configs written before the modes
             value = plugin_mode(value)
+        elif key == "tensorrt.plugin_exclude":
+            value = list(plugin_exclude(value))
         if key not in valid:
             close = difflib.get_close_matches(key, valid, n=1)
             hint = f"did you mean {close[0]}? " if close else ""

@@ -76,6 +76,7 @@ def build_engine(model_dir: str | Path, cfg: BuildConfig, plugin_lib: str | None
     cache = engine_cache_dir()
     cache.mkdir(parents=True, exist_ok=True)
     kind = {"off": "stock", "tails": "plugins", "all": "plugins-all"}[cfg.plugins]
+    kind += f"-x{len(cfg.plugin_exclude)}" if cfg.plugin_exclude else ""
     path = cache / f"{prepared.name}-{cfg.precision}-{kind}-b{cfg.batch}-trt{trt_compat.major_version(trt)}-{key}.engine"
     if path.is_file() and not rebuild:
         print(f"trtfuse: engine cached: {path}", file=sys.stderr)
@@ -151,8 +152,14 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="trtfuse build", description=__doc__.splitlines()[0])
     p.add_argument("model_dir", metavar="MODEL", help="a model `trtfuse prepare` made: its name or its folder")
     p.add_argument("--precision", choices=("int8", "fp16", "fp32"), default="int8")
-    p.add_argument("--plugins", choices=("off", "tails", "all", "on"), default="off",
-                   help=f"{PLUGINS_HELP} (on: the same as tails)")
+    p.add_argument("--plugins", choices=("off", "tails", "all", "on", "auto"), default="off",
+                   help=f"{PLUGINS_HELP} (on: the same as tails; auto: all, then each plugin node profiled against "
+                        "TensorRT's layers for the same nodes at --batch, and the engine rebuilt without the sites "
+                        "that lose, twice at most: it prints them for tensorrt.plugin_exclude and writes "
+                        "ENGINE.sites.json)")
+    p.add_argument("--plugin-exclude", default="", metavar="SITE[,SITE...]",
+                   help="fusion sites left to TensorRT (<kind>:<node name>, as the build's "
+                        "model.int8.plugins-all.sites.json lists them)")
     p.add_argument("--batch", type=int, default=256)
     p.add_argument("--workspace", type=float, default=8.0, metavar="GB")
     p.add_argument("--input-format", choices=("float", "int8"), default="float")
@@ -199,10 +206,23 @@ def cli_main(argv: list[str]) -> int:
         if not args.calibration:
             raise UserError("--quantize-only needs --calibration IMAGES", "pass the calibration images")
         return 0
-    cfg = BuildConfig(precision=args.precision, plugins=args.plugins, batch=args.batch,
-                      workspace_gb=args.workspace, input_format=args.input_format,
+    cfg = BuildConfig(precision=args.precision, plugins="all" if args.plugins == "auto" else args.plugins,
+                      batch=args.batch, workspace_gb=args.workspace, input_format=args.input_format,
                       tactic_sources=args.tactic_sources or default_tactic_sources(),
                       weight_dtype=args.weight_dtype,
-                      profiles=args.streams, top_k=args.top_k)
-    print(build_engine(model_dir, cfg, args.plugin_lib, args.rebuild))
+                      profiles=args.streams, top_k=args.top_k, plugin_exclude=args.plugin_exclude)
+    records = None
+    if args.plugins == "auto":
+        from trtfuse import plugin_sites
+
+        exclude, records = plugin_sites.auto_exclude(model_dir, cfg, args.plugin_lib)
+        cfg = dataclasses.replace(cfg, plugin_exclude=exclude)
+        print(f"trtfuse: tensorrt.plugin_exclude = {json.dumps(list(exclude))}", file=sys.stderr)
+    path = build_engine(model_dir, cfg, args.plugin_lib, args.rebuild and records is None)
+    if records is not None:
+        from trtfuse.plugin_sites import write_json
+
+        write_json(Path(f"{path}.sites.json"), {"batch": cfg.batch, "exclude": list(cfg.plugin_exclude),
+                                                "rounds": records})
+    print(path)
     return 0

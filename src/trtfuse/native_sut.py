@@ -175,7 +175,8 @@ def tensorrt_engine(model, settings: dict, progress=print) -> NativeEngine:
     path = trt_opts["engine"] or None
     if path is None:
         path = engine_file(model, batch, trt_opts["precision"], trt_opts["plugins"], trt_opts["input_format"],
-                           int(trt_opts["streams"]), trt_opts["tactic_sources"] or None, trt_opts.get("plugin_lib"))
+                           int(trt_opts["streams"]), trt_opts["tactic_sources"] or None, trt_opts.get("plugin_lib"),
+                           trt_opts.get("plugin_exclude", ()))
     path = Path(path)
     if not path.is_file():
         raise UserError(f"engine file {path} does not exist", "build one with `trtfuse build`")

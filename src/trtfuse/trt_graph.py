@@ -6,6 +6,7 @@ library those nodes need, and the edits to the parsed network (the plugins' int8
 from __future__ import annotations
 
 import ctypes
+import json
 import sys
 from pathlib import Path
 
@@ -63,8 +64,9 @@ def rewrite_for_build(model_dir: Path, model, cfg: BuildConfig):
     import onnx
     from trtfuse.passes.fusions import FUSIONS, rewrite
 
-    result = rewrite(model, cfg.plugins, cfg.precision, cfg.weight_dtype)
-    print(f"trtfuse: {result.summary()}", file=sys.stderr)
+    result = rewrite(model, cfg.plugins, cfg.precision, cfg.weight_dtype, cfg.plugin_exclude)
+    print(f"trtfuse: {result.summary()}" + (f" ({len(cfg.plugin_exclude)} sites excluded)" if cfg.plugin_exclude
+                                            else ""), file=sys.stderr)
     if result.report.any_refused():   # what the plugins did not take, and the first reason per kind
         print("trtfuse: not fused (candidates per kind; the first refusal):\n  "
               + result.report.table().replace("\n", "\n  "), file=sys.stderr)
@@ -76,6 +78,11 @@ def rewrite_for_build(model_dir: Path, model, cfg: BuildConfig):
                         "use --plugins off for it" + (f" (or --precision {' or '.join(elsewhere)}, whose fusions "
                                                       "differ)" if elsewhere else ""))
     onnx.save(result.model, model_dir / rewritten_file(cfg.precision, cfg.plugins))
+    # each plugin node's fusion sites and the nodes it replaced: the ids tensorrt.plugin_exclude takes
+    sites = model_dir / rewritten_file(cfg.precision, cfg.plugins).replace(".onnx", ".sites.json")
+    tmp = sites.with_name(sites.name + ".tmp")
+    tmp.write_text(json.dumps({"exclude": list(cfg.plugin_exclude), "nodes": result.report.sites}, indent=1) + "\n")
+    tmp.replace(sites)
     return result.model
 
 

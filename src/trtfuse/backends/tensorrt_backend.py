@@ -40,10 +40,11 @@ _NP = {"FLOAT": np.float32, "HALF": np.float16, "INT8": np.int8, "INT32": np.int
 
 
 def engine_file(model, batch_size: int, precision: str = "int8", plugins: str = "off", input_format: str = "float",
-                streams: int = 2, tactic_sources: str | None = None, plugin_lib: str | None = None) -> Path:
+                streams: int = 2, tactic_sources: str | None = None, plugin_lib: str | None = None,
+                plugin_exclude=()) -> Path:
     """The engine for ``model`` with these settings: found in the cache, else built (and cached)."""
     cfg = BuildConfig(precision=precision, plugins=plugins, batch=batch_size,
-                      input_format=input_format, profiles=streams)
+                      input_format=input_format, profiles=streams, plugin_exclude=plugin_exclude)
     if tactic_sources:
         cfg.tactic_sources = tactic_sources
     return Path(build_engine(model.dir, cfg, plugin_lib))
@@ -188,7 +189,7 @@ class StagedBatch:
 class TensorRTBackend(Backend):
     """Options: engine (a built engine file; else one is built for the model), precision ("int8"),
     plugins ("off" | "tails" | "all"; true/false as "tails"/"off"), streams (2), cuda_graphs (True),
-    input_format ("float" | "int8"), plugin_lib,
+    input_format ("float" | "int8"), plugin_lib, plugin_exclude (fusion sites left to TensorRT: config.plugin_exclude),
     graph_buckets (16: batch sizes with a CUDA graph, max_batch / 16 apart; a batch runs at the next one up),
     serial_compute (True: the streams' engine runs go one after another, in launch order, while the
     copies overlap them; False: they may overlap each other), tactic_sources ("default": TensorRT's;
@@ -215,7 +216,7 @@ class TensorRTBackend(Backend):
     def __init__(self, engine: str | None = None, precision: str = "int8", plugins: str | bool = "off",
                  streams: int = 2, cuda_graphs: bool = True, input_format: str = "float",
                  plugin_lib: str | None = None, serial_compute: bool = True, graph_buckets: int = 16,
-                 tactic_sources: str | None = None, device: int = 0, **_ignored):
+                 tactic_sources: str | None = None, device: int = 0, plugin_exclude=(), **_ignored):
         self.trt = import_tensorrt()
         from trtfuse import cuda_runtime
 
@@ -228,6 +229,7 @@ class TensorRTBackend(Backend):
         self.precision, self.plugins = precision, plugin_mode(plugins)
         self.n_streams, self.cuda_graphs, self.input_format = int(streams), bool(cuda_graphs), input_format
         self.plugin_lib = plugin_lib
+        self.plugin_exclude = tuple(plugin_exclude or ())
         self.serial_compute = bool(serial_compute)
         self.graph_buckets = max(1, int(graph_buckets))
         self.tactic_sources = tactic_sources
@@ -253,7 +255,8 @@ class TensorRTBackend(Backend):
             self.engine_path = self._engine_of.engine_path  # built or found once, by the first lane
         if self.engine_path is None:
             self.engine_path = str(engine_file(model, batch_size, self.precision, self.plugins, self.input_format,
-                                               self.n_streams, self.tactic_sources, self.plugin_lib))
+                                               self.n_streams, self.tactic_sources, self.plugin_lib,
+                                               self.plugin_exclude))
         path = Path(self.engine_path)
         if not path.is_file():
             raise UserError(f"engine file {path} does not exist", "build one with `trtfuse build`")

@@ -8,8 +8,14 @@ the device bundle's model and images (trtfuse.bench.bundle) and the order of the
     python3.10 -m trtfuse bench edge UNIT [UNIT ...] [--out DIR] [--mlperf-dir DIR]
 
 Units (a unit whose folder is complete is skipped, so units spread over several leases resume):
-  latency            SingleStream and MultiStream, --latency-s each, plugins off then --plugins, one
-                     process and lease: latency.json (p90 / p99, early stopping's estimate and measured)
+  latency            SingleStream and MultiStream, --latency-s each, plugins off then each of
+                     --latency-plugins (default --plugins; "auto": all without the sites latency-profile found
+                     slower than TensorRT at that batch), one process and lease: the record's "latency"
+                     (p90 / p99, early stopping's estimate and measured)
+  latency-profile    per plugin node of --plugins all, at the latency unit's batches (1 and 8): its time
+                     against TensorRT's layers for the same nodes (TensorRT's per-layer profile of the same two
+                     engines the latency unit runs; trtfuse.plugin_sites), and the sites to exclude: the
+                     record's "latency_profile", the profiles in OUT/latency_profile/
   ss-perf ss-acc ss-test01 ss-test04     SingleStream (batch-1 engine, one stream): official runs (600 s)
   ms-perf ms-acc ms-test01 ms-test04     MultiStream (batch-8 engine, one stream)
   off-perf off-acc off-test01 off-test04 Offline (batch --offline-batch, two streams)
@@ -37,6 +43,7 @@ from pathlib import Path
 import numpy as np
 
 from trtfuse.bench import REPO
+from trtfuse.build_config import BuildConfig
 
 SCENARIOS = {"ss": "singlestream", "ms": "multistream", "off": "offline"}
 KINDS = ("perf", "acc", "test01", "test04")
@@ -69,10 +76,12 @@ def units(names: list[str]) -> list[str]:
     for n in [part for name in names for part in name.split(",") if part]:
         if n in SCENARIOS:
             out += [f"{n}-{k}" for k in KINDS]
-        elif n in ("latency", "tree") or (n.split("-")[0] in SCENARIOS and n.split("-", 1)[-1] in KINDS):
+        elif n in ("latency", "latency-profile", "tree") or (
+                n.split("-")[0] in SCENARIOS and n.split("-", 1)[-1] in KINDS):
             out.append(n)
         else:
-            raise SystemExit(f"unknown unit {n!r}: latency, tree, ss|ms|off, or ss|ms|off-perf|acc|test01|test04")
+            raise SystemExit(f"unknown unit {n!r}: latency, latency-profile, tree, ss|ms|off, or "
+                             "ss|ms|off-perf|acc|test01|test04")
     return out
 
 
@@ -137,8 +146,11 @@ class Edge:
         perf, _ = self.datasets()
         rows = self.data.setdefault("latency", {})
         for scenario in self.args.latency_scenarios:
-            for plugins in ("off", self.args.plugins):
-                s = self.settings(scenario, plugins, **{f"{scenario}.min_duration_ms": int(self.args.latency_s * 1000)})
+            for plugins in ("off", *self.args.latency_plugins):
+                extra = {f"{scenario}.min_duration_ms": int(self.args.latency_s * 1000)}
+                if plugins == "auto":   # all, but at the sites that lose at this batch
+                    extra["tensorrt.plugin_exclude"] = list(self.excluded(scenario))
+                s = self.settings(scenario, "all" if plugins == "auto" else plugins, **extra)
                 backend = self.backend(s, model)
                 try:
                     run_dir = self.runs / "latency" / f"{scenario}-{plugins}-{time.strftime('%H%M%S')}"
@@ -150,11 +162,55 @@ class Edge:
                     "percentile": lg["metric_percentile"], "early_stopping_ms": lg["latency_metric_ns"] / 1e6,
                     "measured_ms": lg["latency_percentile_ns"] / 1e6, "p50_ms": lg["latency_ns"]["50.00"] / 1e6,
                     "queries": lg["query_count"], "valid": lg["valid"], "run_dir": str(run_dir),
-                    "batch": s["run"]["batch_size"], "gpu": (r.get("sysinfo") or {}).get("gpu_names")}
+                    "batch": s["run"]["batch_size"], "gpu": (r.get("sysinfo") or {}).get("gpu_names"),
+                    "plugin_exclude": s["tensorrt"]["plugin_exclude"]}
                 log(f"{scenario} plugins {plugins}: p{lg['metric_percentile']} {lg['latency_metric_ns'] / 1e6:.3f} ms")
                 self.save()
-            ours, trt = rows[scenario][self.args.plugins], rows[scenario]["off"]
-            rows[scenario]["ours_over_tensorrt"] = round(ours["early_stopping_ms"] / trt["early_stopping_ms"], 4)
+            trt = rows[scenario]["off"]
+            for plugins in self.args.latency_plugins:
+                ratio = round(rows[scenario][plugins]["early_stopping_ms"] / trt["early_stopping_ms"], 4)
+                rows[scenario][f"{plugins}_over_tensorrt"] = ratio
+                if plugins == self.args.latency_plugins[0]:
+                    rows[scenario]["ours_over_tensorrt"] = ratio
+
+    def excluded(self, scenario: str) -> list[str]:
+        """The sites latency-profile found slower than TensorRT's layers at this scenario's batch (profiled now if
+        this record has none)."""
+        if scenario not in self.data.get("latency_profile", {}):
+            self.latency_profile([scenario])
+        return self.data["latency_profile"][scenario]["exclude"]
+
+    def latency_profile(self, scenarios: list[str] | None = None) -> None:
+        """Per plugin node of --plugins all at the scenario's batch: its time against TensorRT's for the nodes it
+        replaced, from TensorRT's per-layer profiles of the engines the latency unit runs (plugins off and all; the
+        same settings, so the same cached engines), and the sites that lose (trtfuse.plugin_sites)."""
+        from trtfuse import plugin_sites
+        from trtfuse.backends.tensorrt_backend import engine_file
+
+        model = self.model()
+        record = self.data.setdefault("latency_profile", {})
+        for scenario in scenarios or self.args.latency_scenarios:
+            engines = {}
+            for plugins in ("off", "all"):
+                s = self.settings(scenario, plugins)
+                t, batch = s["tensorrt"], s["run"]["batch_size"]
+                engines[plugins] = engine_file(model, batch, t["precision"], plugins, t["input_format"],
+                                               int(t["streams"]), t["tactic_sources"] or None)
+            cfg = BuildConfig(precision=t["precision"], plugins="all")
+            result = plugin_sites.profile_pair(engines["off"], engines["all"], plugin_sites.sites_of(model.dir, cfg),
+                                               batch, runs=self.args.profile_runs)
+            exclude = plugin_sites.select(result["rows"])
+            path = plugin_sites.write_json(self.out / "latency_profile" / f"{scenario}-b{batch}.json",
+                                           {**result, "exclude": list(exclude)})
+            record[scenario] = {
+                "batch": batch, "gpu": result["gpu"], "runs": result["runs"], "ours_ms": result["ours_ms"],
+                "tensorrt_ms": result["tensorrt_ms"], "total_on_ms": result["total_on_ms"],
+                "total_off_ms": result["total_off_ms"], "exclude": list(exclude), "file": str(path),
+                "rows": [{k: r[k] for k in ("node", "kind", "sites", "ours_ms", "tensorrt_ms", "ratio", "verdict")}
+                         for r in result["rows"]]}
+            log(f"{scenario} (batch {batch}) per plugin node, ours against TensorRT's:\n"
+                + plugin_sites.format_rows(result))
+            self.save()
 
     def unit(self, name: str) -> None:
         from trtfuse import session
@@ -239,7 +295,8 @@ class Edge:
             log(f"{name} ...")
             t0 = time.time()
             try:
-                {"latency": self.latency, "tree": self.tree}.get(name, lambda: self.unit(name))()
+                {"latency": self.latency, "latency-profile": self.latency_profile,
+                 "tree": self.tree}.get(name, lambda: self.unit(name))()
                 self.data["errors"].pop(name, None)
             except BaseException as e:  # noqa: BLE001 - record and go on to the next unit
                 import traceback
@@ -264,6 +321,11 @@ def main(argv=None) -> int:
     p.add_argument("--plugins", default="all", choices=["tails", "all"])
     p.add_argument("--offline-batch", type=int, default=2048)
     p.add_argument("--latency-s", type=float, default=60.0)
+    p.add_argument("--latency-plugins", default="",
+                   help="the latency unit's plugin modes after off, comma-separated: tails, all, auto (default: "
+                        "--plugins)")
+    p.add_argument("--profile-runs", type=int, default=200,
+                   help="latency-profile: engine runs per profile (TensorRT's per-layer mean)")
     p.add_argument("--latency-scenarios", default="singlestream,multistream",
                    help="the latency unit's scenarios (one per GPU of a host: run two processes)")
     p.add_argument("--ss-expected-ms", type=float, default=0.0,
@@ -275,6 +337,9 @@ def main(argv=None) -> int:
     args.expected_latency_ms = {k: v for k, v in (("singlestream", args.ss_expected_ms),
                                                   ("multistream", args.ms_expected_ms)) if v}
     args.latency_scenarios = [x for x in args.latency_scenarios.split(",") if x]
+    args.latency_plugins = [x for x in (args.latency_plugins or args.plugins).split(",") if x]
+    if set(args.latency_plugins) - {"tails", "all", "auto"} or not args.latency_plugins:
+        p.error(f"--latency-plugins: {args.latency_plugins} (tails, all, auto)")
     unknown = set(args.latency_scenarios) - {"singlestream", "multistream"}
     if unknown:
         p.error(f"--latency-scenarios: {sorted(unknown)} (singlestream, multistream)")

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 import onnx
+from trtfuse.errors import UserError
 from trtfuse.passes import layernorm_rewrite as lr
 from trtfuse.passes import residual_conv_rewrite as rcr
 from trtfuse.passes.residual_conv_rewrite import FusionReport, KindReport
@@ -140,14 +141,22 @@ def options(family: str, mode: str, precision: str = "int8") -> dict[str, bool]:
 
 
 # ----------------------------------------------------------------------------- the passes
-def _residual_conv_pass(model: onnx.ModelProto, weight_dtype: str, **opts) -> tuple[onnx.ModelProto, int, dict]:
-    out, n, report = rcr.rewrite_report(model, weight_dtype, **opts)
-    return out, n, report.kinds
+def _residual_conv_pass(model: onnx.ModelProto, weight_dtype: str, exclude=(),
+                        **opts) -> tuple[onnx.ModelProto, int, dict, list]:
+    try:
+        out, n, report = rcr.rewrite_report(model, weight_dtype, exclude=exclude, **opts)
+    except rcr.UnknownSite as e:
+        raise UserError(f"tensorrt.plugin_exclude: {e}",
+                        "take the site ids from `trtfuse bench edge latency-profile`'s record or the build's sites "
+                        "file (model.int8.plugins-all.sites.json), for this model") from None
+    return out, n, report.kinds, report.sites
 
 
-def _layernorm_pass(model: onnx.ModelProto, weight_dtype: str, **opts) -> tuple[onnx.ModelProto, int, dict]:
+def _layernorm_pass(model: onnx.ModelProto, weight_dtype: str, exclude=(),
+                    **opts) -> tuple[onnx.ModelProto, int, dict, list]:
     """rewrite_layernorm, its report as the registry's rows; a graph where nothing was replaced stays as it came (the
-    rewrite re-exports every graph through onnx-graphsurgeon)."""
+    rewrite re-exports every graph through onnx-graphsurgeon). Its LayerNorms have no site ids: ``exclude`` holds
+    only the conv family's (config.plugin_exclude)."""
     out, r = lr.rewrite_layernorm(model, **opts)
     kinds = {"layernorm": KindReport(found=r.total + len(r.skipped), fused=r.total, refused=len(r.skipped)),
              "skip_layernorm": KindReport(found=r.residual_fused + len(r.residual_not_fused), fused=r.residual_fused,
@@ -155,10 +164,11 @@ def _layernorm_pass(model: onnx.ModelProto, weight_dtype: str, **opts) -> tuple[
     for kind, refusals in (("layernorm", r.skipped), ("skip_layernorm", r.residual_not_fused)):
         if refusals:
             kinds[kind].first_node, kinds[kind].first_reason = refusals[0]
-    return (out if r.total else model), r.total, kinds
+    return (out if r.total else model), r.total, kinds, []
 
 
-# family -> its rewrite: (model, weight_dtype, **options) -> (model, plugin nodes, {kind: KindReport})
+# family -> its rewrite: (model, weight_dtype, exclude, **options) -> (model, plugin nodes, {kind: KindReport}, the
+# sites of its plugin nodes: FusionReport.sites)
 PASSES: dict[str, Callable] = {"residual_conv": _residual_conv_pass, "layernorm": _layernorm_pass}
 
 
@@ -191,16 +201,19 @@ class Rewrite:
         return f"--plugins {self.mode}: " + "; ".join(parts)
 
 
-def rewrite(model: onnx.ModelProto, mode: str, precision: str = "int8", weight_dtype: str = "int32") -> Rewrite:
+def rewrite(model: onnx.ModelProto, mode: str, precision: str = "int8", weight_dtype: str = "int32",
+            exclude: tuple[str, ...] = ()) -> Rewrite:
     """``model`` with the fusions ``--plugins mode`` enables at ``precision`` (a normalized mode: config.plugin_mode):
-    each pass (PASSES) whose family has one of them runs, in registry order, with its options (``options``)."""
+    each pass (PASSES) whose family has one of them runs, in registry order, with its options (``options``), but
+    at the sites ``exclude`` names (config.plugin_exclude; residual_conv_rewrite.site_id)."""
     report = FusionReport(kinds={k: KindReport() for k in KINDS})
     nodes = 0
     for family, run in PASSES.items():
         if any(f.family == family for f in enabled(mode, precision)):
-            model, n, kinds = run(model, weight_dtype, **options(family, mode, precision))
+            model, n, kinds, sites = run(model, weight_dtype, exclude=exclude, **options(family, mode, precision))
             nodes += n
             report.kinds.update((k, r) for k, r in kinds.items() if k in report.kinds)
+            report.sites.extend(sites)
     result = Rewrite(model, mode, precision, nodes, {}, report)
     result.counts = {f.kind: f.count(model) for f in result.listed()}
     return result

@@ -167,11 +167,16 @@ class KindReport:
 @dataclass
 class FusionReport:
     """Per fusion kind (KINDS): how many candidates the rewrite found, how many it fused, and the first refusal (node,
-    reason). ``rows()`` is the data, ``table()`` what ``trtfuse build`` prints where something was refused."""
+    reason). ``rows()`` is the data, ``table()`` what ``trtfuse build`` prints where something was refused.
+    ``sites``: one dict per plugin node written (``node``: its name; ``kind``: plugin_kind's; ``sites``: the site ids
+    it computes, see site_id; ``replaced``: the names of the graph's nodes it takes the place of), what
+    trtfuse.plugin_sites maps TensorRT's per-layer profile onto."""
     kinds: dict = None
+    sites: list = None
 
     def __post_init__(self):
         self.kinds = {k: KindReport() for k in KINDS} if self.kinds is None else self.kinds
+        self.sites = [] if self.sites is None else self.sites
 
     def found(self, kind: str) -> None:
         self.kinds[kind].found += 1
@@ -207,6 +212,22 @@ def _record(report: FusionReport | None, kind: str, node, result):
         if isinstance(result, Refused):
             report.refuse(kind, node, result)
     return result if result is not None and not isinstance(result, Refused) else None
+
+
+class UnknownSite(ValueError):
+    """rewrite_report's ``exclude`` names a site that is no candidate of the graph."""
+
+
+def node_name(node) -> str:
+    """A node's name, or its first output's where it has none (what a site id and TensorRT's layer names use)."""
+    return node.name or node.output[0]
+
+
+def site_id(kind: str, anchor) -> str:
+    """The stable name of one fusion site: "<kind>:<the anchor node's name in the Q/DQ graph>". Anchors: a tail's and
+    a projection + tail pair's residual Add, a projection's, 3x3 conv's or stem's conv, a next conv1's own conv, a
+    pool head's pool. Independent of which other sites a rewrite takes (the plugin nodes' names are not)."""
+    return f"{kind}:{node_name(anchor)}"
 
 
 def _roundup(v: int, m: int) -> int:
@@ -923,7 +944,8 @@ def rewrite(model: onnx.ModelProto, weight_dtype: str = "int32", projections: bo
 
 def rewrite_report(model: onnx.ModelProto, weight_dtype: str = "int32", projections: bool = False,
                    fuse: bool = True, conv3x3: bool = False, stem: bool = False,
-                   chain_next: bool = False, pool_head: bool = False) -> tuple[onnx.ModelProto, int, FusionReport]:
+                   chain_next: bool = False, pool_head: bool = False,
+                   exclude=()) -> tuple[onnx.ModelProto, int, FusionReport]:
     """A copy of the Q/DQ ``model`` with every residual tail fused, every projection the plugin takes (see
     find_projections) when ``projections``, every 3x3 conv it takes (see find_conv3x3) when ``conv3x3``, and the stem
     (see find_stems) when ``stem``; returns (model, plugin nodes). ``plugin_counts`` splits them by kind.
@@ -945,8 +967,13 @@ def rewrite_report(model: onnx.ModelProto, weight_dtype: str = "int32", projecti
     by default: TensorRT 8.5's ONNX parser is known to pass INT32 and FLOAT tensor attributes to
     plugin creators; the creator accepts int8, int32 or float holding integers in [-127, 127].
 
+    ``exclude``: site ids (site_id) left to TensorRT although they match, each counted as a refusal ("excluded"): a
+    tail or projection excluded takes its pair and its chained conv1 with it; "fused:" keeps the pair two nodes,
+    "next:" leaves that conv1 to TensorRT. An id of a kind asked for that names no candidate is an UnknownSite error (a typo
+    would otherwise build the engine it meant to change).
+
     Returns (model, plugin nodes, report): the report (FusionReport) counts, for each kind asked for, the candidates
-    found, how many were fused and the first refusal with its reason.
+    found, how many were fused and the first refusal with its reason, and lists the sites of each plugin node.
     """
     model = onnx.ModelProto.FromString(model.SerializeToString())
     graph = model.graph
@@ -957,15 +984,51 @@ def rewrite_report(model: onnx.ModelProto, weight_dtype: str = "int32", projecti
     stems = find_stems(model, report=report) if stem else []
     pools = find_pool_heads(model, report=report) if pool_head else []
     g = _Graph(graph)
+    excluded = set(exclude)
+    seen = set()   # the site ids of every candidate matched, to tell an exclusion that names none
+
+    def keep(kind: str, items: list, anchor) -> list:
+        out = []
+        for it in items:
+            sid = site_id(kind, anchor(it))
+            seen.add(sid)
+            if sid in excluded:
+                report.refuse(kind, anchor(it), "excluded (tensorrt.plugin_exclude)")
+            else:
+                out.append(it)
+        return out
+
+    if excluded:   # the pairs and conv1s of every candidate, also of the tails and projections excluded
+        every = {id(t): t for t in tails}
+        seen.update(site_id("fused", every[k].add) for k in (_fusable(g, tails, projs) if projections and fuse else {}))
+        seen.update(site_id("next", n.conv) for n in (_chainable(g, tails, stems) if chain_next else {}).values())
+    tails = keep("tail", tails, lambda t: t.add)
+    projs = keep("proj", projs, lambda p: p.conv)
+    convs3 = keep("conv3x3", convs3, lambda c: c.conv)
+    stems = keep("stem", stems, lambda st: st.conv)
+    pools = keep("pool", pools, lambda h: h.pool)
+    by_id = {id(t): t for t in tails}
     # id(tail) -> its projection: one node
     fused = _fusable(g, tails, projs, report if projections else None) if fuse else {}
+    fused = {k: p for k, p in fused.items() if keep("fused", [by_id[k]], lambda t: t.add)}
     fused_projs = {id(p) for p in fused.values()}
     # id(tail or stem) -> the conv1 it computes too
     nexts = _chainable(g, tails, stems, report) if chain_next else {}
+    nexts = {k: n for k, n in nexts.items() if keep("next", [n], lambda c: c.conv)}
+    asked = {"tail"} | {k for k, on in (("proj", projections), ("fused", projections and fuse), ("conv3x3", conv3x3),
+                                        ("stem", stem), ("next", chain_next), ("pool", pool_head)) if on}
+    unknown = sorted(x for x in excluded - seen if x.partition(":")[0] in asked)
+    if unknown:
+        raise UnknownSite(f"excluded site(s) {', '.join(unknown)} match no candidate of the graph")
     for kind, n in (("tail", len(tails)), ("proj", len(projs)), ("fused", len(fused)), ("conv3x3", len(convs3)),
                     ("stem", len(stems)), ("next", len(nexts)), ("pool", len(pools))):
         report.kinds[kind].fused = n
     replace, drop = {}, set()
+
+    def site(node, ids: list[str], replaced) -> None:
+        report.sites.append({"node": node.name, "kind": plugin_kind(node) if node.op_type == PLUGIN_OP else "pool",
+                             "sites": ids, "replaced": [node_name(n) for n in replaced if n is not None]})
+
     # A projection's plugin node takes the place of its output QuantizeLinear (same output name, so the tail that
     # reads the projection as its residual still finds it); its conv goes. A fused one leaves no node of its own: its
     # QuantizeLinear goes too (the residual's DequantizeLinear, then unread, with it).
@@ -976,6 +1039,7 @@ def rewrite_report(model: onnx.ModelProto, weight_dtype: str = "int32", projecti
             continue
         replace[id(p.q_out)] = plugin_node(f"{PLUGIN_OP}_proj{k}", p.x_q, None, p.q_out.output[0], p.fields,
                                            weight_dtype)
+        site(replace[id(p.q_out)], [site_id("proj", p.conv)], (p.conv, p.q_out))
         graph.value_info.append(helper.make_tensor_value_info(p.q_out.output[0], TensorProto.INT8, None))
 
     def chain(nxt: NextConv | None) -> None:
@@ -993,6 +1057,9 @@ def rewrite_report(model: onnx.ModelProto, weight_dtype: str = "int32", projecti
         nxt = nexts.get(id(c))
         replace[id(c.q_out)] = plugin_node(f"{PLUGIN_OP}_{name}", c.x_q, None, c.q_out.output[0], c.fields,
                                            weight_dtype, next_conv=nxt)
+        kind = "stem" if isinstance(c, Stem) else "conv3x3"
+        site(replace[id(c.q_out)], [site_id(kind, c.conv)] + ([site_id("next", nxt.conv)] if nxt else []),
+             (*c.replaced(), c.q_out, *(nxt.replaced() if nxt else ())))
         chain(nxt)
         graph.value_info.append(helper.make_tensor_value_info(c.q_out.output[0], TensorProto.INT8, None))
     for k, t in enumerate(tails):
@@ -1004,6 +1071,10 @@ def rewrite_report(model: onnx.ModelProto, weight_dtype: str = "int32", projecti
         else:
             node = plugin_node(f"{PLUGIN_OP}_{k}", t.x_q, t.r_q, out_q, t.fields, weight_dtype, next_conv=nxt)
         replace[id(t.add)] = node
+        site(node, ([site_id("fused", t.add)] if p is not None else [site_id("tail", t.add)])
+             + ([site_id("next", nxt.conv)] if nxt else []),
+             (t.conv, t.add, t.relu, t.q_out, *((p.conv, p.q_out) if p is not None else ()),
+              *(nxt.replaced() if nxt else ())))
         chain(nxt)
         drop.update({id(t.conv), id(t.q_out)} | ({id(t.relu)} if t.relu is not None else set()))
         # Other readers of the float block output now read the dequantized plugin output.
@@ -1019,6 +1090,8 @@ def rewrite_report(model: onnx.ModelProto, weight_dtype: str = "int32", projecti
     for k, h in enumerate(pools):   # the plugin node takes the DequantizeLinear's place; its DQs and Add the pool's
         (plugin, *after), inits = h.nodes(f"{POOL_OP}_{k}")
         replace[id(h.dq)], replace[id(h.pool)] = plugin, after
+        site(plugin, [site_id("pool", h.pool)], (h.dq, h.pool))
+        report.sites[-1]["written"] = [n.name for n in after]   # named after the plugin, but nodes of their own
         graph.initializer.extend(inits)
         g.inits.update((t.name, t) for t in inits)   # available to _toposort below
         graph.value_info.extend(helper.make_tensor_value_info(o, TensorProto.INT8, None) for o in plugin.output)
