@@ -199,3 +199,102 @@ def test_the_timer_runs_as_a_file_and_answers_on_its_own_stdout():
     assert p.returncode == 0, p.stderr
     assert [json.loads(x) for x in p.stdout.splitlines()] == [
         {"ok": False, "error": "ValueError: unknown command 'nope'"}, {"ok": True}]
+
+
+FAKE_LIB = ("import os, pathlib; p = pathlib.Path(os.environ['TRTFUSE_PLUGIN_LIB']); "
+            "p.parent.mkdir(parents=True, exist_ok=True); p.write_text(os.getcwd())")
+# Builds nothing: an engine file naming the trtfuse that "built" it, and for plugins all the rewritten graph
+FAKE_BUILDER = r"""
+import json, os, sys
+from pathlib import Path
+import trtfuse
+from onnx import helper, save
+for line in sys.stdin:
+    r = json.loads(line)
+    model = Path(r["model_dir"])
+    path = Path(os.environ["TRTFUSE_HOME"]) / "engines" / f"{model.name}-b{r['batch']}-{r['plugins']}.engine"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(trtfuse.__file__)
+    if r["plugins"] == "all":
+        node = helper.make_node("TrtfuseResidualConv", ["x", "r"], ["y"], name="TrtfuseResidualConv_0",
+                                domain="trtfuse")
+        save(helper.make_model(helper.make_graph([node], "g", [], [])), model / "model.int8.plugins-all.onnx")
+    with open(os.environ["TRTFUSE_HOME"] + "/built.log", "a") as f:
+        f.write(path.name + "\n")
+    print("noise on stdout")
+    print("AB-RESULT " + json.dumps({"ok": True, "engine": str(path), "seconds": 0.0}), flush=True)
+"""
+FAKE_TIMER = r"""
+import json, os, sys
+sys.path.insert(0, SRC)
+from trtfuse.bench import ab_timer
+side = "before" if "/before/" in os.environ["TRTFUSE_PLUGIN_LIB"] else "after"
+
+class W:
+    def load(self, lib, engines):
+        assert side in lib and all(os.path.isfile(e["path"]) for e in engines.values())
+        return {"gpu": "fake", "trt": "8.5.3.1", "engines": {}}
+
+    def time(self, key, iters, reps, warmup):
+        _, b, mode = key.split("/")
+        return {"ms": [(30.0 if mode == "off" else 24.0) * int(b[1:]) / 2048 * (1.001 if side == "after" else 1)] * reps}
+
+    def profile(self, key, runs):
+        return {"layers": {"TrtfuseResidualConv_0": 1.0, "conv1": 2.0}, "total_ms": 3.0}
+
+out = os.fdopen(os.dup(1), "w")
+ab_timer.serve(sys.stdin, lambda a: (out.write(json.dumps(a) + "\n"), out.flush()), W())
+"""
+
+
+def test_a_run_with_fake_builds_and_timer_resumes_and_keeps_each_sides_code(tmp_path, monkeypatch, capsys):
+    """The run's flow on the CPU, the GPU work faked: the libraries, each side's engines built by its own trtfuse,
+    the timer's rounds, the tests stage; run again, nothing is done twice; past the deadline nothing starts."""
+    fake_model(tmp_path / "models")
+    bundle = fake_model(tmp_path / "bundle", "resnet50")
+    pack_dir = tmp_path / "ab"
+    ab.pack("HEAD", pack_dir, tmp_path / "models", [ab.LITE0], [], repo=REPO)
+    timer = tmp_path / "timer.py"
+    timer.write_text(FAKE_TIMER.replace("SRC", repr(str(REPO / "src"))))
+    monkeypatch.setattr(ab, "PLUGIN_BUILD", ("-c", FAKE_LIB))
+    monkeypatch.setattr(ab, "BUILDER", FAKE_BUILDER)
+    monkeypatch.setattr(ab, "TIMER", timer)
+    monkeypatch.setattr(ab, "TESTS", (("one", "not gpu", ("tests/test_bench_ab.py::test_the_sides_take_turns",), 5),))
+    monkeypatch.setenv("TENSORRT_ROOT", str(tmp_path))
+    monkeypatch.setenv("TRTFUSE_BUILD_DIR", str(tmp_path / "after-build"))
+    monkeypatch.setenv("AB_AFTER_COMMIT", "cafe")
+    out, work = tmp_path / "results" / "r.json", tmp_path / "work"
+    argv = ["bench", "ab", "run", "--pack", str(pack_dir), "--out", str(out), "--work", str(work),
+            "--bundle-models", str(bundle), "--rounds", "2", "--reps", "3", "--profile-rounds", "1",
+            "--profile-runs", "2", "--target-ms", "1"]
+    assert main(argv) == 0, capsys.readouterr().err
+    data = json.loads(out.read_text())
+    assert data["errors"] == {} and data["done"] == sorted(ab.STAGES)
+    assert data["before"]["commit"] == ab.read_pack(pack_dir)["before"] and data["before"]["layout"] == "src"
+    assert set(data["libs"]) == set(ab.SIDES) and Path(data["libs"]["after"]["path"]).parent == tmp_path / "after-build"
+    assert Path(data["libs"]["before"]["path"]).read_text().startswith(str(work / "before" / "tree-"))
+    assert set(data["engines"]) == set(data["engine_keys"]) and len(data["engine_keys"]) == 6
+    for key, sides in data["engines"].items():
+        built_by = {s: Path(sides[s]["path"]).read_text() for s in ab.SIDES}
+        assert built_by["before"].startswith(str(work / "before")), (key, built_by)
+        assert built_by["after"] == str(REPO / "src" / "trtfuse" / "__init__.py"), (key, built_by)
+    assert data["rewritten_graphs"]["resnet50"]["identical"]
+    assert all(len(r[s]) == 2 for r in data["rounds"].values() for s in ab.SIDES)
+    row = data["engine_time"]["resnet50/b2048/all"]
+    assert row["before_ms"] == 24.0 and row["ratio"] == round(1 / 1.001, 4)
+    assert data["layer_time"]["resnet50/b256/all"]["families"]["tail"]["ratio"] == 1.0
+    assert data["bars"]["complete"] and data["bars"]["met"]
+    assert data["tests"]["one"]["rc"] == 0 and len(data["tests"]["one"]["passed"]) == 1
+    assert data["after"]["commit"] in ("cafe", subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"],
+                                                              capture_output=True, text=True, check=True).stdout.strip())
+
+    built = (work / "before" / "home" / "built.log").read_text()
+    assert main(argv) == 0
+    again = json.loads(out.read_text())
+    assert (work / "before" / "home" / "built.log").read_text() == built and len(again["commands"]) == 2
+    assert again["rounds"] == data["rounds"]
+
+    late = tmp_path / "late.json"
+    assert main([*argv[:6], str(late), *argv[7:], "--deadline-s", "0"]) == 0
+    data = json.loads(late.read_text())
+    assert set(data["incomplete"]) == set(ab.STAGES) and "libs" not in data and not data["bars"]["complete"]

@@ -426,7 +426,10 @@ def run(args) -> int:
         write(out, data)
 
     def stage(name, fn):
-        if name in stages:
+        if name in stages and not deadline.allows(1):
+            data.setdefault("incomplete", {})[name] = "not started: the deadline had passed"
+            log(f"stage {name}: not started, the deadline has passed")
+        elif name in stages:
             log(f"stage {name} ({deadline.left():.0f} s left)")
             run_stage(data, name, fn, save, log)
             if name not in data["errors"] and data.get("incomplete", {}).get(name) is None:

@@ -81,38 +81,40 @@ class Worker:
                 engine = runtime.deserialize_cuda_engine(f.read())
             if engine is None:
                 raise RuntimeError(f"TensorRT could not deserialize {e['path']} (plugin library {lib})")
-            ctx = engine.create_execution_context()
-            prof = engine.create_execution_context()  # its own context: a profiler attached stays off the timed one
-            io = []
-            for i in range(engine.num_io_tensors):
-                name = engine.get_tensor_name(i)
-                is_input = engine.get_tensor_mode(name) == trt.TensorIOMode.INPUT
-                if is_input:
-                    shape = list(engine.get_tensor_profile_shape(name, 0)[2])
-                    for c in (ctx, prof):
-                        c.set_input_shape(name, (int(e["batch"]), *shape[1:]))
-                io.append((name, is_input))
-            rows = []
-            for name, is_input in io:
-                shape = list(ctx.get_tensor_shape(name))
-                comps = engine.get_tensor_components_per_element(name)
-                vdim = engine.get_tensor_vectorized_dim(name)
-                if comps > 1 and 0 <= vdim < len(shape):  # vectorized formats pad their channel dimension
-                    shape[vdim] = -(-shape[vdim] // comps) * comps
-                nbytes = int(np.prod(shape)) * np.dtype(trt.nptype(engine.get_tensor_dtype(name))).itemsize
-                for c in (ctx, prof):
-                    ptr = int(ck(rt.cudaMalloc(max(nbytes, 1))))
-                    self.keep.append(ptr)
-                    # every input byte 1, as the e2e suite's engine-alone figure
-                    ck(rt.cudaMemset(ptr, 1 if is_input else 0, max(nbytes, 1)))
-                    c.set_tensor_address(name, ptr)
-                rows.append({"name": name, "input": is_input, "shape": shape,
-                             "dtype": str(engine.get_tensor_dtype(name))})
-            self.engines[key] = (engine, ctx, prof)
-            info[key] = {"io": rows, "device_memory": int(engine.device_memory_size)}
+            ctx, rows = self._context(engine, int(e["batch"]))
+            self.engines[key] = {"engine": engine, "batch": int(e["batch"]), "ctx": ctx, "prof": None}
+            info[key] = {"io": rows, "device_memory": int(getattr(engine, "device_memory_size", 0))}
         prop = ck(rt.cudaGetDeviceProperties(0))
         gpu = prop.name.decode(errors="replace").rstrip("\0") if isinstance(prop.name, bytes) else str(prop.name)
         return {"gpu": gpu, "trt": trt.__version__, "engines": info}
+
+    def _context(self, engine, batch: int):
+        """An execution context at ``batch`` with its own device buffers: every input byte 1 (as the e2e suite's
+        engine-alone figure), outputs zeroed."""
+        trt, np, rt, ck = self.trt, self.np, self.cuda.rt, self.cuda.ck
+        ctx = engine.create_execution_context()
+        names = [engine.get_tensor_name(i) for i in range(engine.num_io_tensors)]
+        inputs = {n for n in names if engine.get_tensor_mode(n) == trt.TensorIOMode.INPUT}
+        for name in inputs:
+            shape = list(engine.get_tensor_profile_shape(name, 0)[2])
+            ctx.set_input_shape(name, (batch, *shape[1:]))
+        rows = []
+        for name in names:
+            shape = list(ctx.get_tensor_shape(name))
+            try:  # a vectorized format pads its vector dimension
+                comps, vdim = engine.get_tensor_components_per_element(name), engine.get_tensor_vectorized_dim(name)
+            except AttributeError:
+                comps, vdim = 1, -1
+            if comps > 1 and 0 <= vdim < len(shape):
+                shape[vdim] = -(-shape[vdim] // comps) * comps
+            nbytes = max(int(np.prod(shape)) * np.dtype(trt.nptype(engine.get_tensor_dtype(name))).itemsize, 1)
+            ptr = int(ck(rt.cudaMalloc(nbytes)))
+            self.keep.append(ptr)
+            ck(rt.cudaMemset(ptr, 1 if name in inputs else 0, nbytes))
+            ctx.set_tensor_address(name, ptr)
+            rows.append({"name": name, "input": name in inputs, "shape": shape,
+                         "dtype": str(engine.get_tensor_dtype(name))})
+        return ctx, rows
 
     def _enqueue(self, ctx):
         if not ctx.execute_async_v3(int(self.stream)):
@@ -120,7 +122,7 @@ class Worker:
 
     def time(self, key: str, iters: int, reps: int, warmup: int = 3) -> dict:
         rt, ck = self.cuda.rt, self.cuda.ck
-        _, ctx, _ = self.engines[key]
+        ctx = self.engines[key]["ctx"]
         for _ in range(warmup):
             self._enqueue(ctx)
         ck(rt.cudaStreamSynchronize(self.stream))
@@ -139,7 +141,10 @@ class Worker:
 
     def profile(self, key: str, runs: int) -> dict:
         trt, rt, ck = self.trt, self.cuda.rt, self.cuda.ck
-        _, _, prof = self.engines[key]
+        e = self.engines[key]
+        if e["prof"] is None:  # its own context: the profiler it carries stays off the timed one
+            e["prof"], _ = self._context(e["engine"], e["batch"])
+        prof = e["prof"]
 
         class Profiler(trt.IProfiler):
             def __init__(self):
