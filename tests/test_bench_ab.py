@@ -285,6 +285,7 @@ def test_a_run_with_fake_builds_and_timer_resumes_and_keeps_each_sides_code(tmp_
     assert data["layer_time"]["resnet50/b256/all"]["families"]["tail"]["ratio"] == 1.0
     assert data["bars"]["complete"] and data["bars"]["met"]
     assert data["tests"]["one"]["rc"] == 0 and len(data["tests"]["one"]["passed"]) == 1
+    assert data["test_python"]["pytest"] and data["test_python"]["carried_wheels"] == []
     assert data["after"]["commit"] in ("cafe", subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"],
                                                               capture_output=True, text=True, check=True).stdout.strip())
 

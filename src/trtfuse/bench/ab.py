@@ -628,9 +628,12 @@ def run(args) -> int:
             results[name] = parse_pytest(stdout, rc, time.time() - t0, argv[1:])
             log(f"{name}: rc {rc}, {results[name]['summary']}")
             save()
-        import importlib.util
-
-        data["test_python"] = {m: importlib.util.find_spec(m) is not None for m in ("pytest", "onnxruntime")}
+        probe = ("import importlib, json\nv = {}\nfor m in ('pytest', 'onnxruntime', 'tritonclient'):\n    try:\n"
+                 "        v[m] = getattr(importlib.import_module(m), '__version__', 'yes')\n    except Exception as e:\n"
+                 "        v[m] = None\nprint(json.dumps(v))")
+        found = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=False)
+        data["test_python"] = {"python": sys.version.split()[0], "carried_wheels": [w.name for w in wheels],
+                               **(json.loads(found.stdout) if found.returncode == 0 else {"probe": found.stderr[-300:]})}
         data.setdefault("incomplete", {})["tests"] = left or None
         failing = [n for n, r in results.items() if r.get("rc") not in (0, "timeout")]
         if failing:
