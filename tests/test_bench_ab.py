@@ -109,6 +109,12 @@ def test_ratios_and_bars_on_made_up_timings(tmp_path):
     assert data["bars"]["failures"] == ["engine resnet50/b2048/all: 0.98", "layers resnet50/b2048/all conv3x3: 0.95"]
     assert data["layer_time"]["resnet50/b2048/all"]["under_bar"] == 1
 
+    # layers that TensorRT named otherwise than the plugin nodes: no verdict, and said so
+    data = fake_record([24.0] * 3, [24.0] * 3, layers, [{"layer_7": 1.0, "conv1 + relu": 2.0}] * 3)
+    ab.summarize(data)
+    assert not data["bars"]["complete"] and data["bars"]["failures"] == [
+        "layers resnet50/b2048/all: no after layer named after a plugin node (e.g. layer_7)"]
+
     # a side without timings: no verdict
     data = fake_record([24.0] * 3, [], layers, layers)
     ab.summarize(data)
@@ -134,6 +140,7 @@ def test_the_layers_families_come_from_the_rewritten_graph():
     assert ab.layer_family("relu", fams) == "trt" and ab.layer_family("t2", fams) == "trt"
     assert ab.layer_family("Reformatting CopyNode for Input Tensor 0 to t", fams) == "reformat"
     assert ab.layer_family("pool + something", fams) == "pool"
+    assert ab.layer_family("PWN(c3)", fams) == "conv3x3" and ab.layer_family("c3.1", fams) == "trt"
 
 
 def test_the_sides_take_turns():
@@ -292,7 +299,7 @@ def test_a_run_with_fake_builds_and_timer_resumes_and_keeps_each_sides_code(tmp_
     built = (work / "before" / "home" / "built.log").read_text()
     assert main(argv) == 0
     again = json.loads(out.read_text())
-    assert (work / "before" / "home" / "built.log").read_text() == built and len(again["commands"]) == 2
+    assert (work / "before" / "home" / "built.log").read_text() == built and len(again["calls"]) == 2
     assert again["rounds"] == data["rounds"]
 
     late = tmp_path / "late.json"

@@ -26,6 +26,7 @@ import io
 import json
 import math
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -80,7 +81,10 @@ def sha256(path: Path) -> str:
 
 
 def git(repo: Path, *args: str, binary: bool = False):
-    out = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, check=False)
+    try:
+        out = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, check=False)
+    except OSError as e:
+        raise UserError(f"git does not run here ({e})", "install git, or run this where the checkout is") from e
     if out.returncode:
         raise UserError(f"git {' '.join(args)} failed: {out.stderr.decode(errors='replace').strip()}",
                         "run from a git checkout of trtfuse that holds the commit")
@@ -197,7 +201,9 @@ def layer_family(layer: str, fams: dict[str, str]) -> str:
     for part in layer.split(" + "):
         if part.strip() in fams:
             return fams[part.strip()]
-    return "trt"
+    # a name TensorRT decorated: the node's name as a whole word in it
+    words = set(re.findall(r"[\w.]+", layer))
+    return next((f for n, f in fams.items() if n in words), "trt")
 
 
 def order(round_: int, index: int) -> tuple[str, str]:
@@ -262,6 +268,11 @@ def summarize(data: dict, bar: float = BAR) -> None:
             complete &= t["ratio"] is not None
             if t["ratio"] is not None and not t["bar_met"]:
                 failures.append(f"layers {key} {f}: {t['ratio']}")
+        for s in SIDES:  # a profile in which no layer is a plugin node's names them some other way: no verdict
+            if any(fams.get(s, {}).values()) and per_side[s] and \
+                    all(fam[n] in ("trt", "reformat") for n in per_side[s]):
+                complete = False
+                failures.append(f"layers {key}: no {s} layer named after a plugin node (e.g. {next(iter(per_side[s]))})")
         data["layer_time"][key] = {"families": dict(sorted(table.items())), "plugin_layers": layers,
                                    "under_bar": sum(1 for r in layers if r[4] is not None and r[4] < bar)}
     wanted = set(data.get("engine_keys", []))
@@ -404,7 +415,6 @@ def run(args) -> int:
     data.update({
         "suite": "trtfuse bench ab", "gpu": nvidia_smi().get("name"), "host_cpu": cpu_model(),
         "before": {k: manifest[k] for k in ("subject", "date", "layout")} | {"commit": manifest["before"]},
-        "after": {"commit": after, "uncommitted_changes": dirty},
         "engine_keys": engine_keys(args.batches), "bar": BAR,
         "method": ("each side's plugin library and engines built by its own code; one standalone timer "
                    "(ab_timer.py: TensorRT + cuda-python, CUDA events) in one process per side, the sides "
@@ -412,7 +422,12 @@ def run(args) -> int:
                    f"{args.reps} repetitions of N back-to-back inferences (~{args.target_ms} ms each), input every "
                    "byte 1, one optimization profile, int8 input; layer time: TensorRT's profiler on the plugins-all "
                    "engines, per-layer median over runs and rounds, summed per kernel family")})
-    data.setdefault("commands", []).append(" ".join(sys.argv))
+    # the record may add up over several calls: each one's command and the tree it ran
+    data.setdefault("calls", []).append({"command": " ".join(sys.argv), "after": after,
+                                         "uncommitted_changes": dirty, "at": time.strftime("%Y-%m-%dT%H:%M:%SZ",
+                                                                                            time.gmtime())})
+    data["after"] = {"commit": after} if len({c["after"] for c in data["calls"]}) == 1 else \
+        {"commit": "several: see calls", "commits": sorted({c["after"] for c in data["calls"]})}
     work = Path(args.work)
     sides = {"before": Side("before", work / "before" / f"tree-{manifest['before'][:12]}", work,
                             work / "before" / "build"),
