@@ -528,6 +528,7 @@ def run(args) -> int:
             build_engines("before", [k for k in data["engine_keys"] if split_key(k)[2] == "off"])
         except Exception as e:  # noqa: BLE001 - the engines stage builds them again; the libraries come first
             data["errors"]["engines-during-libs"] = f"{type(e).__name__}: {e}"
+            log(f"plugins-off engines while the libraries build: {data['errors']['engines-during-libs']}")
         for s, (t0, p) in procs.items():
             rc = p.wait()
             if rc or not sides[s].lib.is_file():
@@ -555,6 +556,9 @@ def run(args) -> int:
         keys = [k for k in data["engine_keys"] if all(s in data.get("engines", {}).get(k, {}) for s in SIDES)]
         if not keys:
             raise RuntimeError("no engine built on both sides yet (stage engines)")
+        if not deadline.allows(args.time_estimate_s):   # loading, two rounds and the profiles
+            data.setdefault("incomplete", {})["time"] = "not started: too little time left before the deadline"
+            return
         families = {}
         for key in keys:
             model, _, mode = split_key(key)
@@ -722,23 +726,26 @@ def main(argv=None) -> int:
     k.add_argument("--wheel", type=Path, action="append", default=[],
                    help="a cp310/py3 wheel the tests need and the staging lacks (onnxruntime); repeatable")
     r = sub.add_parser("run", help="GPU machine: build both sides, time them, run AFTER's GPU tests")
-    r.add_argument("--pack", type=Path, default=PACK)
-    r.add_argument("--out", type=Path, default=Path("/tmp/trtfuse-results/redesign_ab.json"))
+    r.add_argument("--pack", type=Path, default=PACK, help="what `pack` wrote (carried: .devcache/ab)")
+    r.add_argument("--out", type=Path, default=Path("/tmp/trtfuse-results/redesign_ab.json"),
+                   help="the record, merged over calls; logs beside it in logs/")
     r.add_argument("--work", type=Path, default=WORK, help="built libraries, engines, model copies (kept)")
-    r.add_argument("--bundle-models", type=Path, default=BUNDLE_MODELS)
+    r.add_argument("--bundle-models", type=Path, default=BUNDLE_MODELS, help="where ResNet-50 is (the device bundle)")
     r.add_argument("--stages", default=None,
                    help=f"of {','.join(STAGES)} (default: those not done yet in --out)")
     r.add_argument("--batches", default="256,2048", help="ResNet-50's (default: %(default)s)")
     r.add_argument("--rounds", type=int, default=8, help="timing rounds, sides alternating")
     r.add_argument("--reps", type=int, default=5, help="repetitions per engine, side and round (their median)")
     r.add_argument("--target-ms", type=float, default=100.0, help="length of one repetition")
-    r.add_argument("--profile-rounds", type=int, default=3)
-    r.add_argument("--profile-runs", type=int, default=10)
-    r.add_argument("--share-timing-cache", action=argparse.BooleanOptionalAction, default=True)
+    r.add_argument("--profile-rounds", type=int, default=3, help="layer-profile rounds, sides alternating")
+    r.add_argument("--profile-runs", type=int, default=10, help="profiled inferences per engine, side and round")
+    r.add_argument("--share-timing-cache", action=argparse.BooleanOptionalAction, default=True,
+                   help="AFTER builds with BEFORE's TensorRT timing cache (the same tactics for the same layers)")
     r.add_argument("--deadline-s", type=float, default=540.0,
                    help="start no work that would not end within this many seconds")
     r.add_argument("--build-estimate-s", type=float, default=100.0, help="what one engine build may take")
-    r.add_argument("--profile-estimate-s", type=float, default=40.0)
+    r.add_argument("--profile-estimate-s", type=float, default=40.0, help="what the layer profiles take")
+    r.add_argument("--time-estimate-s", type=float, default=120.0, help="the least time the time stage starts with")
     args = p.parse_args(argv)
     if args.cmd == "pack":
         models = [m for m in args.models.split(",") if m]
