@@ -300,6 +300,7 @@ def test_a_run_with_fake_builds_and_timer_resumes_and_keeps_each_sides_code(tmp_
     assert main(argv) == 0
     again = json.loads(out.read_text())
     assert (work / "before" / "home" / "built.log").read_text() == built and len(again["calls"]) == 2
+    assert again["calls"][0]["command"] == "trtfuse bench ab " + " ".join(argv[2:])
     assert again["rounds"] == data["rounds"]
 
     late = tmp_path / "late.json"

@@ -423,7 +423,7 @@ def run(args) -> int:
                    "byte 1, one optimization profile, int8 input; layer time: TensorRT's profiler on the plugins-all "
                    "engines, per-layer median over runs and rounds, summed per kernel family")})
     # the record may add up over several calls: each one's command and the tree it ran
-    data.setdefault("calls", []).append({"command": " ".join(sys.argv), "after": after,
+    data.setdefault("calls", []).append({"command": "trtfuse bench ab " + " ".join(args.argv), "after": after,
                                          "uncommitted_changes": dirty, "at": time.strftime("%Y-%m-%dT%H:%M:%SZ",
                                                                                             time.gmtime())})
     data["after"] = {"commit": after} if len({c["after"] for c in data["calls"]}) == 1 else \
@@ -516,13 +516,14 @@ def run(args) -> int:
         root = base.get("TENSORRT_ROOT")
         if not root:
             raise UserError("TENSORRT_ROOT is not set", "source /opt/trt85/env.sh (tools/device_trt.sh does)")
-        procs = {}
+        procs, ended = {}, {}
         for s, side in sides.items():  # both at once: each build's longest source bounds it, not the cores
             side.build_dir.mkdir(parents=True, exist_ok=True)
             with open(logs / f"ab-lib-{s}.log", "w") as f:
-                procs[s] = (time.time(), subprocess.Popen(
-                    side.cmd(sys.executable, *PLUGIN_BUILD, "--tensorrt-root", root, "--archs", "90a"),
-                    cwd=side.tree, env=side.env(base), stdout=f, stderr=subprocess.STDOUT))
+                p = subprocess.Popen(side.cmd(sys.executable, *PLUGIN_BUILD, "--tensorrt-root", root, "--archs", "90a"),
+                                     cwd=side.tree, env=side.env(base), stdout=f, stderr=subprocess.STDOUT)
+            procs[s] = (time.time(), p)
+            threading.Thread(target=lambda s=s, p=p: ended.__setitem__(s, (p.wait(), time.time())), daemon=True).start()
         # Meanwhile the GPU would idle: BEFORE's plugins-off engines need no plugin library.
         try:
             build_engines("before", [k for k in data["engine_keys"] if split_key(k)[2] == "off"])
@@ -530,11 +531,14 @@ def run(args) -> int:
             data["errors"]["engines-during-libs"] = f"{type(e).__name__}: {e}"
             log(f"plugins-off engines while the libraries build: {data['errors']['engines-during-libs']}")
         for s, (t0, p) in procs.items():
-            rc = p.wait()
+            p.wait()
+            while s not in ended:   # its waiter thread notes the time it ended
+                time.sleep(0.05)
+            rc, t1 = ended[s]
             if rc or not sides[s].lib.is_file():
                 raise RuntimeError(f"{s}'s plugin build failed (rc {rc}): {logs / f'ab-lib-{s}.log'}")
             data.setdefault("libs", {})[s] = {"path": str(sides[s].lib), "bytes": sides[s].lib.stat().st_size,
-                                              "sha256": sha256(sides[s].lib), "build_s": round(time.time() - t0, 1),
+                                              "sha256": sha256(sides[s].lib), "build_s": round(t1 - t0, 1),
                                               "tuning_sha256": sha256(sides[s].tuning)}
 
     def engines():
@@ -747,6 +751,7 @@ def main(argv=None) -> int:
     r.add_argument("--profile-estimate-s", type=float, default=40.0, help="what the layer profiles take")
     r.add_argument("--time-estimate-s", type=float, default=120.0, help="the least time the time stage starts with")
     args = p.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)
     if args.cmd == "pack":
         models = [m for m in args.models.split(",") if m]
         m = pack(args.before, args.out, args.models_dir, models, args.wheel)
