@@ -644,7 +644,7 @@ def run(args) -> int:
         results = data.setdefault("tests", {})
         left = []
         for name, marks, files, est in TESTS:
-            if results.get(name, {}).get("rc") == 0:
+            if results.get(name, {}).get("rc") in (0, 5):
                 continue
             if not deadline.allows(est):
                 left.append(name)
@@ -671,7 +671,8 @@ def run(args) -> int:
         data["test_python"] = {"python": sys.version.split()[0], "carried_wheels": [w.name for w in wheels],
                                **(json.loads(found.stdout) if found.returncode == 0 else {"probe": found.stderr[-300:]})}
         data.setdefault("incomplete", {})["tests"] = left or None
-        failing = [n for n, r in results.items() if r.get("rc") not in (0, "timeout")]
+        # pytest's 5: nothing selected (gpu-test without tritonclient: its Triton files skip, its lanes tests are CPU)
+        failing = [n for n, r in results.items() if r.get("rc") not in (0, 5, "timeout")]
         if failing:
             raise RuntimeError("failing tests: " + ", ".join(failing))
 
