@@ -28,6 +28,7 @@ import math
 import os
 import re
 import shutil
+import statistics
 import subprocess
 import sys
 import tarfile
@@ -220,8 +221,7 @@ def summarize(data: dict, bar: float = BAR) -> None:
     """From the raw rounds in ``data`` ("rounds": {key: {side: [ms, ...]}}, "profiles": {key: {side: [{layer: ms}]}},
     "families": {key: {side: {node: family}}}): each engine's and each family's before/after, the speed ratio
     (before time / after time: >= ``bar`` meets the bar) and the verdict in data["bars"]."""
-    from statistics import median
-
+    median = statistics.median
     failures, complete = [], True
     data["engine_time"] = {}
     for key, sides in sorted(data.get("rounds", {}).items()):
@@ -580,7 +580,7 @@ def run(args) -> int:
             for s in SIDES:
                 r = workers[s].ask({"cmd": "load", "lib": str(sides[s].lib),
                                     "engines": {k: {"path": data["engines"][k][s]["path"], "batch": split_key(k)[1]}
-                                                for k in keys}}, 300)
+                                                for k in keys}}, min(300, max(deadline.left(), 60)))
                 if not r["ok"]:
                     raise RuntimeError(f"{s} timer: {r['error']}")
                 data.setdefault("timer", {})[s] = {"gpu": r["gpu"], "trt": r["trt"]}
@@ -606,7 +606,7 @@ def run(args) -> int:
                 for i, k in enumerate(keys):
                     for s in order(r, i):
                         ms = ask(s, {"cmd": "time", "key": k, "iters": iters[k], "reps": args.reps})["ms"]
-                        rounds[k][s].append(sorted(ms)[len(ms) // 2])
+                        rounds[k][s].append(statistics.median(ms))
                 telemetry.append({"at": f"round {r}", **nvidia_smi()})
                 t_round = time.time() - t0
                 log(f"round {r}: {t_round:.1f} s; " + ", ".join(
