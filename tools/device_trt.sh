@@ -149,7 +149,8 @@ for step in "$@"; do
         switch) run_step switch python3.10 benchmarks/experiments/server_switch_interval.py ${SWITCH_ARGS:-} ;;
         multigpu|multigpu-native) run_step "$step" python3.10 -m trtfuse bench multigpu run \
                                       --out "$RESULTS/multigpu_${GPU_TAG}.json" ${MULTIGPU_ARGS:-} ;;
-        # gpu-test needs pytest and onnxruntime (cp310): a staging made with them, or both on $PYTHONPATH
+        # gpu-test needs pytest and onnxruntime (cp310): a staging made with them, or both on $PYTHONPATH (the staged
+        # pytest 9 also needs exceptiongroup on 3.10; redesign-ab carries it and onnxruntime in .devcache/ab/wheels)
         # any-resnet: bench any-resnet run on the carried .devcache/any_resnet (made by its prepare on the CPU
         # machine); extra arguments from $ANY_RESNET_ARGS (e.g. "--stages build" then "--stages engine")
         any-resnet) run_step any-resnet python3.10 -m trtfuse bench any-resnet run --bundle .devcache/any_resnet \
