@@ -40,6 +40,10 @@
 # triton-native (Triton's own TensorRT backend, carried in build/triton_backend/tensorrt: the toy engine with our
 # plugins exported and served by it, answers equal to direct; needs gpu-test's staging; the benchmark:
 # triton:native-offline,native-server,native-accuracy).
+# redesign-ab (bench ab run: the commit packed in .devcache/ab by `trtfuse bench ab pack` against this tree, built
+# by each one's own code, timed by one timer, then this tree's GPU tests; it stops starting work $AB_DEADLINE_S
+# (550) s after this call began and goes on where it stopped when run again; AB_AFTER_COMMIT names this tree's
+# commit in the record; extra arguments from $AB_ARGS).
 # bg:STEP+STEP... (those steps detached, from a copy of the tree, with this call's environment: run one per GPU
 # with CUDA_VISIBLE_DEVICES=K set, so that each GPU of a host works on its own; results and logs in
 # $RESULTS/gpuK), bg-wait (wait up to $WAIT_S s for every bg job; their logs' tails).
@@ -54,9 +58,9 @@ ORIG_ENV=(PATH="$PATH" PYTHONPATH="${PYTHONPATH:-}" LD_LIBRARY_PATH="${LD_LIBRAR
 source /opt/trt85/env.sh
 # shellcheck disable=SC1091
 source tools/dev_env.sh
-# Pure-Python wheels the staging lacks, carried in .devcache/native: tomli (Python 3.10 reads TOML with it, and every
+# Pure-Python wheels the staging lacks, carried in .devcache/native (or staged in /tmp/payload/native): tomli (Python 3.10 reads TOML with it, and every
 # `trtfuse` command reads its settings), nvidia-ml-py (GPU energy), tqdm. Unpacked once per machine.
-for w in .devcache/native/*.whl; do
+for w in .devcache/native/*.whl /tmp/payload/native/*.whl; do
     [ -f "$w" ] && [ ! -f "$TRT85/site-packages/.$(basename "$w").done" ] && python3.10 -m zipfile -e "$w" "$TRT85/site-packages/" \
         && touch "$TRT85/site-packages/.$(basename "$w").done"
 done
@@ -137,6 +141,8 @@ for step in "$@"; do
             [ -d "$p" ] && chmod +x "$p"/bin/* "$p"/python_backend_stubs/*/* 2>/dev/null ;;
         triton:*) run_step "triton-${step#triton:}" python3.10 -m trtfuse bench triton run \
                       --out "$RESULTS/triton_${GPU_TAG}.json" --stages "${step#triton:}" ${TRITON_ARGS:-} ;;
+        redesign-ab) run_step redesign-ab python3.10 -m trtfuse bench ab run --pack .devcache/ab \
+                         --out "$RESULTS/redesign_ab_${GPU_TAG}.json" --deadline-s $((${AB_DEADLINE_S:-550} - SECONDS)) ${AB_ARGS:-} ;;
         triton-native) run_step triton-native python3.10 -m pytest -q -m tensorrt -p no:cacheprovider tests/test_triton_native.py ;;
         edge-seed)  # completed runs of an earlier lease (carried .devcache/edge_seed/UNIT): the references of later units
             mkdir -p "$RESULTS/edge/runs" && cp -r .devcache/edge_seed/. "$RESULTS/edge/runs/" && ls "$RESULTS/edge/runs" ;;
@@ -146,7 +152,8 @@ for step in "$@"; do
         switch) run_step switch python3.10 benchmarks/experiments/server_switch_interval.py ${SWITCH_ARGS:-} ;;
         multigpu|multigpu-native) run_step "$step" python3.10 -m trtfuse bench multigpu run \
                                       --out "$RESULTS/multigpu_${GPU_TAG}.json" ${MULTIGPU_ARGS:-} ;;
-        # gpu-test needs pytest and onnxruntime (cp310): a staging made with them, or both on $PYTHONPATH
+        # gpu-test needs pytest and onnxruntime (cp310): a staging made with them, or both on $PYTHONPATH (the staged
+        # pytest 9 also needs exceptiongroup on 3.10; redesign-ab carries it and onnxruntime in .devcache/ab/wheels)
         # any-resnet: bench any-resnet run on the carried .devcache/any_resnet (made by its prepare on the CPU
         # machine); extra arguments from $ANY_RESNET_ARGS (e.g. "--stages build" then "--stages engine")
         any-resnet) run_step any-resnet python3.10 -m trtfuse bench any-resnet run --bundle .devcache/any_resnet \

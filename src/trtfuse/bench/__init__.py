@@ -35,6 +35,7 @@ SUITES: dict[str, tuple[str, str]] = {
     "probe": ("probe", "the serving path without LoadGen: row copies, the backend loop's phases"),
     "gap": ("gap", "where an Offline batch loses time against the engine alone"),
     "harness-cpu": ("harness_cpu", "what the LoadGen harness costs on the CPU machine (null backend)"),
+    "ab": ("ab", "two commits on one lease, one timer: engines alone and each kernel family's layers"),
 }
 
 
