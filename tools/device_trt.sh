@@ -36,9 +36,10 @@
 # $NATIVE_ARGS),
 # any-resnet (bench any-resnet run: our export vs torchvision's of ResNet-50, and torchvision's ResNet-101,
 # engines alone at batch 2048, plugins off/all),
-# triton-native (Triton's own TensorRT backend, carried in build/triton_backend/tensorrt: the toy engine with our
-# plugins exported and served by it, answers equal to direct; needs gpu-test's staging; the benchmark:
-# triton:native-offline,native-server,native-accuracy).
+# triton-native (Triton's own TensorRT backend, carried in build/triton_backend/tensorrt or the Triton payload: the
+# toy engine with our plugins exported and served by it, answers equal to direct; needs gpu-test's staging; the
+# benchmark: triton:native-offline,native-server,native-accuracy). The Triton payload (tools/stage_triton.sh,
+# unpacked into /tmp/triton) brings tritonserver, tritonclient, onnxruntime and the backend: no pytriton-stash then.
 # bg:STEP+STEP... (those steps detached, from a copy of the tree, with this call's environment: run one per GPU
 # with CUDA_VISIBLE_DEVICES=K set, so that each GPU of a host works on its own; results and logs in
 # $RESULTS/gpuK), bg-wait (wait up to $WAIT_S s for every bg job; their logs' tails).
@@ -53,12 +54,19 @@ ORIG_ENV=(PATH="$PATH" PYTHONPATH="${PYTHONPATH:-}" LD_LIBRARY_PATH="${LD_LIBRAR
 source /opt/trt85/env.sh
 # shellcheck disable=SC1091
 source tools/dev_env.sh
-# Pure-Python wheels the staging lacks, carried in .devcache/native: tomli (Python 3.10 reads TOML with it, and every
-# `trtfuse` command reads its settings), nvidia-ml-py (GPU energy), tqdm. Unpacked once per machine.
-for w in .devcache/native/*.whl; do
+# Pure-Python wheels the staging lacks, carried in .devcache/native or unpacked from the payload into
+# /tmp/payload/native: tomli (Python 3.10 reads TOML with it, and every `trtfuse` command reads its settings; pytest
+# too), nvidia-ml-py (GPU energy), tqdm. Unpacked once per machine.
+for w in .devcache/native/*.whl /tmp/payload/native/*.whl; do
     [ -f "$w" ] && [ ! -f "$TRT85/site-packages/.$(basename "$w").done" ] && python3.10 -m zipfile -e "$w" "$TRT85/site-packages/" \
         && touch "$TRT85/site-packages/.$(basename "$w").done"
 done
+# The Triton payload (tools/stage_triton.sh, unpacked by .devcache/triton/unpack.sh): tritonserver and the cp310
+# packages of the triton steps and their tests, and Triton's TensorRT backend.
+if [ -f /tmp/triton/.ready ]; then
+    export PYTHONPATH=/tmp/triton/site-packages:$PYTHONPATH
+    export TRTFUSE_TRITON_BACKEND_DIR=${TRTFUSE_TRITON_BACKEND_DIR:-/tmp/triton/backend}
+fi
 OUT=${OUT:-/tmp/trtfuse-out}
 RESULTS=${TRTFUSE_RESULTS:-/tmp/trtfuse-results}   # a bg job's own: $RESULTS/gpuK
 mkdir -p "$OUT" "$RESULTS/logs"
@@ -152,7 +160,7 @@ for step in "$@"; do
                       tests/test_lanes.py tests/test_tensorrt_backend.py tests/test_cuda_runtime.py tests/test_triton_export.py \
                       tests/test_triton_gpu.py ;;
         native-build)  # the native SUT with TensorRT: LoadGen's sdist and nvidia-ml-py carried in .devcache/native
-            TRTFUSE_LOADGEN_SDIST=$(ls .devcache/native/mlcommons_loadgen-*.tar.gz 2>/dev/null | head -1) \
+            TRTFUSE_LOADGEN_SDIST=$(ls .devcache/native/mlcommons_loadgen-*.tar.gz /tmp/payload/native/mlcommons_loadgen-*.tar.gz 2>/dev/null | head -1) \
                 run_step native-build python3.10 -m trtfuse.plugin_build build --native --tensorrt-root "$TENSORRT_ROOT" ;;
         native:*) run_step "native-${step#native:}" python3.10 -m trtfuse bench native run \
                       --out "$RESULTS/native_sut_${GPU_TAG}.json" --stages "${step#native:}" ${NATIVE_ARGS:-} ;;
