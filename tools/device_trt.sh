@@ -63,7 +63,9 @@ for w in .devcache/native/*.whl /tmp/payload/native/*.whl; do
 done
 # The Triton payload (tools/stage_triton.sh, unpacked by .devcache/triton/unpack.sh): tritonserver and the cp310
 # packages of the triton steps and their tests, and Triton's TensorRT backend.
+NUMPY1=
 if [ -f /tmp/triton/.ready ]; then
+    NUMPY1=/tmp/triton/numpy1:
     export PYTHONPATH=/tmp/triton/site-packages:$PYTHONPATH
     export TRTFUSE_TRITON_BACKEND_DIR=${TRTFUSE_TRITON_BACKEND_DIR:-/tmp/triton/backend}
 fi
@@ -142,9 +144,12 @@ for step in "$@"; do
             # zipfile drops the executable bits
             p=$TRT85/site-packages/pytriton/tritonserver
             [ -d "$p" ] && chmod +x "$p"/bin/* "$p"/python_backend_stubs/*/* 2>/dev/null ;;
-        triton:*) run_step "triton-${step#triton:}" python3.10 -m trtfuse bench triton run \
+        # Triton 2.51's Python backend stub answers empty outputs with numpy 2: the payload's numpy 1.26 for the
+        # stages that serve through it (triton-*: trtfuse serve); direct, lanes and native-* keep the staged numpy.
+        triton:*) np=; case ",${step#triton:}," in *,triton-*) np=$NUMPY1 ;; esac
+                  PYTHONPATH=$np$PYTHONPATH run_step "triton-${step#triton:}" python3.10 -m trtfuse bench triton run \
                       --out "$RESULTS/triton_${GPU_TAG}.json" --stages "${step#triton:}" ${TRITON_ARGS:-} ;;
-        triton-native) run_step triton-native python3.10 -m pytest -q -m tensorrt -p no:cacheprovider tests/test_triton_native.py ;;
+        triton-native) run_step triton-native python3.10 -m pytest -q -rs -m tensorrt -p no:cacheprovider tests/test_triton_native.py ;;
         edge:*) run_step "edge-${step#edge:}" python3.10 -m trtfuse bench edge ${step#edge:} \
                     --out "$RESULTS/edge" --mlperf-dir .devcache/mlperf ${EDGE_ARGS:-}
                 cp "$RESULTS/edge/edge_submission.json" "$RESULTS/" 2>/dev/null ;;
@@ -156,7 +161,7 @@ for step in "$@"; do
         # machine); extra arguments from $ANY_RESNET_ARGS (e.g. "--stages build" then "--stages engine")
         any-resnet) run_step any-resnet python3.10 -m trtfuse bench any-resnet run --bundle .devcache/any_resnet \
                         --out "$RESULTS/any_resnet_${GPU_TAG}.json" ${ANY_RESNET_ARGS:-} ;;
-        gpu-test) run_step gpu-test python3.10 -m pytest -q -m "gpu or tensorrt" -p no:cacheprovider \
+        gpu-test) PYTHONPATH=$NUMPY1$PYTHONPATH run_step gpu-test python3.10 -m pytest -q -m "gpu or tensorrt" -p no:cacheprovider \
                       tests/test_lanes.py tests/test_tensorrt_backend.py tests/test_cuda_runtime.py tests/test_triton_export.py \
                       tests/test_triton_gpu.py ;;
         native-build)  # the native SUT with TensorRT: LoadGen's sdist and nvidia-ml-py carried in .devcache/native

@@ -8,6 +8,9 @@
 #   - cp310 packages the staging lacks: tritonclient with grpcio and python-rapidjson (its gRPC client imports
 #     both; protobuf and numpy are staged), onnxruntime (the tests calibrate their toy model with it), and
 #     exceptiongroup (pytest on Python 3.10; stage-trt.sh resolved pytest's needs for the host's Python);
+#   - numpy 1.26 in a folder of its own (numpy1/): Triton 2.51's Python backend stub answers empty outputs with
+#     the staging's numpy 2 (no error: LoadGen then reads nothing); device_trt.sh puts it first for the steps that
+#     serve through that backend (triton:triton-*, gpu-test). The TensorRT backend has no Python in the server;
 #   - Triton's TensorRT backend as `trtfuse triton build-backend` built it (tensorrt/ of its folder);
 #   - EfficientNet-Lite0's int8 model of the e2e bundle (bench triton's native-accuracy; the payload has
 #     ResNet-50 only).
@@ -27,6 +30,7 @@ PIECE=${PIECE:-40000000}
 WORK=${TMPDIR:-/tmp}/triton-stage-work
 HERE=$(cd "$(dirname "$0")" && pwd)
 PYTRITON=nvidia-pytriton==0.7.0
+NUMPY1=numpy==1.26.4
 WHEELS=(tritonclient==2.73.0 grpcio==1.85.3 python-rapidjson==1.25 onnxruntime==1.23.2 exceptiongroup==1.3.2)
 PIPOPTS=(--no-deps --only-binary=:all: --python-version 3.10 --implementation cp
          --platform manylinux_2_35_x86_64 --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64
@@ -40,10 +44,12 @@ for tool in readelf zstd pip; do command -v $tool > /dev/null || die "$tool is n
 
 rm -rf "$WORK"
 mkdir -p "$WORK/dl" "$WORK/root/triton/site-packages" "$WORK/root/triton/backend/tensorrt" "$WORK/root/triton/e2e/models"
-echo "== pip download (cp310): $PYTRITON ${WHEELS[*]}"
+echo "== pip download (cp310): $PYTRITON ${WHEELS[*]} $NUMPY1"
 pip download -q "${PIPOPTS[@]}" -d "$WORK/dl" "$PYTRITON" "${WHEELS[@]}"
 sp=$WORK/root/triton/site-packages
 for w in "$WORK"/dl/*.whl; do python3 -m zipfile -e "$w" "$sp/"; done
+pip download -q "${PIPOPTS[@]}" -d "$WORK/dl-numpy1" "$NUMPY1"
+python3 -m zipfile -e "$WORK"/dl-numpy1/numpy-*.whl "$WORK/root/triton/numpy1/"
 
 echo "== nvidia-pytriton: the server, its Python backend and the Python 3.10 stub"
 stubs=$sp/pytriton/tritonserver/python_backend_stubs

@@ -3,6 +3,7 @@
 # made): keeps each carried piece outside the work tree (every call replaces the tree); once every piece has
 # arrived and their checksum is the staged one, unpacks the Triton payload whole into /tmp/triton:
 #   site-packages/  the tritonserver of nvidia-pytriton 0.7.0 and the cp310 packages the triton steps import
+#   numpy1/         numpy 1.26, for the steps that serve through Triton's Python backend (its stub needs numpy < 2)
 #   backend/        Triton's TensorRT backend (tensorrt/libtriton_tensorrt.so, BUILD.json; runtime/ is made here)
 # and EfficientNet-Lite0's model into the e2e stash (/tmp/trtfuse-e2e/models). tools/device_trt.sh puts
 # site-packages on PYTHONPATH and the backend in TRTFUSE_TRITON_BACKEND_DIR when /tmp/triton is there.
