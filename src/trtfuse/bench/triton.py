@@ -289,7 +289,9 @@ def run(args, stages) -> int:
         name = f"{prepared.name}-{batch}"
         repo = runs / f"native-repo-{name}"
         tag, version = plan_tensorrt(plan)  # what trtfuse triton serve checks: recorded in case it refuses
-        res.data.setdefault("triton_tensorrt_backend", {}).setdefault("plan_tags", {})[name] = [tag, version]
+        out = res.data.setdefault("triton_tensorrt_backend", {})
+        out["triton_backend"] = "tensorrt"
+        out.setdefault("plan_tags", {})[name] = [tag, version]
         res.save()
         export_repository(prepared, plan, repo, max_queue_delay_us=args.max_queue_delay_us, force=True)
         return ServeProcess([str(repo), *(["--skip-plan-check"] if args.native_skip_plan_check else [])],
