@@ -188,3 +188,26 @@ def test_a_native_stage_alone_still_says_which_backend(tmp_path, stand_ins):
     assert rc == 0 and data["errors"] == {}
     assert data["triton_tensorrt_backend"]["triton_backend"] == "tensorrt"
     assert data["triton_tensorrt_backend"]["accuracy"]["n_images"] == N_IMAGES
+
+
+def test_a_transport_the_machine_refuses_leaves_the_others_measured(tmp_path, stand_ins, monkeypatch):
+    make = backends.create_backend
+
+    def create_backend(name, **options):
+        if options["transport"] == "cuda":
+            raise RuntimeError("cudaIpcGetMemHandle failed: cudaErrorNotSupported")
+        return make(name, **options)
+    monkeypatch.setattr(backends, "create_backend", create_backend)
+    out = tmp_path / "triton_h200.json"
+    out.write_text(json.dumps({"direct": DIRECT, "errors": {}}))
+    rc = bench_triton.main(["run", "--bundle", str(tmp_path / "bundle"), "--out", str(out),
+                            "--stages", "native-offline"])
+    native = json.loads(out.read_text())["triton_tensorrt_backend"]
+    assert rc == 0 and native["offline"][0] == {"triton_backend": "tensorrt", "transport": "cuda",
+                                                "error": "RuntimeError: cudaIpcGetMemHandle failed: "
+                                                         "cudaErrorNotSupported"}
+    assert native["offline_transport"] == "shm" and native["offline_ratio_to_direct"]
+    # Every transport refused: the stage fails, with each reason.
+    rc = bench_triton.main(["run", "--bundle", str(tmp_path / "bundle"), "--out", str(out),
+                            "--stages", "native-offline", "--native-transports", "cuda"])
+    assert rc == 1 and "no transport measured" in json.loads(out.read_text())["errors"]["native-offline"]
