@@ -291,3 +291,33 @@ def test_a_failed_run_gives_its_staged_slot_back(tmp_path):
     with pytest.raises(RuntimeError, match="engine failed"):
         served.run_device(staged, scores=True)
     assert returned == ["slot"]
+
+
+def test_numpy_2_under_the_python_backend_stub_is_named():
+    """nvidia-pytriton 0.7.0's stub answers empty outputs under NumPy 2 (seen with the GPU machine's staged
+    Python 3.10: every request answered, no data), so serving refuses it in one line."""
+    from trtfuse.triton.tritonserver import numpy_problem
+
+    for pytriton in ("0.7.0", "0.5.5", None):  # None: unzipped without pip's metadata
+        e = numpy_problem("2.2.6", pytriton)
+        assert e is not None and "answers empty outputs with NumPy 2.2.6" in e.problem
+        assert 'numpy<2' in e.fix and "trtfuse triton serve" in e.fix and "\n" not in str(e)
+    assert numpy_problem("1.26.4", "0.7.0") is None and numpy_problem("1.26.4", None) is None
+    assert numpy_problem("2.2.6", "0.8.0") is None
+
+
+def test_serve_refuses_numpy_2_before_starting_the_server(tmp_path, monkeypatch):
+    import argparse
+
+    from trtfuse.errors import UserError
+    from trtfuse.triton import serve, tritonserver
+
+    try:
+        tritonserver.stub_for_this_python(tritonserver.bundled())
+    except UserError as e:
+        pytest.skip(str(e))
+    monkeypatch.setattr(np, "__version__", "2.2.6")
+    monkeypatch.setattr(serve, "plan", lambda args: pytest.fail("the model was prepared before the refusal"))
+    with pytest.raises(UserError, match="empty outputs with NumPy 2.2.6"):
+        serve.serve(argparse.Namespace(workspace=str(tmp_path / "ws")))
+    assert not (tmp_path / "ws").exists()

@@ -37,9 +37,10 @@
 # $NATIVE_ARGS),
 # any-resnet (bench any-resnet run: our export vs torchvision's of ResNet-50, and torchvision's ResNet-101,
 # engines alone at batch 2048, plugins off/all),
-# triton-native (Triton's own TensorRT backend, carried in build/triton_backend/tensorrt: the toy engine with our
-# plugins exported and served by it, answers equal to direct; needs gpu-test's staging; the benchmark:
-# triton:native-offline,native-server,native-accuracy).
+# triton-native (Triton's own TensorRT backend, carried in build/triton_backend/tensorrt or the Triton payload: the
+# toy engine with our plugins exported and served by it, answers equal to direct; needs gpu-test's staging; the
+# benchmark: triton:native-offline,native-server,native-accuracy). The Triton payload (tools/stage_triton.sh,
+# unpacked into /tmp/triton) brings tritonserver, tritonclient, onnxruntime and the backend: no pytriton-stash then.
 # redesign-ab (bench ab run: the commit packed in .devcache/ab by `trtfuse bench ab pack` against this tree, built
 # by each one's own code, timed by one timer, then this tree's GPU tests; it stops starting work $AB_DEADLINE_S
 # (550) s after this call began and goes on where it stopped when run again; AB_AFTER_COMMIT names this tree's
@@ -58,12 +59,21 @@ ORIG_ENV=(PATH="$PATH" PYTHONPATH="${PYTHONPATH:-}" LD_LIBRARY_PATH="${LD_LIBRAR
 source /opt/trt85/env.sh
 # shellcheck disable=SC1091
 source tools/dev_env.sh
-# Pure-Python wheels the staging lacks, carried in .devcache/native (or staged in /tmp/payload/native): tomli (Python 3.10 reads TOML with it, and every
-# `trtfuse` command reads its settings), nvidia-ml-py (GPU energy), tqdm. Unpacked once per machine.
+# Pure-Python wheels the staging lacks, carried in .devcache/native or unpacked from the payload into
+# /tmp/payload/native: tomli (Python 3.10 reads TOML with it, and every `trtfuse` command reads its settings; pytest
+# too), nvidia-ml-py (GPU energy), tqdm. Unpacked once per machine.
 for w in .devcache/native/*.whl /tmp/payload/native/*.whl; do
     [ -f "$w" ] && [ ! -f "$TRT85/site-packages/.$(basename "$w").done" ] && python3.10 -m zipfile -e "$w" "$TRT85/site-packages/" \
         && touch "$TRT85/site-packages/.$(basename "$w").done"
 done
+# The Triton payload (tools/stage_triton.sh, unpacked by .devcache/triton/unpack.sh): tritonserver and the cp310
+# packages of the triton steps and their tests, and Triton's TensorRT backend.
+NUMPY1=
+if [ -f /tmp/triton/.ready ]; then
+    NUMPY1=/tmp/triton/numpy1:
+    export PYTHONPATH=/tmp/triton/site-packages:$PYTHONPATH
+    export TRTFUSE_TRITON_BACKEND_DIR=${TRTFUSE_TRITON_BACKEND_DIR:-/tmp/triton/backend}
+fi
 OUT=${OUT:-/tmp/trtfuse-out}
 RESULTS=${TRTFUSE_RESULTS:-/tmp/trtfuse-results}   # a bg job's own: $RESULTS/gpuK
 mkdir -p "$OUT" "$RESULTS/logs"
@@ -139,13 +149,16 @@ for step in "$@"; do
             # zipfile drops the executable bits
             p=$TRT85/site-packages/pytriton/tritonserver
             [ -d "$p" ] && chmod +x "$p"/bin/* "$p"/python_backend_stubs/*/* 2>/dev/null ;;
-        triton:*) run_step "triton-${step#triton:}" python3.10 -m trtfuse bench triton run \
+        # Triton 2.51's Python backend stub answers empty outputs with numpy 2: the payload's numpy 1.26 for the
+        # stages that serve through it (triton-*: trtfuse serve); direct, lanes and native-* keep the staged numpy.
+        triton:*) np=; case ",${step#triton:}," in *,triton-*) np=$NUMPY1 ;; esac
+                  PYTHONPATH=$np$PYTHONPATH run_step "triton-${step#triton:}" python3.10 -m trtfuse bench triton run \
                       --out "$RESULTS/triton_${GPU_TAG}.json" --stages "${step#triton:}" ${TRITON_ARGS:-} ;;
         redesign-ab) run_step redesign-ab python3.10 -m trtfuse bench ab run --pack .devcache/ab \
                          --out "$RESULTS/redesign_ab_${GPU_TAG}.json" --deadline-s $((${AB_DEADLINE_S:-550} - SECONDS)) ${AB_ARGS:-} ;;
-        triton-native) run_step triton-native python3.10 -m pytest -q -m tensorrt -p no:cacheprovider tests/test_triton_native.py ;;
         edge-seed)  # completed runs of an earlier lease (carried .devcache/edge_seed/UNIT): the references of later units
             mkdir -p "$RESULTS/edge/runs" && cp -r .devcache/edge_seed/. "$RESULTS/edge/runs/" && ls "$RESULTS/edge/runs" ;;
+        triton-native) run_step triton-native python3.10 -m pytest -q -rs -m tensorrt -p no:cacheprovider tests/test_triton_native.py ;;
         edge:*) run_step "edge-${step#edge:}" python3.10 -m trtfuse bench edge ${step#edge:} \
                     --out "$RESULTS/edge" --mlperf-dir .devcache/mlperf ${EDGE_ARGS:-}
                 cp "$RESULTS/edge/edge_submission.json" "$RESULTS/" 2>/dev/null ;;
@@ -158,11 +171,11 @@ for step in "$@"; do
         # machine); extra arguments from $ANY_RESNET_ARGS (e.g. "--stages build" then "--stages engine")
         any-resnet) run_step any-resnet python3.10 -m trtfuse bench any-resnet run --bundle .devcache/any_resnet \
                         --out "$RESULTS/any_resnet_${GPU_TAG}.json" ${ANY_RESNET_ARGS:-} ;;
-        gpu-test) run_step gpu-test python3.10 -m pytest -q -m "gpu or tensorrt" -p no:cacheprovider \
+        gpu-test) PYTHONPATH=$NUMPY1$PYTHONPATH run_step gpu-test python3.10 -m pytest -q -m "gpu or tensorrt" -p no:cacheprovider \
                       tests/test_lanes.py tests/test_tensorrt_backend.py tests/test_cuda_runtime.py tests/test_triton_export.py \
                       tests/test_triton_gpu.py ;;
         native-build)  # the native SUT with TensorRT: LoadGen's sdist and nvidia-ml-py carried in .devcache/native
-            TRTFUSE_LOADGEN_SDIST=$(ls .devcache/native/mlcommons_loadgen-*.tar.gz 2>/dev/null | head -1) \
+            TRTFUSE_LOADGEN_SDIST=$(ls .devcache/native/mlcommons_loadgen-*.tar.gz /tmp/payload/native/mlcommons_loadgen-*.tar.gz 2>/dev/null | head -1) \
                 run_step native-build python3.10 -m trtfuse.plugin_build build --native --tensorrt-root "$TENSORRT_ROOT" ;;
         native:*) run_step "native-${step#native:}" python3.10 -m trtfuse bench native run \
                       --out "$RESULTS/native_sut_${GPU_TAG}.json" --stages "${step#native:}" ${NATIVE_ARGS:-} ;;

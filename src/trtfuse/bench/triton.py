@@ -289,7 +289,9 @@ def run(args, stages) -> int:
         name = f"{prepared.name}-{batch}"
         repo = runs / f"native-repo-{name}"
         tag, version = plan_tensorrt(plan)  # what trtfuse triton serve checks: recorded in case it refuses
-        res.data.setdefault("triton_tensorrt_backend", {}).setdefault("plan_tags", {})[name] = [tag, version]
+        out = res.data.setdefault("triton_tensorrt_backend", {})
+        out["triton_backend"] = "tensorrt"
+        out.setdefault("plan_tags", {})[name] = [tag, version]
         res.save()
         export_repository(prepared, plan, repo, max_queue_delay_us=args.max_queue_delay_us, force=True)
         return ServeProcess([str(repo), *(["--skip-plan-check"] if args.native_skip_plan_check else [])],
@@ -330,18 +332,27 @@ def run(args, stages) -> int:
         with native(args.offline_batch) as server:
             out["served"] = {k: server.ready.get(k) for k in ("tensorrt", "backend_library", "plugins")}
             for transport in args.native_transports.split(","):
-                backend = client(server.url, args.offline_batch, transport, args.inflight)
+                # A transport the machine refuses (CUDA IPC where the sandbox has none) is a row with its
+                # error: the lease's other transports are still measured.
                 try:
-                    out["triton_version"] = backend.server_version
-                    name = f"native-{transport}"
-                    r = loadgen(backend, "offline", args.offline_batch, 0.8 * engine_only, name)
-                    if not r["valid"] and r["samples_per_s"]:
-                        r = loadgen(backend, "offline", args.offline_batch, 1.1 * r["samples_per_s"], name)
-                finally:
-                    backend.close()
+                    backend = client(server.url, args.offline_batch, transport, args.inflight)
+                    try:
+                        out["triton_version"] = backend.server_version
+                        name = f"native-{transport}"
+                        r = loadgen(backend, "offline", args.offline_batch, 0.8 * engine_only, name)
+                        if not r["valid"] and r["samples_per_s"]:
+                            r = loadgen(backend, "offline", args.offline_batch, 1.1 * r["samples_per_s"], name)
+                    finally:
+                        backend.close()
+                except Exception as e:  # noqa: BLE001 - recorded in the row
+                    log(f"native-offline over {transport}: {type(e).__name__}: {e}")
+                    r = {"error": f"{type(e).__name__}: {e}"}
                 out["offline"].append({"triton_backend": "tensorrt", "transport": transport, **r})
                 res.save()
-        best = max(out["offline"], key=lambda r: (r["valid"], r["samples_per_s"] or 0))
+        measured = [r for r in out["offline"] if "error" not in r]
+        if not measured:
+            raise RuntimeError(f"no transport measured: {[r['error'] for r in out['offline']]}")
+        best = max(measured, key=lambda r: (r["valid"], r["samples_per_s"] or 0))
         direct_sps = (res.data.get("direct") or {}).get("offline_samples_per_s")
         out.update(offline_samples_per_s=best["samples_per_s"], offline_transport=best["transport"],
                    offline_ratio_to_direct=round(best["samples_per_s"] / direct_sps, 4)

@@ -203,6 +203,7 @@ def serve(args, stop: threading.Event | None = None) -> dict:
 
     dist = tritonserver.bundled()  # before any model work: without it, that is what to hear first
     tritonserver.stub_for_this_python(dist)
+    tritonserver.check_numpy()
     served = plan(args)
     spec = served.spec
     workspace = Path(args.workspace) if args.workspace else Path(tempfile.mkdtemp(prefix="trtfuse-serve-"))

@@ -66,6 +66,37 @@ def stub_for_this_python(dist: Distribution) -> Path:
     return stub
 
 
+def numpy_problem(numpy_version: str, pytriton_version: str | None) -> UserError | None:
+    """Why Triton's Python backend would answer wrongly with this NumPy, or None. nvidia-pytriton's stubs (0.7.0
+    and before; its metadata pins numpy < 2) were built against NumPy 1: under NumPy 2 every request is
+    answered, without an error, with outputs that hold no data. Where pytriton's version is unknown (unzipped
+    without pip), it is taken for one of those."""
+    def release(version: str) -> tuple[int, ...]:
+        return tuple(int(p) for p in re.findall(r"\d+", version)[:3])
+
+    if release(numpy_version)[:1] < (2,) or (pytriton_version and release(pytriton_version) > (0, 7, 0)):
+        return None
+    return UserError(f"Triton's Python backend (nvidia-pytriton {pytriton_version or '0.7.0 or older'}) answers "
+                     f"empty outputs with NumPy {numpy_version}: its stub was built against NumPy 1",
+                     'install numpy < 2 in this environment (pip install "numpy<2"; the triton extra pins it), '
+                     "or serve an exported engine with `trtfuse triton serve` (Triton's TensorRT backend)")
+
+
+def check_numpy() -> None:
+    """A UserError where this environment's NumPy would make Triton's Python backend answer empty outputs."""
+    import importlib.metadata
+
+    import numpy
+
+    try:
+        pytriton = importlib.metadata.version("nvidia-pytriton")
+    except importlib.metadata.PackageNotFoundError:
+        pytriton = None
+    problem = numpy_problem(numpy.__version__, pytriton)
+    if problem is not None:
+        raise problem
+
+
 def backend_directory(dist: Distribution, folder: Path) -> Path:
     """A backends folder for this run: the bundled Python backend, with the stub of this Python beside
     it (the Python backend looks for its stub only in its own folder). Links, not copies."""

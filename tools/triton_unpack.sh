@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Runs on the GPU machine (tools/stage_triton.sh puts it in .devcache/triton/unpack.sh beside the pieces it
+# made): keeps each carried piece outside the work tree (every call replaces the tree); once every piece has
+# arrived and their checksum is the staged one, unpacks the Triton payload whole into /tmp/triton:
+#   site-packages/  the tritonserver of nvidia-pytriton 0.7.0 and the cp310 packages the triton steps import
+#   numpy1/         numpy 1.26, for the steps that serve through Triton's Python backend (its stub needs numpy < 2)
+#   backend/        Triton's TensorRT backend (tensorrt/libtriton_tensorrt.so, BUILD.json; runtime/ is made here)
+# and EfficientNet-Lite0's model into the e2e stash (/tmp/trtfuse-e2e/models). tools/device_trt.sh puts
+# site-packages on PYTHONPATH and the backend in TRTFUSE_TRITON_BACKEND_DIR when /tmp/triton is there.
+# Idempotent: a second run after READY does nothing. The folders can be moved for a dry run here:
+# TRITON_DEST, TRITON_PIECES, TRTFUSE_E2E_STASH, TRT85.
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+dest=${TRITON_DEST:-/tmp/triton}
+keep=${TRITON_PIECES:-/tmp/triton-pieces}
+stash=${TRTFUSE_E2E_STASH:-/tmp/trtfuse-e2e}
+if [ -f "$dest/.ready" ]; then echo "TRITON READY (already): $dest"; exit 0; fi
+mkdir -p "$keep"
+for p in "$here"/piece??; do [ -f "$p" ] && cp "$p" "$keep/"; done
+n=$(head -1 "$here/MANIFEST"); sum=$(sed -n 2p "$here/MANIFEST")
+missing=$(for i in $(seq 0 $((n - 1))); do f=$(printf 'piece%02d' "$i"); [ -f "$keep/$f" ] || printf '%s ' "$f"; done)
+if [ -n "$missing" ]; then echo "triton payload: $(ls "$keep" | grep -c '^piece') of $n pieces; missing: $missing"; exit 0; fi
+got=$(cat "$keep"/piece?? | sha256sum | cut -d' ' -f1)
+[ "$got" = "$sum" ] || { echo "triton payload checksum mismatch: pieces of different stagings? rm -rf $keep and carry them again" >&2; exit 1; }
+# The TensorRT staging leaves its zstd in /tmp; a call may also carry .devcache/stage/zstd.
+zstd=$here/../stage/zstd
+[ -x "$zstd" ] || zstd=/tmp/zstd
+[ -x "$zstd" ] || zstd=$(command -v zstd) || { echo "no zstd: carry .devcache/stage/zstd too" >&2; exit 1; }
+rm -rf "$dest.tmp"
+mkdir -p "$dest.tmp"
+cat "$keep"/piece?? | "$zstd" -d -q --long=27 | tar -C "$dest.tmp" -xf -
+# The libraries the backend loads: TensorRT 8.5 of the staging (libnvinfer and its plugin-library stand-in),
+# as `trtfuse triton build-backend` lays the folder out (trtfuse triton serve takes $TENSORRT_LIB_DIR first).
+trt=${TRT85:-/opt/trt85}
+mkdir -p "$dest.tmp/triton/backend/runtime"
+for lib in libnvinfer.so.8 libnvinfer_plugin.so.8; do ln -sfn "$trt/lib/$lib" "$dest.tmp/triton/backend/runtime/$lib"; done
+mkdir -p "$stash/models"
+cp -r "$dest.tmp/triton/e2e/models/." "$stash/models/"
+rm -rf "$dest"
+mv "$dest.tmp/triton" "$dest"
+rm -rf "$dest.tmp" "$keep"
+touch "$dest/.ready"
+echo "TRITON READY: $dest ($(ls "$dest/site-packages" | grep -vc dist-info) packages), models in $stash/models: $(ls "$stash/models" | tr '\n' ' ')"
