@@ -160,8 +160,10 @@ class TritonServer:
         env = server_env(dist)
         if lib_paths:
             env["LD_LIBRARY_PATH"] = ":".join([*map(str, lib_paths), env["LD_LIBRARY_PATH"]])
+        # A process group of its own: the Python backend's stubs join it, and a stub the server started while it
+        # was being stopped outlives it (blocked before it watches its parent); the stop clears the group.
         with open(self.log, "wb") as log:
-            self.proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
+            self.proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
     def errors(self, lines: int = 12) -> str:
         """The log's error lines (the last ``lines``), else its tail."""
@@ -210,15 +212,24 @@ class TritonServer:
 
     def kill(self) -> None:
         """At once (a second Ctrl-C): the server and its stub processes, which it started."""
+        self._clear_group()
         if self.proc.poll() is None:
             self.proc.kill()
-            self.proc.wait(timeout=30)
+        self.proc.wait(timeout=30)
 
     def stop(self) -> None:
+        """Cleanly (in-flight requests finish, instances finalize), then whatever of its group is left."""
         if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)  # in-flight requests finish, instances finalize
+            self.proc.send_signal(signal.SIGTERM)
             try:
                 self.proc.wait(timeout=EXIT_TIMEOUT_S + 10)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait(timeout=30)
+        self._clear_group()
+
+    def _clear_group(self) -> None:
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass  # nothing left of it
