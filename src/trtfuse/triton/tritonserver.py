@@ -160,10 +160,9 @@ class TritonServer:
         env = server_env(dist)
         if lib_paths:
             env["LD_LIBRARY_PATH"] = ":".join([*map(str, lib_paths), env["LD_LIBRARY_PATH"]])
-        # A process group of its own: the Python backend's stubs join it, and a stub the server started while it
-        # was being stopped outlives it (blocked before it watches its parent); the stop clears the group.
+        self.repository = Path(repository).resolve()
         with open(self.log, "wb") as log:
-            self.proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            self.proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
 
     def errors(self, lines: int = 12) -> str:
         """The log's error lines (the last ``lines``), else its tail."""
@@ -212,10 +211,10 @@ class TritonServer:
 
     def kill(self) -> None:
         """At once (a second Ctrl-C): the server and its stub processes, which it started."""
-        self._clear_group()
         if self.proc.poll() is None:
             self.proc.kill()
-        self.proc.wait(timeout=30)
+            self.proc.wait(timeout=30)
+        self._kill_stubs()
 
     def stop(self) -> None:
         """Cleanly (in-flight requests finish, instances finalize), then whatever of its group is left."""
@@ -226,10 +225,20 @@ class TritonServer:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait(timeout=30)
-        self._clear_group()
+        self._kill_stubs()
 
-    def _clear_group(self) -> None:
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass  # nothing left of it
+    def _kill_stubs(self) -> None:
+        """The Python backend's stubs of this server still alive once it has exited: one that the server started
+        while it was being stopped outlives it, blocked before it watches its parent (a Ctrl-C while serve
+        starts). A stub's command line names its model, inside this server's repository."""
+        for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+            try:
+                args = cmdline.read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if args and b"triton_python_backend_stub" in args[0] and any(
+                    str(self.repository).encode() in a for a in args[1:]):
+                try:
+                    os.kill(int(cmdline.parent.name), signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
