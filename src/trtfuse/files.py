@@ -1,7 +1,8 @@
-"""Folders that appear whole or not at all: built beside their place, then swapped in."""
+"""Folders that appear whole or not at all (built beside their place, then swapped in), and files' digests."""
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 
 from trtfuse.errors import UserError
@@ -49,3 +50,12 @@ def new_folder(path: Path, flag: str = "--output-dir") -> None:
     except OSError as e:
         raise UserError(f"cannot make the folder {path}: {e.strerror}",
                         f"give {flag} a folder you can write to") from None
+
+
+def sha256(path: Path) -> str:
+    """The file's SHA-256, read in 1 MiB blocks (accuracy logs and plugin libraries run to hundreds of MB)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()

@@ -45,7 +45,7 @@ from pathlib import Path
 from trtfuse import mlperf_rounds
 from trtfuse.config import plugin_mode
 from trtfuse.errors import UserError
-from trtfuse.files import swap_into_place
+from trtfuse.files import sha256, swap_into_place
 
 SCENARIOS = {"offline": "Offline", "server": "Server", "singlestream": "SingleStream", "multistream": "MultiStream"}
 KINDS = ("performance", "accuracy")
@@ -807,7 +807,7 @@ def assemble(tree: Path, plan_: Plan, *, submitter: str, division: str, status: 
         from trtfuse import submission_check
 
         for o in originals:
-            o["sha256"], o["size"] = _sha256(tree / o["tree"]), (tree / o["tree"]).stat().st_size
+            o["sha256"], o["size"] = sha256(tree / o["tree"]), (tree / o["tree"]).stat().st_size
         lacking = submission_check.truncate_accuracy_logs(tree, division, submitter_dir or submitter, mlperf_dir)
         plan_.notes.extend(f"truncate_accuracy_log.py: {e}" for e in lacking)
         for o in originals:  # the hash MLCommons' script put in accuracy.txt: the full log's
@@ -843,16 +843,6 @@ def assemble(tree: Path, plan_: Plan, *, submitter: str, division: str, status: 
 
 def _tests(plan_: Plan) -> tuple[str, ...]:
     return mlperf_rounds.COMPLIANCE_TESTS.get(plan_.benchmark, TESTS)
-
-
-def _sha256(path: Path) -> str:
-    import hashlib
-
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 # -- writing DIR all at once ------------------------------------------------------------------

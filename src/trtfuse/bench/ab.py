@@ -21,7 +21,6 @@ every test's outcome). --deadline-s stops starting work that would not end in ti
 from __future__ import annotations
 
 import argparse
-import hashlib
 import io
 import json
 import math
@@ -38,6 +37,7 @@ from pathlib import Path
 
 from trtfuse.bench import REPO
 from trtfuse.errors import UserError
+from trtfuse.files import sha256
 
 DEFAULT_BEFORE = "04a5227"   # the last commit with harness/ (package-dir), the residual_conv library, the old scripts
 PACK = REPO / ".devcache" / "ab"
@@ -71,14 +71,6 @@ TESTS = (
 
 def log(msg: str) -> None:
     print(f"[ab {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
-
-
-def sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def git(repo: Path, *args: str, binary: bool = False):

@@ -109,6 +109,14 @@ def run(args, stages) -> int:
     def loadgen(backend, scenario: str, batch: int, qps: float, name: str) -> dict:
         return loadgen_row(backend, model, data, scenario, batch, qps, runs, name)
 
+    def offline_through_triton(backend, engine_only: float, name: str) -> dict:
+        """LoadGen issues target x 10 s of samples, and a run that ends sooner is INVALID: a first guess (0.8 of
+        the direct engine), then, if that was too few, 1.1 x the rate it reached."""
+        r = loadgen(backend, "offline", args.offline_batch, 0.8 * engine_only, name)
+        if not r["valid"] and r["samples_per_s"]:
+            r = loadgen(backend, "offline", args.offline_batch, 1.1 * r["samples_per_s"], name)
+        return r
+
     def search(backend, name: str, start: float) -> dict:
         """The Server search, every try on the one loaded ``backend`` (as a submission runs it: loaded
         once, then tested)."""
@@ -161,12 +169,7 @@ def run(args, stages) -> int:
                     backend = client(server.url, args.offline_batch, transport, args.inflight)
                     try:
                         out["triton_version"] = res.data["triton_version"] = backend.server_version
-                        # LoadGen issues target x 10 s of samples, and a run that ends sooner is INVALID:
-                        # a first guess (0.8 of the direct engine), then, if that was too few, 1.1 x its rate.
-                        name = f"triton-{transport}-{config}"
-                        r = loadgen(backend, "offline", args.offline_batch, 0.8 * engine_only, name)
-                        if not r["valid"] and r["samples_per_s"]:
-                            r = loadgen(backend, "offline", args.offline_batch, 1.1 * r["samples_per_s"], name)
+                        r = offline_through_triton(backend, engine_only, f"triton-{transport}-{config}")
                     finally:
                         backend.close()
                     out["offline"].append({"transport": transport, "served": config, **r})
@@ -338,10 +341,7 @@ def run(args, stages) -> int:
                     backend = client(server.url, args.offline_batch, transport, args.inflight)
                     try:
                         out["triton_version"] = backend.server_version
-                        name = f"native-{transport}"
-                        r = loadgen(backend, "offline", args.offline_batch, 0.8 * engine_only, name)
-                        if not r["valid"] and r["samples_per_s"]:
-                            r = loadgen(backend, "offline", args.offline_batch, 1.1 * r["samples_per_s"], name)
+                        r = offline_through_triton(backend, engine_only, f"native-{transport}")
                     finally:
                         backend.close()
                 except Exception as e:  # noqa: BLE001 - recorded in the row
