@@ -45,16 +45,16 @@ def one_error_line(capsys) -> str:
 
 # 2 ------------------------------------------------------------------------------------------------
 def test_build_without_tensorrt_says_so_before_calibrating(tmp_path, monkeypatch):
-    from trtfuse import engine
+    from trtfuse import build_command
 
     monkeypatch.setitem(sys.modules, "tensorrt", None)  # `import tensorrt` fails, as without it
     calibrated = []
-    monkeypatch.setattr(engine, "quantize_model_dir", lambda *a, **k: calibrated.append(a))
+    monkeypatch.setattr(build_command, "quantize_model_dir", lambda *a, **k: calibrated.append(a))
     (tmp_path / "model.json").write_text("{}")
     with pytest.raises(UserError, match="TensorRT is not installed"):
-        engine.cli_main([str(tmp_path), "--precision", "int8", "--calibration", str(tmp_path)])
+        build_command.cli_main([str(tmp_path), "--precision", "int8", "--calibration", str(tmp_path)])
     assert calibrated == []  # the minutes of calibration never started
-    engine.cli_main([str(tmp_path), "--precision", "int8", "--calibration", str(tmp_path), "--quantize-only"])
+    build_command.cli_main([str(tmp_path), "--precision", "int8", "--calibration", str(tmp_path), "--quantize-only"])
     assert len(calibrated) == 1  # quantizing alone needs no TensorRT
 
 

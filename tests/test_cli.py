@@ -113,7 +113,7 @@ def test_build_is_delegated_to_the_engine_builder(capsys):
 
 
 def test_build_whose_import_fails_says_how_to_get_tensorrt(capsys, monkeypatch):
-    monkeypatch.setitem(sys.modules, "trtfuse.engine", None)  # makes `import trtfuse.engine` fail
+    monkeypatch.setitem(sys.modules, "trtfuse.build_command", None)  # makes `import trtfuse.build_command` fail
     assert main(["build", "model"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: TensorRT is not installed") and "pip install tensorrt" in err

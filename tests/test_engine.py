@@ -7,7 +7,8 @@ import onnx
 import pytest
 from test_bn_fold import toy_resnet
 from test_quantize import calib_batches
-from trtfuse.engine import BuildConfig, cli_main, engine_key
+from trtfuse.build_command import cli_main
+from trtfuse.engine import BuildConfig, engine_key
 from trtfuse.errors import UserError
 from trtfuse.passes.quantize import calibrate, quantize
 from trtfuse.passes.residual_conv_rewrite import PLUGIN_OP

@@ -273,7 +273,7 @@ def test_build_plugins_auto_builds_all_without_the_sites_that_lose(monkeypatch, 
     engine; --plugin-exclude given by hand is where auto starts."""
     from test_bn_fold import toy_resnet
     from test_fusions import _prepared
-    from trtfuse import engine
+    from trtfuse import build_command, engine
 
     built = []
     monkeypatch.setattr(engine, "import_tensorrt", lambda: None)
@@ -282,11 +282,11 @@ def test_build_plugins_auto_builds_all_without_the_sites_that_lose(monkeypatch, 
     monkeypatch.setattr(plugin_sites, "auto_exclude", lambda d, cfg, lib=None: (
         tuple(sorted({*cfg.plugin_exclude, "tail:/b/Add"})), [{"round": 0, "exclude": list(cfg.plugin_exclude)}]))
     folder = _prepared(tmp_path, toy_resnet(), (3, 16, 16))
-    assert engine.cli_main([str(folder), "--plugins", "auto", "--batch", "1", "--plugin-exclude", "pool:/p"]) == 0
+    assert build_command.cli_main([str(folder), "--plugins", "auto", "--batch", "1", "--plugin-exclude", "pool:/p"]) == 0
     assert [(c.plugins, c.batch, c.plugin_exclude) for c in built] == [("all", 1, ("pool:/p", "tail:/b/Add"))]
     assert 'tensorrt.plugin_exclude = ["pool:/p", "tail:/b/Add"]' in capsys.readouterr().err
     sites = json.loads((tmp_path / "x.engine.sites.json").read_text())
     assert sites["exclude"] == ["pool:/p", "tail:/b/Add"] and sites["rounds"][0]["exclude"] == ["pool:/p"]
     built.clear()
-    assert engine.cli_main([str(folder), "--plugins", "all", "--plugin-exclude", "tail:/a/Add,tail:/a/Add"]) == 0
+    assert build_command.cli_main([str(folder), "--plugins", "all", "--plugin-exclude", "tail:/a/Add,tail:/a/Add"]) == 0
     assert built[0].plugin_exclude == ("tail:/a/Add",)

@@ -283,7 +283,7 @@ def _delegate(command: str, argv: list[str]) -> int:
 
         return plugins_main(argv)
     try:
-        from trtfuse.engine import cli_main
+        from trtfuse.build_command import cli_main
     except ImportError as e:
         from trtfuse.backends import TENSORRT_MISSING
 
