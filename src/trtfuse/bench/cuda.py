@@ -118,3 +118,17 @@ def compare(name: str, got: np.ndarray, want: np.ndarray, exact: bool, bound: in
         flush=True,
     )
     return res
+
+
+def layer_checks(outs: dict, idx: np.ndarray, want32: np.ndarray, want64: np.ndarray, ours: str,
+                 rule: str = "rounding rule") -> list[dict]:
+    """A layer benchmark's checks: every configuration of ours (and the plugin engine) bit-exact against ``rule`` on
+    the images ``idx``; where TensorRT ran ("trt"), TensorRT within 1 LSB of the float64 formula, and ``ours`` within
+    1 LSB of TensorRT on all images."""
+    checks = [compare(f"ours {cfg} vs {rule} (exact)", got[idx], want32, exact=True)
+              for cfg, got in outs.items() if cfg != "trt"]
+    if "trt" in outs:
+        checks += [compare("TensorRT vs float64 formula", outs["trt"][idx], want64, exact=False),
+                   compare("ours vs TensorRT (all images)", outs[ours], outs["trt"], exact=False)]
+    return checks
+

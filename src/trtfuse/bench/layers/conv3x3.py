@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from trtfuse.bench.cuda import DeviceBuffer, ck, compare, cudart, result_header, time_ms
+from trtfuse.bench.cuda import DeviceBuffer, ck, cudart, layer_checks, result_header, time_ms
 from trtfuse.bench.layers import CONV3X3_LAYERS as LAYERS
 from trtfuse.bench.layers import measure
 from trtfuse.ops import residual_conv as op
@@ -102,12 +102,7 @@ def run_case(name: str, n: int, reps: int, stream, rng, with_trt: bool) -> dict:
     acc = ref.accumulate3x3(x[idx], L["w"], stride)
     args = (x[idx], None, L["w_scale"], L["bias"], None, L["x_scale"], 0.0, L["out_scale"], True)
     want32, want64 = ref.reference_fp32(*args, acc=acc), ref.reference_fp64(*args, acc=acc)
-    row["checks"] = [compare(f"ours {cfg} vs rounding rule (exact)", got[idx], want32, exact=True)
-                     for cfg, got in outs.items() if cfg != "trt"]   # every configuration, and the plugin engine
-    if "trt" in outs:
-        row["checks"] += [compare("TensorRT vs float64 formula", outs["trt"][idx], want64, exact=False),
-                          compare("ours vs TensorRT (all images)", outs[row["ours_config"]], outs["trt"],
-                                  exact=False)]
+    row["checks"] = layer_checks(outs, idx, want32, want64, row["ours_config"])
     return row
 
 

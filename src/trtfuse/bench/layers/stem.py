@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from trtfuse.bench.cuda import DeviceBuffer, ck, compare, cudart, result_header, time_ms
+from trtfuse.bench.cuda import DeviceBuffer, ck, cudart, layer_checks, result_header, time_ms
 from trtfuse.bench.layers import measure
 from trtfuse.ops import residual_conv as op
 from trtfuse.ops import residual_conv_reference as ref
@@ -126,12 +126,7 @@ def run_case(n: int, reps: int, stream, rng, with_trt: bool) -> dict:
     args = (x[idx], None, L["w_scale"], L["bias"], None, L["x_scale"], 0.0, L["out_scale"], True)
     want32 = ref.maxpool3x3s2(ref.reference_fp32(*args, acc=acc))
     want64 = ref.maxpool3x3s2(ref.reference_fp64(*args, acc=acc))
-    row["checks"] = [compare(f"ours {cfg} vs rounding rule + max pool (exact)", got[idx], want32, exact=True)
-                     for cfg, got in outs.items() if cfg != "trt"]   # every configuration, and the plugin engine
-    if "trt" in outs:
-        row["checks"] += [compare("TensorRT vs float64 formula", outs["trt"][idx], want64, exact=False),
-                          compare("ours vs TensorRT (all images)", outs[row["ours_config"]], outs["trt"],
-                                  exact=False)]
+    row["checks"] = layer_checks(outs, idx, want32, want64, row["ours_config"], "rounding rule + max pool")
     return row
 
 
