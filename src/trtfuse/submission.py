@@ -73,10 +73,10 @@ FIX_INPUTS = ("give run folders written by `trtfuse run` (they hold report.json)
 def add_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
         "submission", help="an MLPerf submission tree from run and compliance folders",
-        description="Assemble an MLPerf Inference submission tree (results/, measurements/, compliance/, "
-                    "systems/) in DIR from `trtfuse run` folders (performance and accuracy, Offline and "
-                    "Server) and `trtfuse compliance` folders. accuracy.txt comes from MLCommons' own "
-                    "scorer (--mlperf-dir).")
+        description="Assemble an MLPerf Inference submission tree in DIR, in the layout of the runs' round "
+                    "(v6: results/, systems/, src/; v5: measurements/ and compliance/ too), from `trtfuse run` "
+                    "folders (performance and accuracy, every scenario the round requires) and `trtfuse "
+                    "compliance` folders. accuracy.txt comes from MLCommons' own scorer (--mlperf-dir).")
     p.add_argument("dir", metavar="DIR", help="the submission folder to write (the closed|open/<submitter> level)")
     p.add_argument("inputs", nargs="+", metavar="RUN_OR_COMPLIANCE_DIR",
                    help="run folders (report.json) and compliance folders (compliance.json)")
