@@ -235,37 +235,47 @@ def test_auto_rebuilds_without_the_losers_until_none_is_left(monkeypatch, tmp_pa
 
 # ----------------------------------------------------------------------------- bench edge latency-profile (fakes)
 def test_edge_latency_profile_records_ours_against_tensorrt_per_node_at_each_batch(monkeypatch, tmp_path):
-    """The unit asks for the engines the latency unit runs (same settings: batch 1 and 8, one stream, int8 input),
-    compares them per plugin node and records the sites that lose; latency's "auto" takes them from the record."""
+    """The unit builds the engines the latency unit runs (same settings: batch 1 and 8, one stream, int8 input),
+    compares them per plugin node over rounds (a round without the last round's losers) and records the sites that
+    lose; latency's "auto" takes them from the record."""
     from types import SimpleNamespace
 
-    import trtfuse.backends.tensorrt_backend as tb
+    import trtfuse.engine
     from trtfuse.bench import edge
 
-    asked = []
+    built = []
 
-    def engine_file(model, batch, precision, plugins, input_format, streams, tactic_sources):
-        asked.append((batch, plugins, input_format, streams))
-        return tmp_path / f"{plugins}-b{batch}.engine"
+    def build_engine(model_dir, cfg, lib=None):
+        built.append((cfg.batch, cfg.plugins, cfg.input_format, cfg.profiles, cfg.plugin_exclude))
+        return tmp_path / f"{cfg.plugins}-b{cfg.batch}-x{len(cfg.plugin_exclude)}.engine"
 
-    monkeypatch.setattr(tb, "engine_file", engine_file)
-    monkeypatch.setattr(plugin_sites, "sites_of", lambda model_dir, cfg: (NODES, GRAPH))
-    monkeypatch.setattr(plugin_sites, "profile_pair", lambda off, on, sites, batch, runs: {
+    def sites_of(model_dir, cfg):   # a node without its excluded sites; one with none left is gone
+        nodes = [{**n, "sites": [s for s in n["sites"] if s not in cfg.plugin_exclude]} for n in NODES]
+        return [n for n in nodes if n["sites"]], GRAPH
+
+    monkeypatch.setattr(trtfuse.engine, "build_engine", build_engine)
+    monkeypatch.setattr(plugin_sites, "sites_of", sites_of)
+    monkeypatch.setattr(plugin_sites, "profile_pair", lambda off, on, sites, batch, runs, lib, margin: {
         **plugin_sites.compare(OFF, ON, sites[0], graph_nodes=sites[1]), "batch": batch, "runs": runs, "gpu": "fake",
         "off_engine": str(off), "on_engine": str(on)})
     monkeypatch.setattr(edge.Edge, "model", lambda self: SimpleNamespace(dir=tmp_path))
     out = tmp_path / "out"
     assert edge.main(["latency-profile", "--out", str(out), "--mlperf-dir", str(tmp_path)]) == 0
-    assert asked == [(1, "off", "int8", 1), (1, "all", "int8", 1), (8, "off", "int8", 1), (8, "all", "int8", 1)]
+    losers = ("fused:/l2.0/Add", "tail:/l4.2/Add")
+    assert built == [(b, *mode, "int8", 1, x) for b in (1, 8) for mode, x in ((("off",), ()), (("all",), ()),
+                                                                               (("all",), losers))]
     record = json.loads((out / "edge_submission.json").read_text())
     for scenario, batch in (("singlestream", 1), ("multistream", 8)):
         r = record["latency_profile"][scenario]
-        assert r["batch"] == batch and r["exclude"] == ["fused:/l2.0/Add", "tail:/l4.2/Add"]
-        assert {row["node"]: row["verdict"] for row in r["rows"]}["TrtfuseResidualConv_15"] == "loses"
+        assert r["batch"] == batch and r["exclude"] == list(losers)
+        assert [x["excluded_before"] for x in r["rounds"]] == [[], list(losers)]
+        assert {row["node"]: row["verdict"] for row in r["rounds"][0]["rows"]}["TrtfuseResidualConv_15"] == "loses"
+        assert "TrtfuseResidualConv_15" not in {row["node"] for row in r["rounds"][1]["rows"]}
         full = json.loads(Path(r["file"]).read_text())
-        assert full["on_engine"].endswith(f"all-b{batch}.engine") and full["exclude"] == r["exclude"]
+        assert full["rounds"][-1]["on_engine"].endswith(f"all-b{batch}-x2.engine") and full["exclude"] == r["exclude"]
+    assert "gpu" in record and "cpu_model" in record
     e = edge.Edge(SimpleNamespace(out=out))
-    assert e.excluded("multistream") == ["fused:/l2.0/Add", "tail:/l4.2/Add"]
+    assert e.excluded("multistream") == list(losers)
 
 
 def test_build_plugins_auto_builds_all_without_the_sites_that_lose(monkeypatch, tmp_path, capsys):

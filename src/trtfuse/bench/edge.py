@@ -13,9 +13,10 @@ Units (a unit whose folder is complete is skipped, so units spread over several 
                      slower than TensorRT at that batch), one process and lease: the record's "latency"
                      (p90 / p99, early stopping's estimate and measured)
   latency-profile    per plugin node of --plugins all, at the latency unit's batches (1 and 8): its time
-                     against TensorRT's layers for the same nodes (TensorRT's per-layer profile of the same two
-                     engines the latency unit runs; trtfuse.plugin_sites), and the sites to exclude: the
-                     record's "latency_profile", the profiles in OUT/latency_profile/
+                     against TensorRT's layers for the same nodes (TensorRT's per-layer profile of the engines
+                     the latency unit runs; trtfuse.plugin_sites), and the sites to exclude, over
+                     --profile-rounds rounds of profile, exclude, rebuild: the record's "latency_profile", the
+                     profiles in OUT/latency_profile/
   ss-perf ss-acc ss-test01 ss-test04     SingleStream (batch-1 engine, one stream): official runs (600 s)
   ms-perf ms-acc ms-test01 ms-test04     MultiStream (batch-8 engine, one stream)
   off-perf off-acc off-test01 off-test04 Offline (batch --offline-batch, two streams)
@@ -182,34 +183,33 @@ class Edge:
 
     def latency_profile(self, scenarios: list[str] | None = None) -> None:
         """Per plugin node of --plugins all at the scenario's batch: its time against TensorRT's for the nodes it
-        replaced, from TensorRT's per-layer profiles of the engines the latency unit runs (plugins off and all; the
-        same settings, so the same cached engines), and the sites that lose (trtfuse.plugin_sites)."""
+        replaced, from TensorRT's per-layer profiles of the engines the latency unit runs (plugins off, and all with
+        the exclusion so far; the same settings, so the same cached engines), over --profile-rounds rounds: an
+        excluded chained conv1 or pair leaves a node whose own verdict only the next round's profile gives
+        (trtfuse.plugin_sites.auto_exclude, as `trtfuse build --plugins auto`)."""
         from trtfuse import plugin_sites
-        from trtfuse.backends.tensorrt_backend import engine_file
 
         model = self.model()
         record = self.data.setdefault("latency_profile", {})
         for scenario in scenarios or self.args.latency_scenarios:
-            engines = {}
-            for plugins in ("off", "all"):
-                s = self.settings(scenario, plugins)
-                t, batch = s["tensorrt"], s["run"]["batch_size"]
-                engines[plugins] = engine_file(model, batch, t["precision"], plugins, t["input_format"],
-                                               int(t["streams"]), t["tactic_sources"] or None)
-            cfg = BuildConfig(precision=t["precision"], plugins="all")
-            result = plugin_sites.profile_pair(engines["off"], engines["all"], plugin_sites.sites_of(model.dir, cfg),
-                                               batch, runs=self.args.profile_runs)
-            exclude = plugin_sites.select(result["rows"])
+            s = self.settings(scenario, "all")
+            t, batch = s["tensorrt"], s["run"]["batch_size"]
+            cfg = BuildConfig(precision=t["precision"], plugins="all", batch=batch, input_format=t["input_format"],
+                              profiles=int(t["streams"]))
+            if t["tactic_sources"]:
+                cfg.tactic_sources = t["tactic_sources"]
+            exclude, rounds = plugin_sites.auto_exclude(model.dir, cfg, runs=self.args.profile_runs,
+                                                        rounds=self.args.profile_rounds)
             path = plugin_sites.write_json(self.out / "latency_profile" / f"{scenario}-b{batch}.json",
-                                           {**result, "exclude": list(exclude)})
+                                           {"rounds": rounds, "exclude": list(exclude)})
             record[scenario] = {
-                "batch": batch, "gpu": result["gpu"], "runs": result["runs"], "ours_ms": result["ours_ms"],
-                "tensorrt_ms": result["tensorrt_ms"], "total_on_ms": result["total_on_ms"],
-                "total_off_ms": result["total_off_ms"], "exclude": list(exclude), "file": str(path),
-                "rows": [{k: r[k] for k in ("node", "kind", "sites", "ours_ms", "tensorrt_ms", "ratio", "verdict")}
-                         for r in result["rows"]]}
-            log(f"{scenario} (batch {batch}) per plugin node, ours against TensorRT's:\n"
-                + plugin_sites.format_rows(result))
+                "batch": batch, "gpu": rounds[0]["gpu"], "runs": rounds[0]["runs"], "exclude": list(exclude),
+                "file": str(path),
+                "rounds": [{"excluded_before": r["exclude"], "ours_ms": r["ours_ms"], "tensorrt_ms": r["tensorrt_ms"],
+                            "total_on_ms": r["total_on_ms"], "total_off_ms": r["total_off_ms"],
+                            "rows": [{k: row[k] for k in ("node", "kind", "sites", "ours_ms", "tensorrt_ms", "ratio",
+                                                          "verdict")} for row in r["rows"]]} for r in rounds]}
+            log(f"{scenario} (batch {batch}): {len(exclude)} sites left to TensorRT after {len(rounds)} round(s)")
             self.save()
 
     def unit(self, name: str) -> None:
@@ -281,16 +281,17 @@ class Edge:
         log(submission_check.format_verdict(verdict))
 
     def run(self, todo: list[str]) -> int:
-        try:
-            from trtfuse import cuda_runtime
+        if set(todo) - {"tree"}:   # the machine of the runs; the tree is written anywhere and keeps theirs
+            from trtfuse.bench.native import cpu_model
 
-            self.data["gpu"] = cuda_runtime.device_name()
-        except Exception as e:  # noqa: BLE001 - the tree needs no GPU
-            self.data["gpu"] = f"none ({type(e).__name__})"
-        self.data["lease_started"] = time.strftime("%Y-%m-%dT%H:%M:%S")
-        from trtfuse.bench.native import cpu_model
+            try:
+                from trtfuse import cuda_runtime
 
-        self.data["cpu_model"] = cpu_model()
+                self.data["gpu"] = cuda_runtime.device_name()
+            except Exception as e:  # noqa: BLE001 - the units say what is missing
+                self.data["gpu"] = f"none ({type(e).__name__})"
+            self.data["lease_started"] = time.strftime("%Y-%m-%dT%H:%M:%S")
+            self.data["cpu_model"] = cpu_model()
         for name in todo:
             log(f"{name} ...")
             t0 = time.time()
@@ -326,6 +327,8 @@ def main(argv=None) -> int:
                         "--plugins)")
     p.add_argument("--profile-runs", type=int, default=200,
                    help="latency-profile: engine runs per profile (TensorRT's per-layer mean)")
+    p.add_argument("--profile-rounds", type=int, default=3,
+                   help="latency-profile: rounds of profile, exclude, rebuild (each leaves the losers' sites)")
     p.add_argument("--latency-scenarios", default="singlestream,multistream",
                    help="the latency unit's scenarios (one per GPU of a host: run two processes)")
     p.add_argument("--ss-expected-ms", type=float, default=0.0,
