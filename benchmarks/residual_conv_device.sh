@@ -1,12 +1,16 @@
 #!/usr/bin/env bash
 # One device call: build, SASS check, correctness, compute-sanitizer, tuner, benchmark. Logs under $OUT.
 #   run: bash benchmarks/residual_conv_device.sh [quick]
+# SKIP_STEPS="sass sanitizer phases bench ncu" leaves those out (e.g. a batch-1 tuning pass that must fit a short
+# lease); TUNE_ARGS go to the tuner (e.g. "--batches 1,8"). The tuner's cache starts from the committed one, so its
+# output is that cache with this GPU's new picks: what to commit.
 set -uo pipefail
 OUT=${OUT:-/tmp/rconv_out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 source tools/dev_env.sh
 status=0
 step() { echo "=== $* ($(date +%T))"; }
+skip() { case " ${SKIP_STEPS:-} " in *" $1 "*) echo "=== $1 skipped (SKIP_STEPS)"; return 0 ;; esac; return 1; }
 
 step build
 # sm_90a: the sm90 configurations (wgw_*) exist only in an sm_90a cubin (the driver loads it on the H100 also when an
@@ -15,7 +19,7 @@ step build
 LIB=build/plugins/libtrtfuse_kernels.so
 export TRTFUSE_EXPECT_WGMMA=1   # the GPU tests fail (not skip) if the wgmma configurations cannot run
 
-step sass
+skip sass || { step sass
 {
   nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,clocks.mem,power.draw,temperature.gpu --format=csv
   cuobjdump -res-usage "$LIB" 2>&1 | grep -A1 conv_kernel_sm | grep -oE "(conv_kernel_sm[0-9]+I[0-9A-Za-z_]*|REG:[0-9]+|STACK:[0-9]+|LOCAL:[0-9]+)" | paste - - - -
@@ -26,12 +30,13 @@ step sass
   done
 } > "$OUT/sass.txt" 2>&1
 grep -E "REG|IMMA|IGMMA|MUFU|LDL|STL|STG|^--" "$OUT/sass.txt" | head -90
+}
 
 step pytest
 python3 -m pytest -q -m gpu -rs -s tests/test_residual_conv.py -p no:cacheprovider > "$OUT/pytest.log" 2>&1 || status=1
 grep -E "LSB|passed|failed|Error|assert" "$OUT/pytest.log" | tail -25
 
-step sanitizer
+skip sanitizer || { step sanitizer
 SAN="compute-sanitizer --error-exitcode 9 --print-limit 20"
 K="small_every_config or (small_auto_config and (1x144 or 3x128 or 1x32)) or rejects"
 { $SAN --tool memcheck python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_residual_conv.py -k "$K" 2>&1; echo "memcheck rc=$?";
@@ -48,23 +53,27 @@ K="small_every_config or (small_auto_config and (1x144 or 3x128 or 1x32)) or rej
 grep -E "ERROR SUMMARY|RACECHECK SUMMARY|rc=|passed|failed" "$OUT/sanitizer.log"
 # any non-zero rc fails the run, except a time-capped persistent step that ran out of time (124)
 grep -E "^[a-z-]+ rc=[1-9]" "$OUT/sanitizer.log" | grep -vE "^(memcheck|racecheck|synccheck)-persistent rc=124( |$)" | grep -q . && status=1
+}
 
 step tune
-python3 -m trtfuse.tuning --out "$OUT/residual_conv_tuning_h100.json" ${1:+--reps 30} 2>&1 | tee "$OUT/tune.log" | cut -c1-400
+cp benchmarks/results/residual_conv_tuning_h100.json "$OUT/residual_conv_tuning_h100.json"
+python3 -m trtfuse.tuning --out "$OUT/residual_conv_tuning_h100.json" ${1:+--reps 30} ${TUNE_ARGS:-} 2>&1 | tee "$OUT/tune.log" | cut -c1-400
 # a config whose full-shape output differs from config 0's is a bug (excluded from the cache, but fail the run)
 grep -q MISMATCH "$OUT/tune.log" && { echo "tuner: MISMATCH (see tune.log)"; status=1; }
 
-step phases
+skip phases || { step phases
 # where a wgw consumer tile's time goes (clock64 per phase; benchmarks/experiments/residual_conv_wgw_phases.cu)
 nvcc -std=c++17 -O3 -arch=sm_90a -Iplugins -o /tmp/wgw_phases benchmarks/experiments/residual_conv_wgw_phases.cu \
   && timeout -s KILL 120 /tmp/wgw_phases > "$OUT/wgw_phases.log" 2>&1; echo "phases rc=$?"; cut -c1-200 "$OUT/wgw_phases.log"
+}
 
-step bench
+skip bench || { step bench
 TRTFUSE_RESIDUAL_CONV_CACHE="$OUT/residual_conv_tuning_h100.json" \
   python3 -m trtfuse.bench.conv_kernel --out "$OUT/residual_conv_bench_h100.json" 2>&1 | tee "$OUT/bench.log" | tail -12
+}
 
 
-[ "${SKIP_NCU:-0}" = 1 ] && { echo "pytest/sanitizer/tuner status=$status"; exit $status; }
+{ [ "${SKIP_NCU:-0}" = 1 ] || skip ncu; } && { echo "pytest/sanitizer/tuner status=$status"; exit $status; }
 step ncu
 ncu --section SpeedOfLight --section WarpStateStats --section Occupancy --section MemoryWorkloadAnalysis \
   -k regex:residual_conv --launch-skip 12 --launch-count 1 \

@@ -46,6 +46,9 @@ avgpool_int8_kernel(int8_t const* __restrict__ x, int8_t* __restrict__ hi, int8_
     int const lane = threadIdx.x & 31, word = lane & 7;
     uint32_t const* src = reinterpret_cast<uint32_t const*>(x + item * hw * 32) + word;
     int s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+    // Unrolled so that four loads are in flight per lane: at batch 1 a few dozen warps each walk their slab (49
+    // pixels at layer4), one L2 round trip after another without it (H200, batch 1: 16 us against TensorRT's 11).
+#pragma unroll 4
     for (int px = lane >> 3; px < hw; px += 4) {
         uint32_t const v = __ldg(src + px * 8);
         s0 += static_cast<int8_t>(v & 0xff);

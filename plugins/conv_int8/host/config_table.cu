@@ -42,6 +42,14 @@ namespace rconv {
 //                  BM   BN   BK  WM  WN STAGES MIN_BLOCKS
 using M0 = Sm80Config<128, 128, 64, 64, 32, 2, 2>;    // res2 on the sm80 kernel
 using M1 = Sm80Config<128, 128, 128, 64, 32, 2, 2>;   // res3-res5: BK 128 halves the barriers per k
+// Small tiles for batch 1 and 8 (SingleStream, MultiStream). There the sm90 kernel's 64 x 256 tiles give each of a
+// few dozen blocks one tile, which it starts only once the whole 256 x K weight slice has arrived: a plugin node took
+// 9-11 us where TensorRT's layer took 6 (H200, batch 1, TensorRT's per-layer profile: benchmarks/results/
+// submission_h200/latency_profile/). These stream both operands in small tiles, so that many blocks each do a
+// little; the tuner picks among them per shape at those batches.
+using M2 = Sm80Config<64, 64, 64, 32, 32, 3, 4>;
+using M3 = Sm80Config<32, 64, 128, 16, 32, 2, 4>;
+using M4 = Sm80Config<64, 32, 128, 16, 32, 2, 4>;
 //                BK STAGES RBUF SPLIT PINGPONG NH
 using W0 = WgwConfig<128, 2, 2, false, false>;   // res3 2048, res4 2048
 using W1 = WgwConfig<128, 2, 3, true, false>;    // res2 256: a third residual buffer keeps the producers ahead
@@ -96,6 +104,9 @@ ConfigInfo const kConfigs[] = {
     info_sm90<W6>("wgw_64x256x128_s2_r2_h2"),
     info_sm90<W7>("wgw_64x256x128_s2_r3_p2_h2"),
     info_sm90<W8>("wgw_64x256x64_s4_r2_p2_h2"),
+    info_sm80<M2>("sm80_64x64x64_s3"),
+    info_sm80<M3>("sm80_32x64x128_s2"),
+    info_sm80<M4>("sm80_64x32x128_s2"),
 };
 int const kNumConfigs = sizeof(kConfigs) / sizeof(kConfigs[0]);
 
