@@ -161,9 +161,9 @@ def test_plugin_node_with_next_fields_is_exact(cuda, pair):
 
 
 # ---------------------------------------------------------------------------------------------- the stem
-# The stem configuration compiled with the chained conv1 (plugins/conv_int8/host/config_table.cu: kStemConfigs), and the widest conv1 it
-# chains (the stem kernel's N tile); others take two launches (the stem, then a 1x1 launch)
-STEM_NEXT_CONFIG = "stem_p8"
+# The stem configurations compiled with the chained conv1 (plugins/conv_int8/host/config_table.cu: kStemConfigs), and
+# the widest conv1 they chain (the stem kernel's N tile); others take two launches (the stem, then a 1x1 launch)
+STEM_CHAINED_CONFIGS = ("stem_p8", "stem_p4", "stem_p2")
 STEM_NEXT_MAX_COUT = 64
 
 # (n, cin, cout, h, w, next_cout): the stem's int8 LINEAR input n x cin x h x w, its cout; the next conv's next_cout
@@ -224,11 +224,12 @@ def _stem_ids(case):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("config", [-1, 0, 1], ids=lambda c: f"cfg{c}" if c >= 0 else "auto")
+@pytest.mark.parametrize("config", [-1, 0, 1, 2, 3], ids=lambda c: f"cfg{c}" if c >= 0 else "auto")
 @pytest.mark.parametrize("case", STEM_CASES, ids=_stem_ids)
 def test_stem_with_next_conv_is_exact_on_every_config(cuda, case, config):
-    """Both outputs exact on every stem configuration: stem_p8 chains the conv1 (next cout <= 64) in the stem's kernel,
-    stem_p6 (and stem_p8 with a wider conv1) runs the stem, then the conv1, as two launches; next_fuses says which."""
+    """Both outputs exact on every stem configuration: stem_p8, stem_p4 and stem_p2 chain the conv1 (next cout <= 64)
+    in the stem's kernel, stem_p6 (and the others with a wider conv1) runs the stem, then the conv1, as two launches;
+    next_fuses says which."""
     names = cuda.op.stem_config_names()
     if config >= len(names):
         pytest.skip("no such configuration")
@@ -236,7 +237,7 @@ def test_stem_with_next_conv_is_exact_on_every_config(cuda, case, config):
         pytest.skip("the stem kernel needs sm_90a (an H100/H200 and the library built for 90a)")
     fused = run_stem_chain(cuda, case, config, np.random.default_rng())
     name = names[config] if config >= 0 else names[0]  # -1: the first, stem_p8
-    assert fused == (name == STEM_NEXT_CONFIG and stem_chainable(case))
+    assert fused == (name in STEM_CHAINED_CONFIGS and stem_chainable(case))
 
 
 @pytest.mark.gpu

@@ -62,7 +62,7 @@ def test_stem_check_without_gpu():
 
 
 def test_stem_config_count_is_the_librarys():
-    assert _kernels_lib().stem_config_names() == ["stem_p8", "stem_p6"]
+    assert _kernels_lib().stem_config_names() == ["stem_p8", "stem_p6", "stem_p4", "stem_p2"]
 
 
 # ---------------------------------------------------------------------------------------------- GPU
@@ -113,7 +113,7 @@ def test_small_auto_config(cuda, shape, relu):
     run_stem(cuda, *shape, relu, -1, np.random.default_rng())
 
 
-STEM_CONFIGS = 2
+STEM_CONFIGS = 4
 
 
 @pytest.mark.gpu

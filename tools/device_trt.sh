@@ -9,12 +9,12 @@
 # Steps: build (the plugin library against /opt/trt85), layernorm (plugin tests), backend-test (the
 # TensorRT backend and CUDA layer tests), conv-kernel (the fused
 # conv's kernel checks, tuner and benchmark: benchmarks/residual_conv_device.sh), conv (TensorRT's
-# own int8 conv+add+relu vs the plugin, benchmark: bench layers --kind residual; extra arguments from $CONV_ARGS, e.g.
-# "--batches 1,8 --out $RESULTS/residual_conv_small_h200.json"), conv3x3 (the 3x3 kernel's GPU
+# own int8 conv+add+relu vs the plugin, benchmark: bench layers --kind residual), conv3x3 (the 3x3 kernel's GPU
 # tests, then TensorRT's own 3x3 convs vs ours and vs the plugin node: bench layers --kind conv3x3), stem (the stem
 # kernel's GPU and plugin tests, then TensorRT's own stem vs ours and the plugin node: bench layers --kind stem),
 # next (a tail or the stem with the next conv1 chained: its GPU tests, then TensorRT's two layers vs ours and the
-# plugin node: bench layers --kind next), minilm (bench minilm check: rewritten MiniLM engine vs PyTorch),
+# plugin node: bench layers --kind next; for these four, extra arguments from $LAYERS_ARGS, e.g. "--batches 1,8", and
+# $LAYERS_TAG after the record's name, e.g. "_b1_8": residual_conv_h200_b1_8.json), minilm (bench minilm check: rewritten MiniLM engine vs PyTorch),
 # probe (bench probe: row copies and the backend loop without LoadGen), gap
 # (bench gap: the engine alone against the Offline path step by step, extra arguments from $GAP_ARGS),
 # e2e-stash (bench bundle stash: keep a carried e2e bundle part), e2e:STAGES (bench e2e run --stages STAGES; extra
@@ -112,14 +112,14 @@ for step in "$@"; do
         conv-kernel) run_step conv-kernel env -u TRTFUSE_BUILD_DIR "${ORIG_ENV[@]}" OUT="$RESULTS/conv-kernel" bash benchmarks/residual_conv_device.sh quick
                      cp "$RESULTS/conv-kernel/residual_conv_tuning_h100.json" "$RESULTS/conv-kernel/residual_conv_bench_h100.json" "$RESULTS/" 2>/dev/null
                      [ -f "$RESULTS/residual_conv_tuning_h100.json" ] && export TRTFUSE_RESIDUAL_CONV_CACHE=$RESULTS/residual_conv_tuning_h100.json ;;
-        conv) run_step conv python3.10 -m trtfuse bench layers --kind residual --qdq --out "$RESULTS/residual_conv_${GPU_TAG}.json" ${CONV_ARGS:-} ;;
+        conv) run_step conv python3.10 -m trtfuse bench layers --kind residual --qdq --out "$RESULTS/residual_conv_${GPU_TAG}${LAYERS_TAG:-}.json" ${LAYERS_ARGS:-} ;;
         conv-test) run_step conv-test python3.10 -m pytest -q -m tensorrt -p no:cacheprovider tests/test_residual_conv_plugin.py ;;
         conv3x3) run_step conv3x3-test python3.10 -m pytest -q -m gpu -p no:cacheprovider tests/test_conv3x3.py
-                 run_step conv3x3 python3.10 -m trtfuse bench layers --kind conv3x3 --out "$RESULTS/conv3x3_${GPU_TAG}.json" ;;
+                 run_step conv3x3 python3.10 -m trtfuse bench layers --kind conv3x3 --out "$RESULTS/conv3x3_${GPU_TAG}${LAYERS_TAG:-}.json" ${LAYERS_ARGS:-} ;;
         stem) run_step stem-test python3.10 -m pytest -q -m "gpu or tensorrt" -p no:cacheprovider tests/test_stem.py
-              run_step stem python3.10 -m trtfuse bench layers --kind stem --out "$RESULTS/stem_${GPU_TAG}.json" ;;
+              run_step stem python3.10 -m trtfuse bench layers --kind stem --out "$RESULTS/stem_${GPU_TAG}${LAYERS_TAG:-}.json" ${LAYERS_ARGS:-} ;;
         next) run_step next-test python3.10 -m pytest -q -m "gpu or tensorrt" -p no:cacheprovider tests/test_next_conv.py
-              run_step next python3.10 -m trtfuse bench layers --kind next --out "$RESULTS/next_conv_${GPU_TAG}.json" ;;
+              run_step next python3.10 -m trtfuse bench layers --kind next --out "$RESULTS/next_conv_${GPU_TAG}${LAYERS_TAG:-}.json" ${LAYERS_ARGS:-} ;;
         backend-test) run_step backend-test python3.10 -m pytest -q -m "gpu or tensorrt" -p no:cacheprovider \
                           tests/test_cuda_runtime.py tests/test_tensorrt_backend.py ;;
         minilm) run_step minilm python3.10 -m trtfuse bench minilm check --out "$RESULTS/minilm_trt.json" ;;

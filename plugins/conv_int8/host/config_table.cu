@@ -291,9 +291,15 @@ constexpr StemInfo stem_info(char const* name) {
 }
 // H100, batch 2048 (random weights, ours only, one run; docs/residual_conv.md, Version 18): 8 pooled rows a block
 // 1.025 ms, 6 rows 1.092 (more conv rows computed twice); Version 16 has the forms dropped.
+// Batch 1 and 8: a block per band of pooled rows, so stem_p8 gives a 224 x 224 image 7 blocks (H200, batch 1: 25 us
+// against TensorRT's 18, TensorRT's per-layer profile). Shorter bands give more blocks, each computing more conv rows
+// twice; bench layers --kind stem --batches 1,8 times every row, and the selection stays the first row until that
+// measurement says otherwise.
 StemInfo const kStemConfigs[] = {
-    stem_info<StemBand<8>, true>("stem_p8"),   // the only one compiled with the chained conv1
+    stem_info<StemBand<8>, true>("stem_p8"),
     stem_info<StemBand<6>>("stem_p6"),
+    stem_info<StemBand<4>, true>("stem_p4"),
+    stem_info<StemBand<2>, true>("stem_p2"),
 };
 int const kNumStemConfigs = sizeof(kStemConfigs) / sizeof(kStemConfigs[0]);
 
