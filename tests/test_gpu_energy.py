@@ -1,6 +1,7 @@
 """The energy span reads the run's own GPUs (by PCI bus id), not every GPU of the host."""
 
 import sys
+import time
 from types import SimpleNamespace
 
 import trtfuse
@@ -33,6 +34,13 @@ class FakeNvml:
         self.reads[h] += 1
         return self.reads[h] * (h + 1) * 1000
 
+    def nvmlDeviceGetClockInfo(self, h, kind):
+        assert kind == 1  # NVML_CLOCK_SM
+        return 1500 + 100 * h
+
+    def nvmlDeviceGetCurrentClocksThrottleReasons(self, h):
+        return 0x4 if h == 2 else 0x1  # GPU 2 held by the power cap, the others idle
+
 
 def test_the_span_sums_only_the_named_cuda_devices(monkeypatch):
     nvml = FakeNvml()
@@ -41,14 +49,32 @@ def test_the_span_sums_only_the_named_cuda_devices(monkeypatch):
     cuda = SimpleNamespace(pci_bus_id=lambda d: ["0000:3b:00.0"][d])
     monkeypatch.setitem(sys.modules, "trtfuse.cuda_runtime", cuda)
     monkeypatch.setattr(trtfuse, "cuda_runtime", cuda, raising=False)
-    with gpu_energy.EnergySpan([0]) as span:
+    with gpu_energy.EnergySpan([0], sample_s=0) as span:
         pass
     out = span.result(samples=300)
     assert out["gpus"] == 1 and out["joules"] == 3.0  # GPU 2 alone: 3 J between its two reads
-    assert nvml.reads == {0: 0, 1: 0, 2: 2}
-    with gpu_energy.EnergySpan() as every:  # none named: every GPU NVML sees
+    assert nvml.reads == {0: 0, 1: 0, 2: 2} and "sm_clock_mhz" not in out
+    with gpu_energy.EnergySpan(sample_s=0) as every:  # none named: every GPU NVML sees
         pass
     assert every.result(samples=1)["gpus"] == 3
+
+
+def test_the_span_samples_the_sm_clock_and_the_power_cap_of_its_gpus(monkeypatch):
+    nvml = FakeNvml()
+    monkeypatch.setitem(sys.modules, "pynvml", nvml)
+    cuda = SimpleNamespace(pci_bus_id=lambda d: ["0000:3b:00.0", "0000:18:00.0"][d])
+    monkeypatch.setitem(sys.modules, "trtfuse.cuda_runtime", cuda)
+    monkeypatch.setattr(trtfuse, "cuda_runtime", cuda, raising=False)
+    with gpu_energy.EnergySpan([0, 1], sample_s=0.01) as span:
+        while len(span._samples) < 3:
+            time.sleep(0.01)
+    out = span.result(samples=1)
+    assert out["sm_clock_mhz"] == 1600  # GPUs 2 and 0: 1700 and 1500 MHz
+    assert out["power_capped_fraction"] == 1.0 and out["clock_samples"] >= 3  # GPU 2 capped in every sample
+    with gpu_energy.EnergySpan([1], sample_s=0.01) as alone:
+        while len(alone._samples) < 2:
+            time.sleep(0.01)
+    assert alone.result(samples=1)["power_capped_fraction"] == 0.0
 
 
 def test_only_tensorrt_runs_measure_energy():

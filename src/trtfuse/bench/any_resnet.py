@@ -211,6 +211,9 @@ def run(bundle: Path, out: Path, stages, models=MODELS, batch: int = 2048, secon
                     rec.setdefault("samples_per_s", {})[mode] = round(sps, 1)
                     rec.setdefault("energy", {})[mode] = energy
                     watts = f", {energy['avg_watts']:.0f} W" if energy else ""
+                    if energy and "sm_clock_mhz" in energy:
+                        watts += (f", SM {energy['sm_clock_mhz']} MHz, power-capped "
+                                  f"{100 * energy['power_capped_fraction']:.0f} % of the time")
                     log(f"{name} {mode}: {sps:,.0f} samples/s at batch {batch}{watts}")
                 save()
             s = rec.get("samples_per_s", {})
