@@ -23,6 +23,8 @@ Units (a unit whose folder is complete is skipped, so units spread over several 
   ss ms off          the four units of that scenario
   tree               `trtfuse submission` of every run into OUT/tree/closed/<submitter>, then MLCommons'
                      submission checker (--check): OUT/checker.txt, OUT/edge_submission.json
+With --plugins auto the SingleStream and MultiStream units run all without the sites latency-profile found slower
+at their batch (one list per scenario, kept in the record); Offline keeps all.
 A unit takes 600 s of LoadGen and more (engine builds, warm-up): start it detached and poll, e.g.
     nohup python3.10 -m trtfuse bench edge ss > /tmp/edge-ss.log 2>&1 &
 
@@ -227,7 +229,7 @@ class Edge:
             shutil.rmtree(folder)  # an unfinished unit: start it again
         model = self.model()
         perf, acc = self.datasets()
-        s = self.settings(scenario, self.args.plugins, **{"run.official": True})
+        s = self.unit_settings(scenario)
         backend = self.backend(s, model)
         try:
             if scenario == "offline":  # the expected rate: the engine's own, a little over
@@ -257,6 +259,17 @@ class Edge:
                          accuracy=r.get("accuracy"))
         self.data.setdefault("units", {})[name] = entry
         log(f"{name}: {entry}")
+
+    def unit_settings(self, scenario: str) -> dict:
+        """An official unit's settings. --plugins auto: all, less the sites latency-profile found slower at this
+        scenario's batch (profiled now if the record has none; the same list for every unit of the scenario), at
+        batch 1 and 8 only: Offline's batch is where the kernels were tuned, and keeps all."""
+        plugins, extra = self.args.plugins, {"run.official": True}
+        if plugins == "auto":
+            plugins = "all"
+            if scenario in ("singlestream", "multistream"):
+                extra["tensorrt.plugin_exclude"] = list(self.excluded(scenario))
+        return self.settings(scenario, plugins, **extra)
 
     def command(self, scenario: str, mode: str = "performance") -> list[str]:
         return ["python3.10", "-m", "trtfuse", "bench", "edge", f"{[k for k, v in SCENARIOS.items() if v == scenario][0]}-"
@@ -319,7 +332,9 @@ def main(argv=None) -> int:
     p.add_argument("--dataset", help="an ImageNet validation folder (val_map.txt): accuracy on real images")
     p.add_argument("--mlperf-dir", type=Path,
                    default=REPO / ".devcache" / "mlperf")
-    p.add_argument("--plugins", default="all", choices=["tails", "all"])
+    p.add_argument("--plugins", default="all", choices=["tails", "all", "auto"],
+                   help="the official units' plugins; auto: all, less the sites that lose at SingleStream's and "
+                        "MultiStream's batch (latency-profile's list)")
     p.add_argument("--offline-batch", type=int, default=2048)
     p.add_argument("--latency-s", type=float, default=60.0)
     p.add_argument("--latency-plugins", default="",
