@@ -143,13 +143,35 @@ def test_batch_with_many_tiles_per_block(cuda):
 
 
 @pytest.mark.gpu
+def test_a_cache_entry_picks_the_configuration_at_its_batch(cuda, tmp_path):
+    """The tuning cache's "conv3x3" entry for this GPU, layer and batch decides forward(-1), exactly; a name that is
+    no configuration leaves the heuristic."""
+    rng = np.random.default_rng()
+    L = random_conv3x3(rng, 64, 64, True)
+    layer = cuda.op.Conv3x3(L["w"], L["w_scale"], L["bias"], L["x_scale"], L["out_scale"], True)
+    names = cuda.op.conv3x3_config_names()
+    key = {"family": "conv3x3", "cin": 64, "cout": 64, "hw": 56 * 56, "residual": 0, "stride": 1}
+    try:
+        default = layer.select_config(1, 56, 56)
+        other = next(n for n in ("halo_128x64_s2_b2_pp", "halo_64x128_s2_b2_pp") if names.index(n) != default)
+        cuda.op.load_cache(cuda.cache_with(tmp_path, {**key, "batch": 1, "config": other}))
+        assert names[layer.select_config(1, 56, 56)] == other
+        run_conv3x3(cuda, 1, 64, 64, 56, 56, True, -1, rng)
+        cuda.op.load_cache(cuda.cache_with(tmp_path, {**key, "batch": 1, "config": "no_such_config"}))
+        assert layer.select_config(1, 56, 56) == default
+    finally:
+        cuda.op.load_cache(None)
+        layer.close()
+
+
+@pytest.mark.gpu
 def test_refusals(cuda):
     rng = np.random.default_rng()
     L = random_conv3x3(rng, 64, 64, True)
     layer = cuda.op.Conv3x3(L["w"], L["w_scale"], L["bias"], L["x_scale"], L["out_scale"], True)
     buf = cuda.upload(np.zeros(2 * 64 * 300 * 4, np.int8))
     try:
-        assert layer.select_config(56, 56) >= 0
+        assert layer.select_config(1, 56, 56) >= 0
         with pytest.raises(RuntimeError, match=rf"\({ERR_FIT}\)"):  # too wide for any tile
             layer.forward(buf.value, buf.value, 1, 2, 300)
         with pytest.raises(RuntimeError, match=r"\(-6\)"):
@@ -158,7 +180,7 @@ def test_refusals(cuda):
         L3 = random_conv3x3(rng, 256, 256, True)
         wide = cuda.op.Conv3x3(L3["w"], L3["w_scale"], L3["bias"], L3["x_scale"], L3["out_scale"], True, 2)
         try:
-            assert wide.select_config(28, 28) == -1
+            assert wide.select_config(1, 28, 28) == -1
             with pytest.raises(RuntimeError, match=rf"\({ERR_FIT}\)"):
                 wide.forward(buf.value, buf.value, 1, 4, 4)
         finally:

@@ -241,6 +241,29 @@ def test_stem_with_next_conv_is_exact_on_every_config(cuda, case, config):
 
 
 @pytest.mark.gpu
+def test_a_cache_entry_picks_the_stem_band_at_its_batch(cuda, tmp_path):
+    """The tuning cache's "stem" entry for this GPU and batch decides forward(-1) and forward_next(-1): stem_p2 at
+    batch 1, chaining layer1.0's conv1, both outputs exact."""
+    names = cuda.op.stem_config_names()
+    if not cuda.op.config_supported(cuda.op.config_names().index(NEXT_CONFIG)):
+        pytest.skip("the stem kernel needs sm_90a (an H100/H200 and the library built for 90a)")
+    entry = {"family": "stem", "cin": 3, "cout": 64, "hw": 56 * 56, "batch": 1, "residual": 0, "stride": 2,
+             "config": "stem_p2"}
+    rng = np.random.default_rng()
+    try:
+        cuda.op.load_cache(cuda.cache_with(tmp_path, entry))
+        S = random_stem(rng, 3, 64, True)
+        stem = cuda.op.Stem(S["w"], S["w_scale"], S["bias"], S["x_scale"], S["out_scale"], True)
+        try:
+            assert names[stem.select_config(1, 224, 224)] == "stem_p2"
+        finally:
+            stem.close()
+        assert run_stem_chain(cuda, (1, 3, 64, 224, 224, 64), -1, rng)   # one kernel: stem_p2 chains the conv1
+    finally:
+        cuda.op.load_cache(None)
+
+
+@pytest.mark.gpu
 def test_stem_next_refusals(cuda):
     rng = np.random.default_rng()
     S = random_stem(rng, 3, 64, True)

@@ -268,6 +268,19 @@ class Cuda:
     def sync(self):
         self.ok(self.rt.cudaDeviceSynchronize())
 
+    def device_name(self) -> str:
+        """Device 0's name as the library's tuning cache keys it (cudaDeviceProp's first field, char name[256])."""
+        prop = ctypes.create_string_buffer(16384)   # larger than cudaDeviceProp in any CUDA version
+        get = getattr(self.rt, "cudaGetDeviceProperties_v2", None) or self.rt.cudaGetDeviceProperties
+        self.ok(get(prop, 0))
+        return prop.raw[:256].split(b"\0", 1)[0].decode()
+
+    def cache_with(self, tmp_path, *entries) -> str:
+        """A tuning cache file of `entries` (dicts without "gpu"), each for this GPU."""
+        path = tmp_path / "cache.json"
+        path.write_text(json.dumps({"version": 1, "entries": [{"gpu": self.device_name(), **e} for e in entries]}))
+        return str(path)
+
 
 @pytest.fixture(scope="module")
 def cuda():
@@ -362,6 +375,31 @@ def test_small_every_config(cuda, shape, config):
         pytest.skip("no such config")
     _skip_unless_supported(cuda.op, config, shape[1], shape[2])
     run_case(cuda, *shape, True, config, np.random.default_rng())
+
+
+def test_the_cache_answers_per_family_and_nearest_batch(tmp_path):
+    # CPU (needs only the built library): entries of the 1x1 conv (no "family"), the 3x3 and the stem are kept apart
+    op = _kernels_lib()
+    cache = tmp_path / "c.json"
+    one = {"gpu": "GPU A", "cin": 64, "cout": 64, "hw": 3136}
+    cache.write_text(json.dumps({"version": 1, "entries": [
+        {**one, "batch": 256, "config": "sm80_128x128x64_s2"},
+        {**one, "batch": 1, "family": "conv3x3", "residual": 0, "config": "halo_64x128_s2_b2_pp"},
+        {**one, "batch": 2048, "family": "conv3x3", "residual": 0, "config": "halo_64x256_s4_b2_wr"},
+        {"gpu": "GPU A", "cin": 3, "cout": 64, "hw": 3136, "batch": 1, "family": "stem", "residual": 0, "stride": 2,
+         "config": "stem_p2"},
+    ]}))
+    try:
+        op.load_cache(str(cache))
+        assert op.cache_lookup("GPU A", "", 64, 64, 3136, 8, residual=True) == "sm80_128x128x64_s2"
+        assert op.cache_lookup("GPU A", "conv3x3", 64, 64, 3136, 8) == "halo_64x128_s2_b2_pp"      # 8 is nearer 1
+        assert op.cache_lookup("GPU A", "conv3x3", 64, 64, 3136, 256) == "halo_64x256_s4_b2_wr"    # than 2048
+        assert op.cache_lookup("GPU A", "stem", 3, 64, 3136, 1, stride=2) == "stem_p2"
+        assert op.cache_lookup("GPU A", "stem", 3, 64, 3136, 1) is None          # stride 1: no such stem entry
+        assert op.cache_lookup("GPU B", "conv3x3", 64, 64, 3136, 1) is None
+        assert op.cache_lookup("GPU A", "conv3x3", 64, 64, 3136, 1, residual=True) is None
+    finally:
+        op.load_cache(None)
 
 
 def test_config_list_is_covered(tmp_path):

@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -154,10 +155,10 @@ extern "C" int trtfuse_conv3x3_forward(void const* handle, void const* x, void* 
     return launch_conv3x3(*L, x, out, n, h, w, config, static_cast<cudaStream_t>(stream));
 }
 
-extern "C" int trtfuse_conv3x3_select_config(void const* handle, int h, int w) {
+extern "C" int trtfuse_conv3x3_select_config(void const* handle, int n, int h, int w) {
     Layer const* L = static_cast<Layer const*>(handle);
-    if (!L || L->taps != 9 || h <= 0 || w <= 0) return TRTFUSE_RCONV_ERR_NULL;
-    return halo_heuristic(*L, h, w);
+    if (!L || L->taps != 9 || n <= 0 || h <= 0 || w <= 0) return TRTFUSE_RCONV_ERR_NULL;
+    return select_halo(*L, n, h, w);
 }
 
 extern "C" int trtfuse_conv3x3_num_configs(void) { return kNumHaloConfigs; }
@@ -225,6 +226,12 @@ extern "C" int trtfuse_stem_forward(void const* handle, void const* x, void* out
     if (config < -1 || config >= kNumStemConfigs) return TRTFUSE_RCONV_ERR_CONFIG;
     if (int st = check_launch(x, nullptr, out, n, h, w, 2, -1)) return st;
     return launch_stem(*L, x, out, n, h, w, config, static_cast<cudaStream_t>(stream));
+}
+
+extern "C" int trtfuse_stem_select_config(void const* handle, int n, int h, int w) {
+    Layer const* L = static_cast<Layer const*>(handle);
+    if (!L || L->taps != kStemTapsTotal || n <= 0 || h <= 0 || w <= 0) return TRTFUSE_RCONV_ERR_NULL;
+    return select_stem(*L, n, h, w);
 }
 
 extern "C" int trtfuse_stem_num_configs(void) { return kNumStemConfigs; }
@@ -349,8 +356,11 @@ extern "C" int trtfuse_next_attach(void* handle, int cout, int8_t const* weights
 
 extern "C" int trtfuse_next_fuses(void const* handle, int config, int n, int h, int w) {
     Layer const* L = static_cast<Layer const*>(handle);
-    if (L && L->next && L->taps == kStemTapsTotal)   // a stem: config indexes the stem configurations
-        return config < -1 || config >= kNumStemConfigs ? TRTFUSE_RCONV_ERR_CONFIG : stem_chains(*L, config) ? 1 : 0;
+    if (L && L->next && L->taps == kStemTapsTotal) {   // a stem: config indexes the stem configurations
+        if (config < -1 || config >= kNumStemConfigs) return TRTFUSE_RCONV_ERR_CONFIG;
+        if (config == -1 && (n <= 0 || h <= 0 || w <= 0)) return TRTFUSE_RCONV_ERR_SHAPE;
+        return stem_chains(*L, config >= 0 ? config : select_stem(*L, n, h, w)) ? 1 : 0;
+    }
     if (!L || !L->next || config < -1 || config >= kNumConfigs) return TRTFUSE_RCONV_ERR_NULL;
     if (config == -1) {
         if (n <= 0 || h <= 0 || w <= 0) return TRTFUSE_RCONV_ERR_SHAPE;
@@ -369,8 +379,9 @@ extern "C" int trtfuse_next_forward(void const* handle, void const* x, void cons
         if (config < -1 || config >= kNumStemConfigs) return TRTFUSE_RCONV_ERR_CONFIG;
         if (int st = check_launch(x, nullptr, out, n, h, w, 2, -1)) return st;
         auto const st = static_cast<cudaStream_t>(stream);
-        if (stem_chains(*L, config)) return launch_stem(*L, x, out, n, h, w, config, st, next_out);
-        if (int e = launch_stem(*L, x, out, n, h, w, config, st)) return e;
+        int const c = config >= 0 ? config : select_stem(*L, n, h, w);
+        if (stem_chains(*L, c)) return launch_stem(*L, x, out, n, h, w, c, st, next_out);
+        if (int e = launch_stem(*L, x, out, n, h, w, c, st)) return e;
         return forward_plain(*L->next, out, nullptr, next_out, n, halved(halved(h)), halved(halved(w)), -1, st);
     }
     if (!second) return TRTFUSE_RCONV_ERR_NULL;
@@ -415,6 +426,15 @@ extern "C" int trtfuse_residual_conv_select_config(int cin, int cout, int n, int
 }
 
 extern "C" int trtfuse_residual_conv_load_cache(char const* path) { return load_cache(path); }
+
+extern "C" int trtfuse_residual_conv_cache_lookup(char const* gpu, char const* family, int cin, int cout, int hw, int n,
+                                                  int residual, int stride, int proj_cin, char* name, int cap) {
+    if (!gpu || !family || !name || cap <= 0) return TRTFUSE_RCONV_ERR_NULL;
+    std::string const config = cache_lookup(gpu, family, cin, cout, hw, n, residual != 0, stride, proj_cin);
+    if (static_cast<int>(config.size()) >= cap) return TRTFUSE_RCONV_ERR_SHAPE;
+    std::memcpy(name, config.c_str(), config.size() + 1);
+    return static_cast<int>(config.size());
+}
 
 extern "C" int trtfuse_residual_conv_wgw_schedule(int m_blocks, int n_blocks, int resident, int balance, int block,
                                                   int cap, int* m_out, int* n_out) {

@@ -90,8 +90,9 @@ int trtfuse_conv3x3_check(int cin, int cout, int8_t const* weights, float const*
    aligned); config: an index into the halo configurations (trtfuse_conv3x3_config_name), -1 picks. */
 int trtfuse_conv3x3_forward(void const* handle, void const* x, void* out, int n, int h, int w, int config,
                             void* stream);
-/* The halo configuration forward(config -1) picks for an h x w input, -1 if none holds the layer. */
-int trtfuse_conv3x3_select_config(void const* handle, int h, int w);
+/* The halo configuration forward(config -1) picks for an n x h x w input on the current device (the tuning cache's
+   "conv3x3" entry, else the heuristic), -1 if none holds the layer. */
+int trtfuse_conv3x3_select_config(void const* handle, int n, int h, int w);
 int trtfuse_conv3x3_num_configs(void);
 char const* trtfuse_conv3x3_config_name(int config);
 /* The ResNet stem: 7x7 conv (stride 2, padding 3) + BN (+ReLU) + 3x3 max pool (stride 2, padding 1), weights
@@ -107,6 +108,9 @@ int trtfuse_stem_check(int cin, int cout, int8_t const* weights, float const* w_
    NCHW: the network's input), 16-byte aligned device pointers; w % 16 == 0 (TRTFUSE_RCONV_ERR_ROW) and w <= 224
    (TRTFUSE_RCONV_ERR_FIT). config: an index of trtfuse_stem_config_name (pooled rows per block), -1 picks. */
 int trtfuse_stem_forward(void const* handle, void const* x, void* out, int n, int h, int w, int config, void* stream);
+/* The stem configuration forward(config -1) picks for an n x h x w input on the current device: the tuning cache's
+   "stem" entry where it holds the image, else the first (stem_p8). */
+int trtfuse_stem_select_config(void const* handle, int n, int h, int w);
 int trtfuse_stem_num_configs(void);
 char const* trtfuse_stem_config_name(int config);
 /* A tail's next 1x1 conv (the next bottleneck's conv1: stride 1, no residual input), chained onto a layer made by
@@ -117,8 +121,8 @@ char const* trtfuse_stem_config_name(int config);
 int trtfuse_next_check(int cin, int cout, int8_t const* weights, float const* w_scale, float const* bias,
                        float x_scale, float out_scale);
 /* Attaches it to `handle` (TRTFUSE_RCONV_ERR_NEXT: the layer is not a stride-1 tail, projection + tail or stem, or
-   already has one); its cin is the layer's cout. A stem (trtfuse_stem_create) chains it on stem_p8 where its cout
-   is <= 64 (the stem and ResNet-50's layer1.0 conv1 in one kernel). */
+   already has one); its cin is the layer's cout. A stem (trtfuse_stem_create) chains it on stem_p8, stem_p4 and
+   stem_p2 where its cout is <= 64 (the stem and ResNet-50's layer1.0 conv1 in one kernel). */
 int trtfuse_next_attach(void* handle, int cout, int8_t const* weights, float const* w_scale, float const* bias,
                         float x_scale, float out_scale, int relu);
 /* out (the layer's output, as its own forward writes it) and next_out [n, next cout, ho, wo] (the next conv of out),
@@ -156,6 +160,11 @@ int trtfuse_residual_conv_select_config(int cin, int cout, int n, int hw);
 /* (Re)load the tuning cache: path, or NULL for $TRTFUSE_RESIDUAL_CONV_CACHE. Returns the number of entries
    for this GPU (>= 0) or a negative error. Without a call, the first forward(config=-1) loads it. */
 int trtfuse_residual_conv_load_cache(char const* path);
+/* The loaded tuning cache's configuration name for a GPU named `gpu` (as the driver names it), a family ("" the 1x1
+   conv, "conv3x3", "stem") and a layer (hw: output positions per image) at batch n: the entry of the nearest batch,
+   copied into name[cap]. Returns its length, 0 if there is none, negative on bad arguments. Needs no GPU. */
+int trtfuse_residual_conv_cache_lookup(char const* gpu, char const* family, int cin, int cout, int hw, int n,
+                                       int residual, int stride, int proj_cin, char* name, int cap);
 char const* trtfuse_residual_conv_error_string(int status);
 /* The wgw_* configs' tile schedule (schedule_sm90.h), for tests (needs no GPU): a layer of m_blocks x
    n_blocks tiles on `resident` block slots, balance = 1 for the PINGPONG configs. block = -1: returns the grid.

@@ -9,7 +9,8 @@ winners to a JSON cache that the C ABI and the TensorRT plugin read (``$TRTFUSE_
 
 (hw: output positions per image; residual 1 for a bottleneck tail, 0 for a projection; a stage's first block with its
 projection fused into the tail (trtfuse_proj_tail_create) also has "proj_cin", the projection's input channels, and
-"stride" is the projection's.)
+"stride" is the projection's. The 3x3 convs' and the stem's entries have "family": "conv3x3" or "stem", and name a
+configuration of that family.)
 
 Entries of other GPUs in an existing cache are kept. Needs torch with CUDA (device buffers and events).
 """
@@ -41,7 +42,11 @@ RESNET50_FUSED = {
     "fused3": (512, 256, 1024, 28, 2),  # never fits the fused kernel: timed to show it
 }
 SEPARATE = "separate"
-ALL_STAGES = [*RESNET50_STAGES, *RESNET50_FUSED]
+# The other families of the cache (an entry's "family"): ResNet-50's stride-1 3x3 convs (name: channels, input
+# h == w, stride) and its stem (cin, cout, input h == w). Their library defaults were set at batch 2048.
+RESNET50_CONV3X3 = {"conv3x3_1": (64, 56, 1), "conv3x3_2": (128, 28, 1), "conv3x3_3": (256, 14, 1)}
+RESNET50_STEM = {"stem": (3, 64, 224)}
+ALL_STAGES = [*RESNET50_STAGES, *RESNET50_FUSED, *RESNET50_CONV3X3, *RESNET50_STEM]
 L2_FLUSH_BYTES = 256 << 20  # rotate among enough input sets that every launch reads from DRAM
 
 
@@ -252,11 +257,85 @@ def tune_fused_shape(proj_cin: int, cin: int, cout: int, hw: int, stride: int, b
     return cache_entry(shape, times, mismatched, unsupported, unfit)
 
 
+def tune_family_shape(family: str, layer, configs: list[str], n: int, h: int, in_bytes: int, out_bytes: int,
+                      shape: dict, reps: int = 60) -> dict:
+    """Times every configuration of a 3x3 or stem `layer` (its forward(x, out, n, h, w, config, stream)) on an
+    n x h x h input: the gate is the first configuration that holds the layer, byte for byte (the GPU tests hold each
+    against the reference); one that cannot hold it (-9) is unfit. shape: the entry's keys besides these."""
+    import torch
+
+    sets = max(1, min(8, -(-L2_FLUSH_BYTES // (in_bytes + out_bytes))))
+    g = torch.Generator(device="cuda").manual_seed(0)
+    bufs = [(torch.randint(-128, 128, (in_bytes,), dtype=torch.int8, device="cuda", generator=g),
+             torch.empty(out_bytes, dtype=torch.int8, device="cuda")) for _ in range(sets)]
+    stream = torch.cuda.current_stream().cuda_stream
+
+    def run(c, i):
+        x, o = bufs[i]
+        layer.forward(x.data_ptr(), o.data_ptr(), n, h, h, c, stream)
+
+    want, mismatched, unfit, times = None, [], [], {}
+    for c, name in enumerate(configs):
+        o0 = bufs[0][1]
+        o0.fill_(0x5A)
+        try:
+            run(c, 0)
+        except RuntimeError as e:
+            if "(-9)" in str(e):   # TRTFUSE_RCONV_ERR_FIT: this configuration cannot hold the layer
+                unfit.append(name)
+                continue
+            raise
+        torch.cuda.synchronize()
+        if want is None:
+            want = o0.clone()
+        elif not torch.equal(o0, want):
+            print(f"tune {family} {shape} batch {n}: {name} MISMATCH ({int((o0 != want).sum())} bytes differ): "
+                  "excluded", flush=True)
+            mismatched.append(name)
+            continue
+        times[name] = time_launches(lambda i, c=c: run(c, i), sets, reps=reps)
+    del bufs
+    torch.cuda.empty_cache()
+    return {**cache_entry({"family": family, **shape, "batch": n}, times, mismatched, [], unfit)}
+
+
+def tune_conv3x3_shape(c: int, hw: int, stride: int, batch: int, reps: int = 60) -> dict:
+    """Every halo configuration on a c -> c 3x3 conv of an hw x hw input."""
+    from trtfuse.ops import residual_conv as op
+    from trtfuse.ops import residual_conv_reference as ref
+
+    L = ref.random_layer(np.random.default_rng(0), 9 * c, c, True)
+    layer = op.Conv3x3(L["w"].reshape(c, c, 3, 3), L["w_scale"], L["bias"], L["x_scale"], L["out_scale"], True, stride)
+    ho, slabs = -(-hw // stride), -(-c // 32)
+    try:
+        return tune_family_shape("conv3x3", layer, op.conv3x3_config_names(), batch, hw, batch * slabs * hw * hw * 32,
+                                 batch * slabs * ho * ho * 32,
+                                 {"cin": c, "cout": c, "hw": ho * ho, "residual": 0, "stride": stride}, reps)
+    finally:
+        layer.close()
+
+
+def tune_stem_shape(cin: int, cout: int, hw: int, batch: int, reps: int = 60) -> dict:
+    """Every stem configuration (pooled rows per block) on an hw x hw input of cin channels."""
+    from trtfuse.ops import residual_conv as op
+    from trtfuse.ops import residual_conv_reference as ref
+
+    L = ref.random_layer(np.random.default_rng(0), 49 * cin, cout, True)
+    layer = op.Stem(L["w"].reshape(cout, cin, 7, 7), L["w_scale"], L["bias"], L["x_scale"], L["out_scale"], True)
+    hp, wp = op.stem_output_hw(hw, hw)
+    try:
+        return tune_family_shape("stem", layer, op.stem_config_names(), batch, hw, batch * cin * hw * hw,
+                                 batch * -(-cout // 32) * hp * wp * 32,
+                                 {"cin": cin, "cout": cout, "hw": hp * wp, "residual": 0, "stride": 2}, reps)
+    finally:
+        layer.close()
+
+
 def merge_cache(path: Path, new: list[dict]) -> dict:
     old = json.loads(path.read_text()) if path.is_file() else {"version": 1, "entries": []}
-    def key(e):  # residual, stride and proj_cin are absent from older caches
-        return (e["gpu"], e["cin"], e["cout"], e["hw"], e["batch"], e.get("residual", 1), e.get("stride", 1),
-                e.get("proj_cin", 0))
+    def key(e):  # residual, stride, proj_cin and family are absent from older caches
+        return (e.get("family", ""), e["gpu"], e["cin"], e["cout"], e["hw"], e["batch"], e.get("residual", 1),
+                e.get("stride", 1), e.get("proj_cin", 0))
 
     keys = {key(e) for e in new}
     kept = [e for e in old.get("entries", []) if key(e) not in keys]
@@ -309,6 +388,17 @@ def main(argv: list[str] | None = None) -> int:
             cands = "  ".join(f"{k}={v:.4f}" for k, v in e["candidates_ms"].items())
             print(f"tune {cin}->{cout} {hw}x{hw} fused+{proj_cin} s{stride} batch {batch}: "
                   f"best {e['config']} {e['ms']:.4f} ms | {cands}", flush=True)
+    for name in stages:
+        for batch in (int(b) for b in args.batches.split(",")):
+            if name in RESNET50_CONV3X3:
+                e = tune_conv3x3_shape(*RESNET50_CONV3X3[name], batch, args.reps)
+            elif name in RESNET50_STEM:
+                e = tune_stem_shape(*RESNET50_STEM[name], batch, args.reps)
+            else:
+                continue
+            entries.append(e)
+            cands = "  ".join(f"{k}={v:.4f}" for k, v in e["candidates_ms"].items())
+            print(f"tune {name} batch {batch}: best {e['config']} {e['ms']:.4f} ms | {cands}", flush=True)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(merge_cache(out, entries), indent=1) + "\n")

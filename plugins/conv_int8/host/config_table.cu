@@ -7,9 +7,10 @@
 //                  and, for kNextConfig, the chained next conv (NEXT_N 64, 128);
 //   kHaloConfigs   3x3 conv on halo tiles (kernels/conv3x3_sm90.cuh), sm_90a only;
 //   kStemConfigs   the ResNet stem (kernels/stem_sm90.cuh), sm_90a only, stem_p8 also with its chained conv1.
-// One way to pick, per launch: an explicit index (the C ABI's config >= 0) wins; else select_config (1x1: the tuning
-// cache, then the heuristic), halo_heuristic (3x3) or the first stem row, each refusing a configuration that does not
-// hold the layer (layer_fits, halo_geometry, stem_geometry).
+// One way to pick, per launch: an explicit index (the C ABI's config >= 0) wins; else the tuning cache's entry for the
+// family, the GPU, the shape and the batch (select_config, select_halo, select_stem), then the family's default (1x1:
+// the heuristic, 3x3: halo_heuristic, stem: the first row), each refusing a configuration that does not hold the
+// layer (layer_fits, halo_geometry, stem_geometry).
 // The configurations below are those the tuner picked for some ResNet-50 stage and batch on the H100 or the H200,
 // with the sm80 kernel ranked on its own for GPUs without sm_90a (docs/residual_conv.md has the A/B numbers behind
 // every configuration dropped).
@@ -178,23 +179,34 @@ int heuristic(int k_bytes, bool fused) {
     return config_by_name("sm80_128x128x128_s2_b2");
 }
 
+std::string cache_lookup(std::string const& gpu, std::string const& family, int cin, int cout, int hw, int n,
+                         bool residual, int stride, int proj_cin) {
+    std::lock_guard<std::mutex> lock(g_cache_mu);
+    if (!g_cache_loaded) load_cache_locked(nullptr);
+    CacheEntry const* e = lookup(g_cache, gpu, cin, cout, hw, n, residual, stride, proj_cin, family);
+    return e ? e->config : std::string();
+}
+
+namespace {
+// cache_lookup for the current GPU; "" without one
+std::string cached_config(char const* family, int cin, int cout, int hw, int n, bool residual, int stride,
+                          int proj_cin = 0) {
+    std::string gpu;
+    if (!device_name(&gpu)) return std::string();
+    return cache_lookup(gpu, family, cin, cout, hw, n, residual, stride, proj_cin);
+}
+}  // namespace
+
 // The configuration for a layer of this form at batch n with hw output positions per image (proj_cin > 0: a tail
 // with its projection of proj_cin channels fused, at `stride`; its weight rows are k_bytes long, see config_smem;
 // the answer may then be kSeparate: the tuner found the two plain layers faster, "config": "separate").
 int select_config(int cin, int cout, int n, int hw, bool residual, int stride, int proj_cin, int k_bytes) {
     if (k_bytes == 0) k_bytes = round_up(cin, 32);
-    std::string gpu;
-    if (!device_name(&gpu)) return heuristic(k_bytes, proj_cin > 0);
-    {
-        std::lock_guard<std::mutex> lock(g_cache_mu);
-        if (!g_cache_loaded) load_cache_locked(nullptr);
-        if (CacheEntry const* e = lookup(g_cache, gpu, cin, cout, hw, n, residual, stride, proj_cin)) {
-            if (proj_cin > 0 && e->config == "separate") return kSeparate;
-            int c = config_by_name(e->config);
-            // an sm90 entry without sm_90a, or one that cannot hold this layer: the heuristic
-            if (c >= 0 && config_supported(c) && layer_fits(c, k_bytes)) return c;
-        }
-    }
+    std::string const name = cached_config("", cin, cout, hw, n, residual, stride, proj_cin);
+    if (proj_cin > 0 && name == "separate") return kSeparate;
+    int const c = name.empty() ? -1 : config_by_name(name);
+    // an sm90 entry without sm_90a, or one that cannot hold this layer: the heuristic
+    if (c >= 0 && config_supported(c) && layer_fits(c, k_bytes)) return c;
     return heuristic(k_bytes, proj_cin > 0);
 }
 
@@ -281,6 +293,18 @@ int halo_heuristic(Layer const& L, int h, int w) {
     return -1;
 }
 
+// A 3x3 launch's configuration at batch n: the tuning cache's ("family": "conv3x3"; the heuristic above was set at
+// batch 2048, and at batch 1 its tall tiles leave most SMs idle) where it holds the image, else the heuristic.
+int select_halo(Layer const& L, int n, int h, int w) {
+    int const hw = ((h - 1) / L.stride + 1) * ((w - 1) / L.stride + 1);
+    std::string const name = cached_config("conv3x3", L.cin, L.cout, hw, n, false, L.stride);
+    for (int i = 0; i < kNumHaloConfigs && !name.empty(); ++i) {
+        HaloGeometry g;
+        if (name == kHaloConfigs[i].name && halo_geometry(kHaloConfigs[i], L, h, w, &g)) return i;
+    }
+    return halo_heuristic(L, h, w);
+}
+
 // ---- the stem (stem_sm90.cuh) ----
 
 template <class B, bool NEXT = false>
@@ -317,6 +341,19 @@ bool stem_geometry(StemInfo const& C, int cin, int h, int w, bool next, StemGeom
     g->box = round_up(std::max(cin * C.box_plane, next ? kStemN * C.pool_rows * g->wp + 63 * 32 : 0), 256);
     g->smem = stem_smem_bytes(g->copy, g->box, next);
     return g->smem <= kMaxSmem;
+}
+
+// A stem launch's configuration at batch n: the tuning cache's ("family": "stem") where it holds the image (with L's
+// chained conv1 where that configuration chains it), else the first.
+int select_stem(Layer const& L, int n, int h, int w) {
+    int const hw = halved(halved(h)) * halved(halved(w));
+    std::string const name = cached_config("stem", L.cin, L.cout, hw, n, false, 2);
+    for (int i = 0; i < kNumStemConfigs && !name.empty(); ++i) {
+        StemGeometry g;
+        bool const next = L.next && L.next_n == kStemN && kStemConfigs[i].next_kernel;
+        if (name == kStemConfigs[i].name && stem_geometry(kStemConfigs[i], L.cin, h, w, next, &g)) return i;
+    }
+    return 0;
 }
 
 }  // namespace rconv

@@ -51,6 +51,9 @@ int layer_k_bytes(Layer const& L);
 int config_by_name(std::string const& name);
 int heuristic(int k_bytes, bool fused = false);
 int select_config(int cin, int cout, int n, int hw, bool residual, int stride, int proj_cin = 0, int k_bytes = 0);
+// The tuning cache's configuration name for `gpu` (tuning_cache.h: lookup; family "" is the 1x1 conv), "" if none.
+std::string cache_lookup(std::string const& gpu, std::string const& family, int cin, int cout, int hw, int n,
+                         bool residual, int stride, int proj_cin);
 
 // ---- 3x3 conv on halo tiles ----
 
@@ -72,6 +75,7 @@ struct HaloGeometry {
 };
 bool halo_geometry(HaloInfo const& C, Layer const& L, int h, int w, HaloGeometry* g);
 int halo_heuristic(Layer const& L, int h, int w);
+int select_halo(Layer const& L, int n, int h, int w);   // -1 if none holds the layer
 
 // ---- the stem ----
 
@@ -94,6 +98,7 @@ struct StemGeometry {
 // a stride-2 extent (the conv's of the input, the pool's of the conv's): ceil(v / 2)
 inline int halved(int v) { return (v - 1) / 2 + 1; }
 bool stem_geometry(StemInfo const& C, int cin, int h, int w, bool next, StemGeometry* g);
+int select_stem(Layer const& L, int n, int h, int w);
 
 }  // namespace rconv
 }  // namespace trtfuse

@@ -43,7 +43,7 @@ int encode_halo_maps(Conv3Params& p, void const* x, void* out, int n, int h, int
 // One launch of 3x3 layer L on halo config `config` (-1 picks): x [n][kc][h][w][32] -> out [n][nc][ho][wo][32].
 int launch_conv3x3(Layer const& L, void const* x, void* out, int n, int h, int w, int config, cudaStream_t stream) {
     if (!wgmma_available()) return TRTFUSE_RCONV_ERR_ARCH;
-    if (config < 0) config = halo_heuristic(L, h, w);
+    if (config < 0) config = select_halo(L, n, h, w);
     if (config < 0) return TRTFUSE_RCONV_ERR_FIT;
     HaloInfo const& C = kHaloConfigs[config];
     HaloGeometry g;

@@ -27,9 +27,9 @@ int encode_stem_map(StemParams& p, void const* x, int n, int h, int w, int cin, 
     return st == CUDA_SUCCESS ? 0 : cudaErrorInvalidValue;
 }
 
-// Whether stem layer L runs its chained next conv in the same kernel on `config` (-1: the first).
+// Whether stem layer L runs its chained next conv in the same kernel on `config` (>= 0).
 bool stem_chains(Layer const& L, int config) {
-    return L.next && L.next_n == kStemN && kStemConfigs[config < 0 ? 0 : config].next_kernel && wgmma_available();
+    return L.next && L.next_n == kStemN && kStemConfigs[config].next_kernel && wgmma_available();
 }
 
 // One launch of stem layer L: x [n][cin][h][w] (linear) -> out [n][nc][hp][wp][32]; config -1 picks. With next_out
@@ -38,7 +38,7 @@ int launch_stem(Layer const& L, void const* x, void* out, int n, int h, int w, i
                 void* next_out) {
     if (!wgmma_available()) return TRTFUSE_RCONV_ERR_ARCH;
     if (w % 16) return TRTFUSE_RCONV_ERR_ROW;   // the TMA map's row pitch
-    StemInfo const& C = kStemConfigs[config < 0 ? 0 : config];   // -1: the first
+    StemInfo const& C = kStemConfigs[config < 0 ? select_stem(L, n, h, w) : config];
     bool const next = next_out != nullptr;
     StemGeometry g;
     if (!stem_geometry(C, L.cin, h, w, next, &g)) return TRTFUSE_RCONV_ERR_FIT;

@@ -73,6 +73,7 @@ bool parse_entry(Lexer& lx, CacheEntry* e) {
         double d = 0;
         if (key == "gpu") { if (!lx.string(&e->gpu)) return false; }
         else if (key == "config") { if (!lx.string(&e->config)) return false; }
+        else if (key == "family") { if (!lx.string(&e->family)) return false; }
         else if (key == "cin" || key == "cout" || key == "hw" || key == "batch" || key == "residual" ||
                  key == "stride" || key == "proj_cin") {
             if (!lx.number(&d) || d != std::floor(d) || d < 0 || d > 2e9) return false;
@@ -124,11 +125,11 @@ bool read_tuning_cache(std::string const& path, std::vector<CacheEntry>* entries
 }
 
 CacheEntry const* lookup(std::vector<CacheEntry> const& entries, std::string const& gpu, int cin, int cout, int hw,
-                         int batch, bool residual, int stride, int proj_cin) {
+                         int batch, bool residual, int stride, int proj_cin, std::string const& family) {
     CacheEntry const* best = nullptr;
     double best_d = 0;
     for (auto const& e : entries) {
-        if (e.gpu != gpu || e.cin != cin || e.cout != cout || e.hw != hw) continue;
+        if (e.family != family || e.gpu != gpu || e.cin != cin || e.cout != cout || e.hw != hw) continue;
         if ((e.residual != 0) != residual || e.stride != stride || e.proj_cin != proj_cin) continue;
         double d = std::fabs(std::log(std::max(e.batch, 1)) - std::log(std::max(batch, 1)));
         if (!best || d < best_d) { best = &e; best_d = d; }

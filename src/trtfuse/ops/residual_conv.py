@@ -64,13 +64,14 @@ def library(path: str | None = None) -> ctypes.CDLL:
     lib.trtfuse_conv3x3_check.argtypes = conv3 + [ctypes.c_int]
     lib.trtfuse_conv3x3_create.argtypes = conv3 + [ctypes.c_int, ctypes.c_int, ctypes.POINTER(ctypes.c_void_p)]
     lib.trtfuse_conv3x3_forward.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int] * 4 + [ctypes.c_void_p]
-    lib.trtfuse_conv3x3_select_config.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
+    lib.trtfuse_conv3x3_select_config.argtypes = [ctypes.c_void_p] + [ctypes.c_int] * 3
     lib.trtfuse_conv3x3_config_name.restype = ctypes.c_char_p
     lib.trtfuse_conv3x3_config_name.argtypes = [ctypes.c_int]
     # the stem: cin, cout, weights, w_scale, bias, x_scale, out_scale (+ relu for create)
     lib.trtfuse_stem_check.argtypes = conv3
     lib.trtfuse_stem_create.argtypes = conv3 + [ctypes.c_int, ctypes.POINTER(ctypes.c_void_p)]
     lib.trtfuse_stem_forward.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int] * 4 + [ctypes.c_void_p]
+    lib.trtfuse_stem_select_config.argtypes = [ctypes.c_void_p] + [ctypes.c_int] * 3
     lib.trtfuse_stem_config_name.restype = ctypes.c_char_p
     lib.trtfuse_stem_config_name.argtypes = [ctypes.c_int]
     # a tail's chained next conv: cin (check only), cout, weights, w_scale, bias, x_scale, out_scale (+ relu)
@@ -93,6 +94,8 @@ def library(path: str | None = None) -> ctypes.CDLL:
     lib.trtfuse_residual_conv_config_supported.argtypes = [ctypes.c_int]
     lib.trtfuse_residual_conv_config_fits.argtypes = [ctypes.c_int] * 3
     lib.trtfuse_residual_conv_load_cache.argtypes = [ctypes.c_char_p]
+    lib.trtfuse_residual_conv_cache_lookup.argtypes = [ctypes.c_char_p] * 2 + [ctypes.c_int] * 7 + [
+        ctypes.c_char_p, ctypes.c_int]
     lib.trtfuse_residual_conv_error_string.restype = ctypes.c_char_p
     lib.trtfuse_residual_conv_error_string.argtypes = [ctypes.c_int]
     lib.trtfuse_residual_conv_wgw_schedule.argtypes = [ctypes.c_int] * 6 + [ctypes.POINTER(ctypes.c_int)] * 2
@@ -202,6 +205,18 @@ def load_cache(path: str | None) -> int:
             "regenerate it with `python -m trtfuse.tuning`",
         )
     return st
+
+
+def cache_lookup(gpu: str, family: str, cin: int, cout: int, hw: int, n: int, residual: bool = False,
+                 stride: int = 1, proj_cin: int = 0) -> str | None:
+    """The loaded tuning cache's configuration name for a GPU of that name, a family ("" the 1x1 conv, "conv3x3",
+    "stem") and a layer at batch n (the entry of the nearest batch); None if it has none. Needs no GPU."""
+    name = ctypes.create_string_buffer(128)
+    st = library().trtfuse_residual_conv_cache_lookup(gpu.encode(), family.encode(), cin, cout, hw, n, int(residual),
+                                                      stride, proj_cin, name, len(name))
+    if st < 0:
+        raise RuntimeError(f"trtfuse_residual_conv_cache_lookup failed ({st})")
+    return name.value.decode() if st > 0 else None
 
 
 class _Layer:
@@ -393,9 +408,10 @@ class Conv3x3(_Layer):
         )
         self._h = h
 
-    def select_config(self, h: int, w: int) -> int:
-        """The halo configuration forward(config=-1) takes for an h x w input, -1 if none holds the layer."""
-        return library().trtfuse_conv3x3_select_config(self._h, h, w)
+    def select_config(self, n: int, h: int, w: int) -> int:
+        """The halo configuration forward(config=-1) takes for an n x h x w input on this GPU (the tuning cache's
+        "conv3x3" entry, else the heuristic), -1 if none holds the layer."""
+        return library().trtfuse_conv3x3_select_config(self._h, n, h, w)
 
     def forward(self, x_ptr: int, out_ptr: int, n: int, h: int, w: int, config: int = -1, stream: int = 0) -> None:
         """x [n, cin, h, w] -> out [n, cout, ceil(h / stride), ceil(w / stride)], int8 kCHW32 device pointers;
@@ -428,8 +444,8 @@ class Stem(_Chains):
     """The ResNet stem on the sm_90a kernel: 7x7 conv (stride 2, padding 3) + BN (+ReLU) + 3x3 max pool (stride 2,
     padding 1); weights [cout][cin][7][7], cin <= 4, cout <= 64. forward reads the network's int8 input as linear NCHW
     (W a multiple of 16) and writes kCHW32. The next 1x1 conv (ResNet-50: layer1.0's conv1) may be chained onto it
-    (attach_next): the first configuration (stem_p8) computes it from the pooled output in the same kernel where its
-    cout is at most 64; otherwise forward_next takes two launches."""
+    (attach_next): stem_p8, stem_p4 and stem_p2 compute it from the pooled output in the same kernel where its cout is
+    at most 64; otherwise forward_next takes two launches."""
 
     def __init__(self, w, w_scale, bias, x_scale: float, out_scale: float, relu: bool = True):
         w, ws, b = _arrays(w, w_scale, bias)
@@ -444,6 +460,11 @@ class Stem(_Chains):
         )
         self._h = h
 
+    def select_config(self, n: int, h: int, w: int) -> int:
+        """The stem configuration forward(config=-1) takes for an n x h x w input on this GPU (the tuning cache's
+        "stem" entry where it holds the image, else the first)."""
+        return library().trtfuse_stem_select_config(self._h, n, h, w)
+
     def forward(self, x_ptr: int, out_ptr: int, n: int, h: int, w: int, config: int = -1, stream: int = 0) -> None:
         """x [n, cin, h, w] int8 linear -> out [n, cout, *stem_output_hw(h, w)] int8 kCHW32 (device pointers);
         config: an index of stem_config_names(), -1 = pick."""
@@ -452,6 +473,6 @@ class Stem(_Chains):
     def forward_next(self, x_ptr: int, out_ptr: int, next_out_ptr: int, n: int, h: int, w: int, config: int = -1,
                      stream: int = 0) -> None:
         """out as forward() writes it, and next_out [n, next_cout, *stem_output_hw(h, w)] int8 kCHW32, the next conv of
-        out (device pointers); x, n, h, w and config as forward()'s (-1: the first configuration, stem_p8)."""
+        out (device pointers); x, n, h, w and config as forward()'s (-1: select_config's)."""
         _raise(library().trtfuse_next_forward(self._h, x_ptr, None, out_ptr, next_out_ptr, n, h, w, None, config,
                                               stream), "next_forward")

@@ -71,7 +71,7 @@ def run_case(name: str, n: int, reps: int, stream, rng, with_trt: bool) -> dict:
            "weights": "random"}
     layer = op.Conv3x3(L["w"], L["w_scale"], L["bias"], L["x_scale"], L["out_scale"], True, stride)
     outs, configs = {}, {}
-    auto = layer.select_config(hw, hw)
+    auto = layer.select_config(n, hw, hw)
     for i, cfg in enumerate(op.conv3x3_config_names()):
         ob.fill(0x5A)
         try:

@@ -108,7 +108,7 @@ def run_case(n: int, reps: int, stream, rng, with_trt: bool) -> dict:
         configs[cfg] = time_ms(lambda _: layer.forward(xb.ptr, ob.ptr, n, HW, HW, i, int(stream)), stream, reps)
         print(f"  stem batch {n} ours {cfg}: {configs[cfg]:.4f} ms", flush=True)
     row["ours_configs_ms"] = configs
-    row["ours_config"] = op.stem_config_names()[0]  # forward(-1) takes the first
+    row["ours_config"] = op.stem_config_names()[layer.select_config(n, HW, HW)]  # what forward(-1) takes
     row["ours_ms"] = configs[row["ours_config"]]
     row["ours_best_ms"] = min(configs.values())
     if with_trt:  # TensorRT's own stem, and ours as the plugin node inside a TensorRT engine
