@@ -88,6 +88,15 @@ def units(names: list[str]) -> list[str]:
     return out
 
 
+def per_query(report: dict) -> dict:
+    """Where a query's time went (the harness's CUDA events, means over the run): the engine's run on the GPU, the
+    copies, and the host's gap between queries. The latency metric holds all three; the engines differ in the first."""
+    g = (report.get("harness") or {}).get("gpu") or {}
+    out = {"gpu_run_ms": (g.get("run_ms") or {}).get("mean"), "copy_ms": (g.get("copy_ms") or {}).get("mean"),
+           "host_gap_ms": (g.get("gaps") or {}).get("mean")}
+    return {k: v for k, v in out.items() if v is not None}
+
+
 class Edge:
     def __init__(self, args):
         self.args = args
@@ -166,13 +175,16 @@ class Edge:
                     "measured_ms": lg["latency_percentile_ns"] / 1e6, "p50_ms": lg["latency_ns"]["50.00"] / 1e6,
                     "queries": lg["query_count"], "valid": lg["valid"], "run_dir": str(run_dir),
                     "batch": s["run"]["batch_size"], "gpu": (r.get("sysinfo") or {}).get("gpu_names"),
-                    "plugin_exclude": s["tensorrt"]["plugin_exclude"]}
+                    "plugin_exclude": s["tensorrt"]["plugin_exclude"], **per_query(r)}
                 log(f"{scenario} plugins {plugins}: p{lg['metric_percentile']} {lg['latency_metric_ns'] / 1e6:.3f} ms")
                 self.save()
             trt = rows[scenario]["off"]
             for plugins in self.args.latency_plugins:
                 ratio = round(rows[scenario][plugins]["early_stopping_ms"] / trt["early_stopping_ms"], 4)
                 rows[scenario][f"{plugins}_over_tensorrt"] = ratio
+                if rows[scenario][plugins].get("gpu_run_ms") and trt.get("gpu_run_ms"):
+                    rows[scenario][f"{plugins}_gpu_over_tensorrt"] = round(
+                        rows[scenario][plugins]["gpu_run_ms"] / trt["gpu_run_ms"], 4)
                 if plugins == self.args.latency_plugins[0]:
                     rows[scenario]["ours_over_tensorrt"] = ratio
 
