@@ -22,7 +22,8 @@
 # --stages STAGES, extra arguments from $CONF_ARGS),
 # edge:UNITS (bench edge UNITS, comma-separated in the step: the edge v6.1 tree in $RESULTS/edge; extra arguments
 # from $EDGE_ARGS); edge-seed (copy carried .devcache/edge_seed/UNIT folders, e.g. an earlier lease's ms-perf, into
-# the edge runs, so that ms-test04 finds its reference: bg:edge-seed+edge:ms-test04).
+# the edge runs, so that ms-test04 finds its reference: bg:edge-seed+edge:ms-test04; and edge_seed/edge_submission.json,
+# an earlier record, whose latency_profile then fixes --plugins auto's exclusion for every job).
 # conf* and edge* need the MLCommons scripts carried in .devcache/mlperf (a copy of ../shared/third_party/mlperf).
 # qs-stash (keep carried .devcache/qs/{val,calib,models}), quickstart (bench quickstart: the
 # README's GPU quick start verbatim, then profile and compare of the ResNet-50 engines).
@@ -157,8 +158,15 @@ for step in "$@"; do
                       --out "$RESULTS/triton_${GPU_TAG}.json" --stages "${step#triton:}" ${TRITON_ARGS:-} ;;
         redesign-ab) run_step redesign-ab python3.10 -m trtfuse bench ab run --pack .devcache/ab \
                          --out "$RESULTS/redesign_ab_${GPU_TAG}.json" --deadline-s $((${AB_DEADLINE_S:-550} - SECONDS)) ${AB_ARGS:-} ;;
-        edge-seed)  # completed runs of an earlier lease (carried .devcache/edge_seed/UNIT): the references of later units
-            mkdir -p "$RESULTS/edge/runs" && cp -r .devcache/edge_seed/. "$RESULTS/edge/runs/" && ls "$RESULTS/edge/runs" ;;
+        edge-seed)  # completed runs of an earlier lease (carried .devcache/edge_seed/UNIT): the references of later
+            # units; and its record (edge_seed/edge_submission.json), whose latency_profile gives every job of a host
+            # the same --plugins auto exclusion (the units of one scenario must run one engine)
+            mkdir -p "$RESULTS/edge/runs"
+            for f in .devcache/edge_seed/*; do
+                case $f in */edge_submission.json) [ -f "$RESULTS/edge/edge_submission.json" ] || cp "$f" "$RESULTS/edge/" ;;
+                            *) cp -r "$f" "$RESULTS/edge/runs/" ;; esac
+            done
+            ls "$RESULTS/edge/runs" ;;
         triton-native) run_step triton-native python3.10 -m pytest -q -rs -m tensorrt -p no:cacheprovider tests/test_triton_native.py ;;
         edge:*) run_step "edge-${step#edge:}" python3.10 -m trtfuse bench edge ${step#edge:} \
                     --out "$RESULTS/edge" --mlperf-dir .devcache/mlperf ${EDGE_ARGS:-}
