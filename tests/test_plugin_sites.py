@@ -279,13 +279,15 @@ def test_edge_latency_profile_records_ours_against_tensorrt_per_node_at_each_bat
     # --plugins auto: the official units of SingleStream and MultiStream leave those sites to TensorRT; Offline
     # (batch 2048, where the kernels were tuned) keeps all
     args = SimpleNamespace(out=out, plugins="auto", offline_batch=2048, dataset=None, mlperf_dir=tmp_path,
-                           expected_latency_ms={}, latency_scenarios=["singlestream", "multistream"])
+                           expected_latency_ms={}, latency_scenarios=["singlestream", "multistream"], sut="python")
     e = edge.Edge(args)
     for scenario, want in (("singlestream", list(losers)), ("multistream", list(losers)), ("offline", [])):
         t = e.unit_settings(scenario)["tensorrt"]
         assert (t["plugins"], list(t["plugin_exclude"])) == ("all", want), scenario
     args.plugins = "all"
     assert list(e.unit_settings("singlestream")["tensorrt"]["plugin_exclude"]) == []
+    args.sut = "native"   # --sut native: every unit on the C++ SUT
+    assert e.unit_settings("multistream")["run"]["sut"] == "native"
 
 
 def test_build_plugins_auto_builds_all_without_the_sites_that_lose(monkeypatch, tmp_path, capsys):

@@ -24,7 +24,9 @@ Units (a unit whose folder is complete is skipped, so units spread over several 
   tree               `trtfuse submission` of every run into OUT/tree/closed/<submitter>, then MLCommons'
                      submission checker (--check): OUT/checker.txt, OUT/edge_submission.json
 With --plugins auto the SingleStream and MultiStream units run all without the sites latency-profile found slower
-at their batch (one list per scenario, kept in the record); Offline keeps all.
+at their batch (one list per scenario, kept in the record); Offline keeps all. With --sut native every run goes
+through the C++ SUT (the device step native-build first): the host's part of a query's latency shrinks, the
+engines' part is the same.
 A unit takes 600 s of LoadGen and more (engine builds, warm-up): start it detached and poll, e.g.
     nohup python3.10 -m trtfuse bench edge ss > /tmp/edge-ss.log 2>&1 &
 
@@ -132,7 +134,7 @@ class Edge:
 
         batch = {"singlestream": 1, "multistream": 8, "offline": self.args.offline_batch}[scenario]
         streams = 2 if scenario == "offline" else 1  # one query at a time: one stream, one worker
-        overrides = {"run.scenario": scenario, "run.batch_size": batch, "run.threads": streams,
+        overrides = {"run.scenario": scenario, "run.batch_size": batch, "run.threads": streams, "run.sut": self.args.sut,
                      "run.warmup_batches": 20, "run.output_dir": str(self.runs), "run.mlperf_model": "resnet50",
                      "run.backend": "tensorrt", "tensorrt.plugins": plugins, "tensorrt.streams": streams,
                      "tensorrt.input_format": "float" if self.args.dataset else "int8",
@@ -142,12 +144,29 @@ class Edge:
         return config.load(None, overrides)
 
     def backend(self, s: dict, model):
+        """The run's engine: TensorRT's Python backend, or with --sut native the native library's (the C++ SUT)."""
+        if s["run"]["sut"] == "native":
+            from trtfuse import native_sut
+
+            return native_sut.open_engine(s, model, None)
         from trtfuse.backends import create_backend
 
         options = {k: v for k, v in s["tensorrt"].items() if v != ""}
         b = create_backend("tensorrt", **options)
         b.load(model, s["run"]["batch_size"])
         return b
+
+    def offline_target(self, s: dict, model) -> float:
+        """Offline's expected rate: the engine's own (timed through the Python backend, which both SUTs' engines
+        share), a little over."""
+        from trtfuse.backends import create_backend
+
+        b = create_backend("tensorrt", **{k: v for k, v in s["tensorrt"].items() if v != ""})
+        try:
+            b.load(model, s["run"]["batch_size"])
+            return 1.02 * b.engine_throughput(s["run"]["batch_size"], 5.0)
+        finally:
+            b.close()
 
     # -- units --------------------------------------------------------------------------------------
     def latency(self) -> None:
@@ -242,10 +261,10 @@ class Edge:
         model = self.model()
         perf, acc = self.datasets()
         s = self.unit_settings(scenario)
+        if scenario == "offline":
+            s["offline"]["target_qps"] = self.offline_target(s, model)
         backend = self.backend(s, model)
         try:
-            if scenario == "offline":  # the expected rate: the engine's own, a little over
-                s["offline"]["target_qps"] = 1.02 * backend.engine_throughput(s["run"]["batch_size"], 5.0)
             if kind == "perf":
                 r = session.run(s, progress=False, model=model, dataset=perf, backend=backend, run_dir=folder,
                                 command=self.command(scenario))
@@ -285,7 +304,8 @@ class Edge:
 
     def command(self, scenario: str, mode: str = "performance") -> list[str]:
         return ["python3.10", "-m", "trtfuse", "bench", "edge", f"{[k for k, v in SCENARIOS.items() if v == scenario][0]}-"
-                + {"performance": "perf", "accuracy": "acc"}[mode], "--plugins", self.args.plugins]
+                + {"performance": "perf", "accuracy": "acc"}[mode], "--plugins", self.args.plugins, "--sut",
+                self.args.sut]
 
     def tree(self) -> None:
         from trtfuse import submission, submission_check
@@ -348,6 +368,8 @@ def main(argv=None) -> int:
                    help="the official units' plugins; auto: all, less the sites that lose at SingleStream's and "
                         "MultiStream's batch (latency-profile's list)")
     p.add_argument("--offline-batch", type=int, default=2048)
+    p.add_argument("--sut", default="python", choices=["python", "native"],
+                   help="the run loop: Python's, or the C++ SUT (after the device step native-build)")
     p.add_argument("--latency-s", type=float, default=60.0)
     p.add_argument("--latency-plugins", default="",
                    help="the latency unit's plugin modes after off, comma-separated: tails, all, auto (default: "
