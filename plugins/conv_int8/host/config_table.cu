@@ -6,7 +6,8 @@
 //                  slice in shared memory; sm_90a only), each with its forms (plain, residual, projection + tail)
 //                  and, for kNextConfig, the chained next conv (NEXT_N 64, 128);
 //   kHaloConfigs   3x3 conv on halo tiles (kernels/conv3x3_sm90.cuh), sm_90a only;
-//   kStemConfigs   the ResNet stem (kernels/stem_sm90.cuh), sm_90a only, stem_p8 also with its chained conv1.
+//   kStemConfigs   the ResNet stem (kernels/stem_sm90.cuh), sm_90a only, stem_p8, stem_p4 and stem_p2 also with
+//                  the chained conv1.
 // One way to pick, per launch: an explicit index (the C ABI's config >= 0) wins; else the tuning cache's entry for the
 // family, the GPU, the shape and the batch (select_config, select_halo, select_stem), then the family's default (1x1:
 // the heuristic, 3x3: halo_heuristic, stem: the first row), each refusing a configuration that does not hold the
@@ -317,8 +318,7 @@ constexpr StemInfo stem_info(char const* name) {
 // 1.025 ms, 6 rows 1.092 (more conv rows computed twice); Version 16 has the forms dropped.
 // Batch 1 and 8: a block per band of pooled rows, so stem_p8 gives a 224 x 224 image 7 blocks (H200, batch 1: 25 us
 // against TensorRT's 18, TensorRT's per-layer profile). Shorter bands give more blocks, each computing more conv rows
-// twice; bench layers --kind stem --batches 1,8 times every row, and the selection stays the first row until that
-// measurement says otherwise.
+// twice; the tuner times every band per batch, and its "stem" entries pick (select_stem).
 StemInfo const kStemConfigs[] = {
     stem_info<StemBand<8>, true>("stem_p8"),
     stem_info<StemBand<6>>("stem_p6"),
