@@ -1,7 +1,6 @@
 """The energy span reads the run's own GPUs (by PCI bus id), not every GPU of the host."""
 
 import sys
-import time
 from types import SimpleNamespace
 
 import trtfuse
@@ -65,16 +64,22 @@ def test_the_span_samples_the_sm_clock_and_the_power_cap_of_its_gpus(monkeypatch
     cuda = SimpleNamespace(pci_bus_id=lambda d: ["0000:3b:00.0", "0000:18:00.0"][d])
     monkeypatch.setitem(sys.modules, "trtfuse.cuda_runtime", cuda)
     monkeypatch.setattr(trtfuse, "cuda_runtime", cuda, raising=False)
-    with gpu_energy.EnergySpan([0, 1], sample_s=0.01) as span:
-        while len(span._samples) < 3:
-            time.sleep(0.01)
+    # the sampling thread's step, taken here (sample_s=0: no thread), so that nothing depends on the clock
+    with gpu_energy.EnergySpan([0, 1], sample_s=0) as span:
+        assert span.sample() and span.sample() and span.sample()
     out = span.result(samples=1)
     assert out["sm_clock_mhz"] == 1600  # GPUs 2 and 0: 1700 and 1500 MHz
-    assert out["power_capped_fraction"] == 1.0 and out["clock_samples"] >= 3  # GPU 2 capped in every sample
-    with gpu_energy.EnergySpan([1], sample_s=0.01) as alone:
-        while len(alone._samples) < 2:
-            time.sleep(0.01)
+    assert out["power_capped_fraction"] == 1.0 and out["clock_samples"] == 3  # GPU 2 capped in every sample
+    with gpu_energy.EnergySpan([1], sample_s=0) as alone:
+        assert alone.sample()
     assert alone.result(samples=1)["power_capped_fraction"] == 0.0
+    def not_supported(*_):
+        raise RuntimeError("NVML_ERROR_NOT_SUPPORTED")
+
+    nvml.nvmlDeviceGetClockInfo = not_supported  # a driver without the query: no sample, nothing said of clocks
+    with gpu_energy.EnergySpan([1], sample_s=0) as old:
+        assert not old.sample()
+    assert "sm_clock_mhz" not in old.result(samples=1)
 
 
 def test_only_tensorrt_runs_measure_energy():

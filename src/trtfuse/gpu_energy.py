@@ -57,16 +57,22 @@ class EnergySpan:
         return self
 
     def _sample_clocks(self) -> None:
+        while not self._stop.wait(self._sample_s) and self.sample():
+            pass
+
+    def sample(self) -> bool:
+        """One sample of the GPUs' mean SM clock and whether the power cap holds any of them; False where the driver
+        lacks these queries (then no more are taken)."""
         nvml = self._nvml
         reasons = getattr(nvml, "nvmlDeviceGetCurrentClocksEventReasons", None) or getattr(
             nvml, "nvmlDeviceGetCurrentClocksThrottleReasons", None)
-        while not self._stop.wait(self._sample_s):
-            try:
-                mhz = [nvml.nvmlDeviceGetClockInfo(h, NVML_CLOCK_SM) for h in self._handles]
-                capped = bool(reasons) and any(reasons(h) & SW_POWER_CAP for h in self._handles)
-            except Exception:  # noqa: BLE001 - a driver without these queries: no clock samples
-                return
-            self._samples.append((sum(mhz) / len(mhz), capped))
+        try:
+            mhz = [nvml.nvmlDeviceGetClockInfo(h, NVML_CLOCK_SM) for h in self._handles]
+            capped = bool(reasons) and any(reasons(h) & SW_POWER_CAP for h in self._handles)
+        except Exception:  # noqa: BLE001 - a driver without these queries: no clock samples
+            return False
+        self._samples.append((sum(mhz) / len(mhz), capped))
+        return True
 
     def __exit__(self, *exc):
         self._t1 = time.perf_counter()
