@@ -13,6 +13,13 @@ def test_the_spin_covers_twice_the_hosts_time_for_the_calls_within_bounds():
     assert gpu_timing.spin_ns(1000, 1.0) == gpu_timing.MAX_SPIN_NS
 
 
+def test_the_warm_up_makes_every_call_once_in_order():
+    calls = []
+    assert gpu_timing.warm_up(calls.append, 5) >= 0
+    assert calls == [0, 1, 2, 3, 4]
+    assert gpu_timing.warm_up(calls.append, 0) == 1e-3 and calls == [0, 1, 2, 3, 4]   # none: a nominal 1 ms
+
+
 def test_the_kernels_library_exports_the_spin():
     from test_residual_conv import _kernels_lib
 

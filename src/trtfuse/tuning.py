@@ -80,16 +80,10 @@ def make_problem(cin: int, cout: int, hw: int, batch: int, seed: int = 0, stride
 def time_launches(launch, sets: int, warmup: int = 10, reps: int = 60) -> float:
     """Median milliseconds of one launch (CUDA events around each, inputs rotated among `sets`), queued behind a spin
     (trtfuse.ops.gpu_timing): the GPU's time, also at batch 1, where a launch costs the host more."""
-    import time
-
     import torch
-    from trtfuse.ops.gpu_timing import queue_ahead
+    from trtfuse.ops.gpu_timing import queue_ahead, warm_up
 
-    for i in range(warmup):   # the host's time per call from the second half (the first may load modules)
-        if i == warmup // 2:
-            t0 = time.perf_counter()
-        launch(i % sets)
-    host = (time.perf_counter() - t0) / max(warmup - warmup // 2, 1) if warmup else 1e-3
+    host = warm_up(lambda i: launch(i % sets), warmup)
     torch.cuda.synchronize()
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
@@ -296,7 +290,7 @@ def tune_family_shape(family: str, layer, configs: list[str], n: int, h: int, in
         times[name] = time_launches(lambda i, c=c: run(c, i), sets, reps=reps)
     del bufs
     torch.cuda.empty_cache()
-    return {**cache_entry({"family": family, **shape, "batch": n}, times, mismatched, [], unfit)}
+    return cache_entry({"family": family, **shape, "batch": n}, times, mismatched, [], unfit)
 
 
 def tune_conv3x3_shape(c: int, hw: int, stride: int, batch: int, reps: int = 60) -> dict:

@@ -3,8 +3,6 @@ error checks, device buffers, CUDA-event timing, the device copy bandwidth, and 
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 
 try:
@@ -59,13 +57,9 @@ class DeviceBuffer:
 def time_ms(fn, stream, reps: int, warmup: int = 10) -> float:
     """Median of `reps` CUDA-event-timed calls of fn(i) on `stream`, queued behind a spin (trtfuse.ops.gpu_timing):
     the GPU's time, also where a call costs the host more."""
-    from trtfuse.ops.gpu_timing import queue_ahead
+    from trtfuse.ops.gpu_timing import queue_ahead, warm_up
 
-    for i in range(warmup):   # the host's time per call from the second half (the first may load modules)
-        if i == warmup // 2:
-            t0 = time.perf_counter()
-        fn(i)
-    host = (time.perf_counter() - t0) / max(warmup - warmup // 2, 1) if warmup else 1e-3
+    host = warm_up(fn, warmup)
     ck(cudart.cudaStreamSynchronize(stream))
     evs = [(ck(cudart.cudaEventCreate()), ck(cudart.cudaEventCreate())) for _ in range(reps)]
     queue_ahead(int(stream), reps, host)

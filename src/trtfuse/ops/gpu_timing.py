@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import time
 
 MAX_SPIN_NS = 2_000_000_000
 
@@ -28,6 +29,16 @@ def spin_ns(calls: int, host_s_per_call: float) -> int:
     """How long to hold the stream for `calls` more calls that took the host `host_s_per_call` each: twice that
     (the events recorded between them cost the host too), at least 1 ms, at most MAX_SPIN_NS."""
     return int(min(max(2e9 * calls * host_s_per_call, 1e6), MAX_SPIN_NS))
+
+
+def warm_up(call, times: int) -> float:
+    """call(i) for i < times; the host's seconds per call, from the second half (the first may load modules)."""
+    t0 = time.perf_counter()
+    for i in range(times):
+        if i == times // 2:
+            t0 = time.perf_counter()
+        call(i)
+    return (time.perf_counter() - t0) / max(times - times // 2, 1) if times else 1e-3
 
 
 def queue_ahead(stream: int, calls: int, host_s_per_call: float) -> None:
