@@ -57,7 +57,8 @@ grep -E "^[a-z-]+ rc=[1-9]" "$OUT/sanitizer.log" | grep -vE "^(memcheck|racechec
 
 step tune
 cp benchmarks/results/residual_conv_tuning_h100.json "$OUT/residual_conv_tuning_h100.json"
-python3 -m trtfuse.tuning --out "$OUT/residual_conv_tuning_h100.json" ${1:+--reps 30} ${TUNE_ARGS:-} 2>&1 | tee "$OUT/tune.log" | cut -c1-400
+python3 -m trtfuse.tuning --out "$OUT/residual_conv_tuning_h100.json" ${1:+--reps 30} ${TUNE_ARGS:-} 2>&1 | tee "$OUT/tune.log" | cut -c1-400 \
+  || { echo "tuner: failed (see tune.log)"; status=1; }
 # a config whose full-shape output differs from config 0's is a bug (excluded from the cache, but fail the run)
 grep -q MISMATCH "$OUT/tune.log" && { echo "tuner: MISMATCH (see tune.log)"; status=1; }
 

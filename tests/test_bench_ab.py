@@ -4,6 +4,7 @@ the sides take turns in, the child protocol, and the timer's command loop with a
 measures)."""
 
 import io
+import os
 import json
 import subprocess
 import sys
@@ -307,3 +308,112 @@ def test_a_run_with_fake_builds_and_timer_resumes_and_keeps_each_sides_code(tmp_
     assert main([*argv[:6], str(late), *argv[7:], "--deadline-s", "0"]) == 0
     data = json.loads(late.read_text())
     assert set(data["incomplete"]) == set(ab.STAGES) and "libs" not in data and not data["bars"]["complete"]
+
+
+def test_the_timer_profiles_and_times_one_engine_with_one_optimization_profile():
+    """TensorRT 8.5 gives an engine's one optimization profile to one live context: a second context has none and
+    its enqueue fails (seen on the H200: "Assertion mOptimizationProfile >= 0 failed"). The worker times, profiles
+    and times again on such an engine, with the profiler only on the profiled runs."""
+    import gc
+    import weakref
+
+    import numpy as np
+
+    class Context:
+        def __init__(self, engine):
+            self.engine, self.profiler = engine, None
+            held = [c for c in (r() for r in engine.contexts) if c is not None]
+            self.profile = -1 if held else 0
+            engine.contexts.append(weakref.ref(self))
+
+        def set_input_shape(self, name, shape):
+            self.shape = shape
+
+        def get_tensor_shape(self, name):
+            return self.shape
+
+        def set_tensor_address(self, name, ptr):
+            pass
+
+        def execute_async_v3(self, stream):
+            if self.profile < 0:
+                return False
+            if self.profiler is not None:
+                self.profiler.report_layer_time("conv", 1.0)
+            self.engine.runs.append("profiled" if self.profiler is not None else "timed")
+            return True
+
+    class Engine:
+        num_io_tensors, num_optimization_profiles = 1, 1
+
+        def __init__(self):
+            self.contexts, self.runs = [], []
+
+        def create_execution_context(self):
+            return Context(self)
+
+        def get_tensor_name(self, i):
+            return "input"
+
+        def get_tensor_mode(self, name):
+            return "in"
+
+        def get_tensor_profile_shape(self, name, profile):
+            assert profile == 0
+            return [(1, 3), (2, 3), (4, 3)]
+
+        def get_tensor_components_per_element(self, name):
+            return 1
+
+        def get_tensor_vectorized_dim(self, name):
+            return -1
+
+        def get_tensor_dtype(self, name):
+            return "int8"
+
+    class Trt:
+        class TensorIOMode:
+            INPUT = "in"
+
+        class IProfiler:
+            def __init__(self):
+                pass
+
+        @staticmethod
+        def nptype(dtype):
+            return np.int8
+
+    class Rt:
+        cudaMalloc = staticmethod(lambda n: (0, 1))
+        cudaMemset = cudaStreamSynchronize = cudaEventRecord = cudaEventDestroy = staticmethod(lambda *a: (0,))
+        cudaEventCreate = staticmethod(lambda: (0, object()))
+        cudaEventElapsedTime = staticmethod(lambda a, b: (0, 2.0))
+
+    class Cuda:
+        rt = Rt
+
+        def ck(self, result):
+            return ab_timer._Cuda.ck(self, result)
+
+    worker = ab_timer.Worker()
+    worker.trt, worker.np, worker.cuda, worker.stream = Trt, np, Cuda(), 0
+    engine = Engine()
+    ctx, _ = worker._context(engine, 2)
+    worker.engines["k"] = {"engine": engine, "batch": 2, "ctx": ctx, "profiled": False}
+    del ctx
+    gc.collect()
+    assert worker.time("k", iters=1, reps=1, warmup=0) == {"ms": [2.0]}
+    assert worker.profile("k", runs=2) == {"layers": {"conv": 1.0}, "total_ms": 1.0}
+    assert worker.time("k", iters=1, reps=1, warmup=0) == {"ms": [2.0]}
+    # the profiler stays off the timed runs; the profiled context's two warm-up runs carry none yet
+    assert engine.runs == ["timed", "timed", "timed", "profiled", "profiled", "timed"]
+
+
+def test_gpu_test_takes_the_triton_payloads_numpy_first(monkeypatch):
+    env = {"PYTHONPATH": "/src", "X": "1"}
+    monkeypatch.delenv("TRTFUSE_TRITON_NUMPY1", raising=False)
+    assert ab.tests_env("gpu-test", env) == env
+    monkeypatch.setenv("TRTFUSE_TRITON_NUMPY1", "/tmp/triton/numpy1")
+    assert ab.tests_env("gpu-test", env) == {"PYTHONPATH": f"/tmp/triton/numpy1{os.pathsep}/src", "X": "1"}
+    assert ab.tests_env("conv-test", env) == env
+    assert ab.tests_env("gpu-test", {})["PYTHONPATH"] == "/tmp/triton/numpy1"

@@ -112,21 +112,25 @@ def stand_ins(tmp_path, monkeypatch):
             serve_check(self, *args, **kwargs)
             calls["serve"].append((args, kwargs))
             self.url = "localhost:1"
+            # the models of the repository it serves: a client may load only those
+            self.models = {d.name for d in Path(args[0][0]).iterdir() if d.is_dir()}
             self.ready = {"backend": "tensorrt-native", "tensorrt": "8.5.3", "backend_library": "/tmp/lib.so",
                           "plugins": ["/tmp/plugins.so"]}
 
         def __enter__(self):
+            serving.append(self)
             return self
 
         def __exit__(self, *exc):
-            pass
+            serving.remove(self)
+    serving = []
     monkeypatch.setattr(process, "ServeProcess", Served)
 
     class Client:
         server_version = "2.51.0"
 
         def load(self, model, batch):
-            pass
+            assert any(model.name in s.models for s in serving), f"{model.name} is not served"
 
         def classify(self, x, k=5):
             top = top1_of(x)

@@ -377,7 +377,7 @@ def test_small_every_config(cuda, shape, config):
     run_case(cuda, *shape, True, config, np.random.default_rng())
 
 
-def test_the_cache_answers_per_family_and_nearest_batch(tmp_path):
+def test_the_cache_answers_per_family_and_nearest_batch_within_16x(tmp_path):
     # CPU (needs only the built library): entries of the 1x1 conv (no "family"), the 3x3 and the stem are kept apart
     op = _kernels_lib()
     cache = tmp_path / "c.json"
@@ -391,9 +391,14 @@ def test_the_cache_answers_per_family_and_nearest_batch(tmp_path):
     ]}))
     try:
         op.load_cache(str(cache))
-        assert op.cache_lookup("GPU A", "", 64, 64, 3136, 8, residual=True) == "sm80_128x128x64_s2"
+        assert op.cache_lookup("GPU A", "", 64, 64, 3136, 32, residual=True) == "sm80_128x128x64_s2"
+        # an entry speaks for batches within a factor of 16 of its own: beyond, none (the heuristic's turn)
+        assert op.cache_lookup("GPU A", "", 64, 64, 3136, 8, residual=True) is None
+        assert op.cache_lookup("GPU A", "", 64, 64, 3136, 4096, residual=True) == "sm80_128x128x64_s2"
+        assert op.cache_lookup("GPU A", "", 64, 64, 3136, 4097, residual=True) is None
         assert op.cache_lookup("GPU A", "conv3x3", 64, 64, 3136, 8) == "halo_64x128_s2_b2_pp"      # 8 is nearer 1
         assert op.cache_lookup("GPU A", "conv3x3", 64, 64, 3136, 256) == "halo_64x256_s4_b2_wr"    # than 2048
+        assert op.cache_lookup("GPU A", "conv3x3", 64, 64, 3136, 32) is None     # 32 x from 1, 64 x from 2048
         assert op.cache_lookup("GPU A", "stem", 3, 64, 3136, 1, stride=2) == "stem_p2"
         assert op.cache_lookup("GPU A", "stem", 3, 64, 3136, 1) is None          # stride 1: no such stem entry
         assert op.cache_lookup("GPU B", "conv3x3", 64, 64, 3136, 1) is None

@@ -62,8 +62,9 @@ source /opt/trt85/env.sh
 # shellcheck disable=SC1091
 source tools/dev_env.sh
 # Pure-Python wheels the staging lacks, carried in .devcache/native or unpacked from the payload into
-# /tmp/payload/native: tomli (Python 3.10 reads TOML with it, and every `trtfuse` command reads its settings; pytest
-# too), nvidia-ml-py (GPU energy), tqdm. Unpacked once per machine.
+# /tmp/payload/native (tools/stage_payload.sh): tomli (Python 3.10 reads TOML with it, and every `trtfuse` command
+# reads its settings; pytest too), exceptiongroup (the staged pytest imports it on 3.10), nvidia-ml-py (GPU energy),
+# tqdm. Unpacked once per machine.
 for w in .devcache/native/*.whl /tmp/payload/native/*.whl; do
     [ -f "$w" ] && [ ! -f "$TRT85/site-packages/.$(basename "$w").done" ] && python3.10 -m zipfile -e "$w" "$TRT85/site-packages/" \
         && touch "$TRT85/site-packages/.$(basename "$w").done"
@@ -73,6 +74,7 @@ done
 NUMPY1=
 if [ -f /tmp/triton/.ready ]; then
     NUMPY1=/tmp/triton/numpy1:
+    export TRTFUSE_TRITON_NUMPY1=/tmp/triton/numpy1   # bench ab's gpu-test puts it first, as gpu-test here does
     export PYTHONPATH=/tmp/triton/site-packages:$PYTHONPATH
     export TRTFUSE_TRITON_BACKEND_DIR=${TRTFUSE_TRITON_BACKEND_DIR:-/tmp/triton/backend}
 fi
@@ -195,8 +197,10 @@ for step in "$@"; do
             rm -rf "/tmp/trtfuse-bg-tree-$job" && cp -r "$PWD" "/tmp/trtfuse-bg-tree-$job" && mkdir -p "$dir"
             rm -f "$dir/bg.pid"
             # Every descriptor of the job points away from this call's output (a holder of it keeps the call
-            # waiting for the job), and the job writes its own pid: it is the process bg-wait watches.
-            (cd "/tmp/trtfuse-bg-tree-$job" && TRTFUSE_RESULTS=$dir OUT=$dir/out exec setsid bash -c \
+            # waiting for the job), and the job writes its own pid: it is the process bg-wait watches. It starts
+            # from this call's environment before the sourcing above (ORIG_ENV), so that its kernel-only steps
+            # find the machine's python3 (PyTorch) first again, and sources its own tree's.
+            (cd "/tmp/trtfuse-bg-tree-$job" && exec env "${ORIG_ENV[@]}" TRTFUSE_RESULTS="$dir" OUT="$dir/out" setsid bash -c \
                  'echo $$ > "$0"; exec bash tools/device_trt.sh "$@"' "$dir/bg.pid" ${steps//+/ }) \
                 > "$dir/bg.log" 2>&1 < /dev/null &
             for _ in $(seq 50); do [ -s "$dir/bg.pid" ] && break; sleep 0.1; done
@@ -215,6 +219,8 @@ done
 echo "conv tile cache: $TRTFUSE_RESIDUAL_CONV_CACHE"
 cp "$RESULTS"/*.json "$OUT"/ 2>/dev/null
 # At most 8 files of 16 MiB come back: a bg job's edge runs (accuracy logs of several MB) in a file of their own
-tar -C "$RESULTS" --exclude='./gpu*/out' --exclude='./gpu*/edge' -czf "$OUT/logs.tgz" .
+# (the Triton runs' exported repositories hold plans and plugin libraries: a logs.tgz over 16 MiB does not come back)
+tar -C "$RESULTS" --exclude='./gpu*/out' --exclude='./gpu*/edge' --exclude='*/triton-runs' --exclude='*.plan' \
+    --exclude='*.engine' --exclude='*.so' -czf "$OUT/logs.tgz" .
 for d in "$RESULTS"/gpu*/edge; do [ -d "$d" ] && tar -C "$d/.." -czf "$OUT/edge-$(basename "$(dirname "$d")").tgz" edge; done
 exit "$failed"

@@ -79,6 +79,11 @@ def _cpuinfo() -> dict:
     return info
 
 
+def cpu_model() -> str:
+    """The host CPU's model name, which every benchmark record carries (hosts of one GPU kind differ)."""
+    return _cpuinfo().get("model") or platform.processor() or "unknown"
+
+
 @_guarded(None)
 def _meminfo_kib() -> int | None:
     m = re.search(r"^MemTotal:\s*(\d+)\s*kB", _read("/proc/meminfo"), re.MULTILINE)

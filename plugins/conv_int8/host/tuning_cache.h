@@ -21,8 +21,12 @@ struct CacheEntry {
 bool parse_tuning_cache(std::string const& text, std::vector<CacheEntry>* entries, std::string* error);
 bool read_tuning_cache(std::string const& path, std::vector<CacheEntry>* entries, std::string* error);
 
+// An entry speaks for batches within this factor of its own: a pick at batch 1 or 8 (small tiles that fill the SMs)
+// says nothing about batch 2048 on the same GPU, where the heuristic is the better guess.
+constexpr int kMaxBatchRatio = 16;
+
 // The entry of `family` for (gpu, cin, cout, hw, residual, stride, proj_cin) whose batch is closest to `batch` (in log
-// scale); nullptr if none.
+// scale), within kMaxBatchRatio of it; nullptr if none.
 CacheEntry const* lookup(std::vector<CacheEntry> const& entries, std::string const& gpu, int cin, int cout, int hw,
                          int batch, bool residual, int stride, int proj_cin = 0, std::string const& family = "");
 

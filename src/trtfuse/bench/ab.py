@@ -69,6 +69,16 @@ TESTS = (
 )
 
 
+def tests_env(name: str, env: dict) -> dict:
+    """The environment of TESTS' entry ``name``: gpu-test serves through Triton 2.51's Python backend, whose stub
+    answers empty outputs with NumPy 2 (trtfuse serve refuses it), so the Triton payload's NumPy 1
+    ($TRTFUSE_TRITON_NUMPY1, set by device_trt.sh) comes first, as in device_trt.sh's own gpu-test step."""
+    numpy1 = os.environ.get("TRTFUSE_TRITON_NUMPY1")
+    if name != "gpu-test" or not numpy1:
+        return env
+    return {**env, "PYTHONPATH": os.pathsep.join(p for p in (numpy1, env.get("PYTHONPATH", "")) if p)}
+
+
 def log(msg: str) -> None:
     print(f"[ab {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
@@ -388,7 +398,7 @@ def nvidia_smi() -> dict:
 
 
 def run(args) -> int:
-    from trtfuse.bench.native import cpu_model
+    from trtfuse.sysinfo import cpu_model
     from trtfuse.bench.runs import run_stage
 
     deadline = Deadline(args.deadline_s)
@@ -644,7 +654,7 @@ def run(args) -> int:
             argv = [sys.executable, "-m", "pytest", "-q", "-rA", "-m", marks, "-p", "no:cacheprovider", *files]
             t0 = time.time()
             try:
-                p = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, check=False,
+                p = subprocess.run(argv, cwd=REPO, env=tests_env(name, env), capture_output=True, text=True, check=False,
                                    timeout=max(deadline.left(), 30))
                 stdout, rc = p.stdout, p.returncode
                 (logs / f"ab-{name}.log").write_text(p.stdout + p.stderr)

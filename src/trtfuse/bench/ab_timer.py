@@ -82,7 +82,7 @@ class Worker:
             if engine is None:
                 raise RuntimeError(f"TensorRT could not deserialize {e['path']} (plugin library {lib})")
             ctx, rows = self._context(engine, int(e["batch"]))
-            self.engines[key] = {"engine": engine, "batch": int(e["batch"]), "ctx": ctx, "prof": None}
+            self.engines[key] = {"engine": engine, "batch": int(e["batch"]), "ctx": ctx, "profiled": False}
             info[key] = {"io": rows, "device_memory": int(getattr(engine, "device_memory_size", 0))}
         prop = ck(rt.cudaGetDeviceProperties(0))
         gpu = prop.name.decode(errors="replace").rstrip("\0") if isinstance(prop.name, bytes) else str(prop.name)
@@ -120,9 +120,20 @@ class Worker:
         if not ctx.execute_async_v3(int(self.stream)):
             raise RuntimeError("TensorRT execute_async_v3 failed")
 
+    def _own_context(self, key: str, profiled: bool):
+        """The engine's one context, made anew when the use changes: a context that carries a profiler keeps it,
+        and the engine's one optimization profile serves one context at a time (TensorRT 8.5 refuses to enqueue
+        a second context, which has none)."""
+        e = self.engines[key]
+        if e["profiled"] != profiled:
+            e["ctx"] = None  # releases the profile before the next context takes it
+            e["ctx"], _ = self._context(e["engine"], e["batch"])
+            e["profiled"] = profiled
+        return e["ctx"]
+
     def time(self, key: str, iters: int, reps: int, warmup: int = 3) -> dict:
         rt, ck = self.cuda.rt, self.cuda.ck
-        ctx = self.engines[key]["ctx"]
+        ctx = self._own_context(key, profiled=False)
         for _ in range(warmup):
             self._enqueue(ctx)
         ck(rt.cudaStreamSynchronize(self.stream))
@@ -141,10 +152,7 @@ class Worker:
 
     def profile(self, key: str, runs: int) -> dict:
         trt, rt, ck = self.trt, self.cuda.rt, self.cuda.ck
-        e = self.engines[key]
-        if e["prof"] is None:  # its own context: the profiler it carries stays off the timed one
-            e["prof"], _ = self._context(e["engine"], e["batch"])
-        prof = e["prof"]
+        prof = self._own_context(key, profiled=True)
 
         class Profiler(trt.IProfiler):
             def __init__(self):

@@ -33,6 +33,8 @@ from pathlib import Path
 
 import numpy as np
 
+from trtfuse.sysinfo import cpu_model
+
 MODELS = ("ours_resnet50", "tv_resnet50", "tv_resnet101")
 HW = 224
 STRIP_MIN_ELEMENTS = 4096   # initializers at least this large travel without their bytes
@@ -183,6 +185,7 @@ def run(bundle: Path, out: Path, stages, models=MODELS, batch: int = 2048, secon
         data["gpu"] = cuda_runtime.device_name()
     except Exception as e:  # noqa: BLE001 - keep the JSON going; the stages say why they fail
         data["errors"]["gpu"] = f"{type(e).__name__}: {e}"
+    data["cpu_model"] = cpu_model()
     data["batch"], data["streams"], data["seconds"] = batch, streams, seconds
     data["weights"] = "random (int8 refilled from a seed, see trtfuse.bench.any_resnet): performance only"
 

@@ -76,10 +76,13 @@ def time_ms(fn, stream, reps: int, warmup: int = 10) -> float:
 
 
 def result_header(script: str, stream, with_trt: bool, **fields) -> dict:
-    """What a layer benchmark's JSON starts with: the GPU, the script, the weights note, the copy bandwidth measured
+    """What a layer benchmark's JSON starts with: the GPU, the host CPU, the script, the weights note, the copy bandwidth measured
     now, then `fields`; with TensorRT also its version and the plugin library (loaded here)."""
     prop = ck(cudart.cudaGetDeviceProperties(0))
-    result = {"gpu": prop.name.decode() if isinstance(prop.name, bytes) else str(prop.name), "script": script,
+    from trtfuse.sysinfo import cpu_model
+
+    result = {"gpu": prop.name.decode() if isinstance(prop.name, bytes) else str(prop.name), "cpu_model": cpu_model(),
+              "script": script,
               "weights": "random (performance only)", "copy_gbps": copy_gbps(stream), **fields}
     if with_trt:
         import tensorrt as trt

@@ -327,7 +327,7 @@ class Edge:
 
     def run(self, todo: list[str]) -> int:
         if set(todo) - {"tree"}:   # the machine of the runs; the tree is written anywhere and keeps theirs
-            from trtfuse.bench.native import cpu_model
+            from trtfuse.sysinfo import cpu_model
 
             try:
                 from trtfuse import cuda_runtime

@@ -26,7 +26,8 @@ import sys
 import time
 from pathlib import Path
 
-from trtfuse.bench import native as nbench  # RandomImages, settings_for, cpu_model
+from trtfuse.bench import native as nbench  # RandomImages, settings_for
+from trtfuse.sysinfo import cpu_model
 from trtfuse.bench.runs import run_stage, save_record
 
 STAGES = ("engines", "engine", "offline", "server", "host-path")
@@ -95,7 +96,7 @@ def run(args) -> int:
     out = Path(args.out)
     data = json.loads(out.read_text()) if out.is_file() else {}
     data.setdefault("errors", {})
-    data.update(sut=args.sut, cpu_model=nbench.cpu_model(), numa_nodes=numa_nodes(), cpus=os.cpu_count(),
+    data.update(sut=args.sut, cpu_model=cpu_model(), numa_nodes=numa_nodes(), cpus=os.cpu_count(),
                 loadgen_version=native_sut.loadgen_version(), weights="random: performance only",
                 inputs=f"{args.images} random int8 images 3x224x224 (seed 0)",
                 how="trtfuse bench multigpu (tools/device_trt.sh multigpu-native)")

@@ -20,13 +20,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
 from trtfuse.bench.runs import run_stage, save_record
+from trtfuse.sysinfo import cpu_model
 
 BUNDLE = Path("/tmp/trtfuse-e2e")
 STAGES = ("engines", "engine", "offline", "server", "attribution")
@@ -34,13 +34,6 @@ STAGES = ("engines", "engine", "offline", "server", "attribution")
 
 def log(msg: str) -> None:
     print(f"[native {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
-
-
-def cpu_model() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor() or "unknown"
 
 
 class RandomImages:

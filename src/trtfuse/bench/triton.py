@@ -44,6 +44,7 @@ import numpy as np
 from trtfuse.bench.bundle import STASH, BundleImages, log
 from trtfuse.bench.runs import loadgen_row, server_search
 from trtfuse.bench.e2e import Results
+from trtfuse.sysinfo import cpu_model
 
 STAGES = ("direct", "triton-offline", "triton-server", "triton-cost", "lanes", "native-offline", "native-server",
           "native-accuracy")
@@ -95,7 +96,8 @@ def run(args, stages) -> int:
     from trtfuse.triton.process import ServeProcess
 
     res = Results(args.out)
-    res.data.update(gpu=cuda_runtime.device_name(), trt_version=trt.__version__, gpus_visible=cuda_runtime.device_count(),
+    res.data.update(gpu=cuda_runtime.device_name(), cpu_model=cpu_model(), trt_version=trt.__version__,
+                    gpus_visible=cuda_runtime.device_count(),
                     note="ResNet-50 with random weights: performance only")
     model_dir = args.bundle / "models" / MODEL
     model = load_prepared(model_dir)
@@ -154,9 +156,9 @@ def run(args, stages) -> int:
                              "--max-queue-delay-us", str(args.max_queue_delay_us), "--instances", instances,
                              "--concurrency", concurrency], runs / f"serve-{batch}-{config}")
 
-    def client(url: str, batch: int, transport: str, inflight: int):
+    def client(url: str, batch: int, transport: str, inflight: int, prepared=model):
         backend = create_backend("triton", url=url, transport=transport, inflight=inflight)
-        backend.load(model, batch)
+        backend.load(prepared, batch)
         return backend
 
     def triton_offline():
@@ -315,7 +317,7 @@ def run(args, stages) -> int:
         finally:
             backend.close()
         with native(256, lite, plan) as server:
-            backend = client(server.url, 256, args.transport, 2)
+            backend = client(server.url, 256, args.transport, 2, lite)
             try:
                 served_top1 = np.concatenate([backend.classify(data.images(rows))[:, 0] for rows in chunks])
             finally:

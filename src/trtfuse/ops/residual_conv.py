@@ -210,7 +210,8 @@ def load_cache(path: str | None) -> int:
 def cache_lookup(gpu: str, family: str, cin: int, cout: int, hw: int, n: int, residual: bool = False,
                  stride: int = 1, proj_cin: int = 0) -> str | None:
     """The loaded tuning cache's configuration name for a GPU of that name, a family ("" the 1x1 conv, "conv3x3",
-    "stem") and a layer at batch n (the entry of the nearest batch); None if it has none. Needs no GPU."""
+    "stem") and a layer at batch n (the entry of the nearest batch within a factor of 16); None if it has none.
+    Needs no GPU."""
     name = ctypes.create_string_buffer(128)
     st = library().trtfuse_residual_conv_cache_lookup(gpu.encode(), family.encode(), cin, cout, hw, n, int(residual),
                                                       stride, proj_cin, name, len(name))

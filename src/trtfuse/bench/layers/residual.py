@@ -31,6 +31,7 @@ import numpy as np
 
 import tensorrt as trt
 from trtfuse.bench.cuda import DeviceBuffer, ck, compare, copy_gbps, cudart, time_ms
+from trtfuse.sysinfo import cpu_model
 from trtfuse.bench.layers import measure
 # the tests drive this kind's cases and the plugin node through these names
 from trtfuse.bench.layers.common import (LOGGER, PluginFields, _int8_io, check_binding_formats,  # noqa: F401
@@ -451,7 +452,7 @@ def run(args) -> int:
     gbps = copy_gbps(stream)
     print(f"{gpu}: device copy {gbps:.0f} GB/s (read + write)", flush=True)
 
-    result = {"gpu": gpu, "copy_gbps": gbps, "tensorrt": trt.__version__, "rows": []}
+    result = {"gpu": gpu, "cpu_model": cpu_model(), "copy_gbps": gbps, "tensorrt": trt.__version__, "rows": []}
     result["round_trip_check"] = [
         plugin_round_trip_check(rng, stream, relu) for relu in (True, False)
     ] + [plugin_round_trip_check(rng, stream, False, residual=False, stride=stride) for stride in (1, 2)]
