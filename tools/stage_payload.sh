@@ -22,6 +22,8 @@ MLPERF=${MLPERF:-$ROOT/../shared/third_party/mlperf}
 PIECE=${PIECE:-60000000}
 WORK=${TMPDIR:-/tmp}/payload-stage-work
 HERE=$(cd "$(dirname "$0")" && pwd)
+# shellcheck source=tools/pieces.sh
+source "$HERE/pieces.sh"
 WHEELS=(tomli==2.5.0 nvidia-ml-py==13.615.71 tqdm==4.70.1 exceptiongroup==1.3.2)
 die() { echo "stage_payload: $*" >&2; exit 2; }
 [ -f "$E2E/models/resnet50/model.json" ] && [ -d "$E2E/images0" ] || die "no bundle in $E2E: run \`trtfuse bench bundle prepare\` (or set E2E)"
@@ -42,13 +44,5 @@ cp "$NATIVE"/mlcommons_loadgen-*.tar.gz "$WORK/root/native/"
 pip download -q --no-deps --only-binary=:all: --python-version 3.10 --implementation cp -d "$WORK/root/native" "${WHEELS[@]}"
 echo "== pack ($(du -sh "$WORK/root" | cut -f1))"
 tar -C "$WORK/root" --owner=0 --group=0 -cf - . | zstd -q -19 --long=27 -T0 -o "$WORK/payload.tar.zst"
-rm -rf "$OUT.tmp"
-mkdir -p "$OUT.tmp"
-split -b "$PIECE" -a 2 --numeric-suffixes=0 "$WORK/payload.tar.zst" "$OUT.tmp/piece"
-cp "$HERE/payload_unpack.sh" "$OUT.tmp/unpack.sh"
-{ ls "$OUT.tmp" | grep -c '^piece'; sha256sum "$WORK/payload.tar.zst" | cut -d' ' -f1; } > "$OUT.tmp/MANIFEST"
-rm -rf "$OUT"
-mv "$OUT.tmp" "$OUT"
+write_pieces "$WORK/payload.tar.zst" "$OUT" "$HERE/payload_unpack.sh" "$PIECE" "$PIECE"
 rm -rf "$WORK"
-echo "== staged $(head -1 "$OUT/MANIFEST") piece(s) in $OUT:"
-ls -l "$OUT" | tail -n +2

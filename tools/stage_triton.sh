@@ -29,6 +29,8 @@ FIRST_PIECE=${FIRST_PIECE:-26000000}   # rides beside the payload's 32 MB piece0
 PIECE=${PIECE:-40000000}
 WORK=${TMPDIR:-/tmp}/triton-stage-work
 HERE=$(cd "$(dirname "$0")" && pwd)
+# shellcheck source=tools/pieces.sh
+source "$HERE/pieces.sh"
 PYTRITON=nvidia-pytriton==0.7.0
 NUMPY1=numpy==1.26.4
 WHEELS=(tritonclient==2.73.0 grpcio==1.85.3 python-rapidjson==1.25 onnxruntime==1.23.2 exceptiongroup==1.3.2)
@@ -78,17 +80,5 @@ cp -r "$LITE0" "$WORK/root/triton/e2e/models/"
 
 echo "== pack ($(du -sh "$WORK/root/triton" | cut -f1))"
 tar -C "$WORK/root" --owner=0 --group=0 -cf - triton | zstd -q -19 --long=27 -T0 -o "$WORK/triton.tar.zst"
-rm -rf "$OUT.tmp"
-mkdir -p "$OUT.tmp"
-head -c "$FIRST_PIECE" "$WORK/triton.tar.zst" > "$OUT.tmp/piece00"
-total=$(stat -c %s "$WORK/triton.tar.zst")
-if [ "$total" -gt "$FIRST_PIECE" ]; then
-    tail -c +$((FIRST_PIECE + 1)) "$WORK/triton.tar.zst" | split -b "$PIECE" -a 2 --numeric-suffixes=1 - "$OUT.tmp/piece"
-fi
-cp "$HERE/triton_unpack.sh" "$OUT.tmp/unpack.sh"
-{ ls "$OUT.tmp" | grep -c '^piece'; sha256sum "$WORK/triton.tar.zst" | cut -d' ' -f1; } > "$OUT.tmp/MANIFEST"
-rm -rf "$OUT"
-mv "$OUT.tmp" "$OUT"
+write_pieces "$WORK/triton.tar.zst" "$OUT" "$HERE/triton_unpack.sh" "$FIRST_PIECE" "$PIECE"
 rm -rf "$WORK"
-echo "== staged $(head -1 "$OUT/MANIFEST") pieces in $OUT ($total bytes):"
-ls -l "$OUT" | tail -n +2

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Runs on the GPU machine (tools/stage_triton.sh puts it in .devcache/triton/unpack.sh beside the pieces it
-# made): keeps each carried piece outside the work tree (every call replaces the tree); once every piece has
-# arrived and their checksum is the staged one, unpacks the Triton payload whole into /tmp/triton:
+# Runs on the GPU machine (tools/stage_triton.sh puts it, after tools/pieces.sh, in .devcache/triton/unpack.sh
+# beside the pieces it made): keeps each carried piece outside the work tree (every call replaces the tree); once
+# every piece has arrived and their checksum is the staged one, unpacks the Triton payload whole into /tmp/triton:
 #   site-packages/  the tritonserver of nvidia-pytriton 0.7.0 and the cp310 packages the triton steps import
 #   numpy1/         numpy 1.26, for the steps that serve through Triton's Python backend (its stub needs numpy < 2)
 #   backend/        Triton's TensorRT backend (tensorrt/libtriton_tensorrt.so, BUILD.json; runtime/ is made here)
@@ -11,21 +11,15 @@
 # TRITON_DEST, TRITON_PIECES, TRTFUSE_E2E_STASH, TRT85.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
+declare -F gather_pieces > /dev/null || source "$here/pieces.sh"   # run from tools/ itself
 dest=${TRITON_DEST:-/tmp/triton}
 keep=${TRITON_PIECES:-/tmp/triton-pieces}
 stash=${TRTFUSE_E2E_STASH:-/tmp/trtfuse-e2e}
 if [ -f "$dest/.ready" ]; then echo "TRITON READY (already): $dest"; exit 0; fi
-mkdir -p "$keep"
-for p in "$here"/piece??; do [ -f "$p" ] && cp "$p" "$keep/"; done
-n=$(head -1 "$here/MANIFEST"); sum=$(sed -n 2p "$here/MANIFEST")
-missing=$(for i in $(seq 0 $((n - 1))); do f=$(printf 'piece%02d' "$i"); [ -f "$keep/$f" ] || printf '%s ' "$f"; done)
-if [ -n "$missing" ]; then echo "triton payload: $(ls "$keep" | grep -c '^piece') of $n pieces; missing: $missing"; exit 0; fi
-got=$(cat "$keep"/piece?? | sha256sum | cut -d' ' -f1)
-[ "$got" = "$sum" ] || { echo "triton payload checksum mismatch: pieces of different stagings? rm -rf $keep and carry them again" >&2; exit 1; }
-# The TensorRT staging leaves its zstd in /tmp; a call may also carry .devcache/stage/zstd.
-zstd=$here/../stage/zstd
-[ -x "$zstd" ] || zstd=/tmp/zstd
-[ -x "$zstd" ] || zstd=$(command -v zstd) || { echo "no zstd: carry .devcache/stage/zstd too" >&2; exit 1; }
+rc=0; gather_pieces "$here" "$keep" "triton payload" || rc=$?
+[ "$rc" = 3 ] && exit 0
+[ "$rc" = 0 ] || exit "$rc"
+zstd=$(pieces_zstd "$here")
 rm -rf "$dest.tmp"
 mkdir -p "$dest.tmp"
 cat "$keep"/piece?? | "$zstd" -d -q --long=27 | tar -C "$dest.tmp" -xf -
