@@ -89,6 +89,11 @@ def test_offline_through_triton_is_valid_and_every_sample_answered(servers, imag
     assert lg["valid"], lg
     assert result["backend"] == "triton" and lg["samples_per_s"] > 0
     assert result["harness"]["completed"] == result["harness"]["issued"] == 4 * SAMPLES
+    # the client's trace of its requests: every sample in one of them, each filled before it was answered
+    trace = result["harness"]["gpu"]
+    assert trace["requests"] >= 4 * SAMPLES // BATCH and trace["rows"]["max"] <= BATCH
+    assert round(trace["requests"] * trace["rows"]["mean"]) == 4 * SAMPLES
+    assert 0 < trace["in_flight_mean"] <= trace["slots"] and trace["answer_ms"]["p50"] > 0
 
 
 def test_server_scenario_through_triton_is_valid_at_a_cpu_target(servers, imagenet_sample, tmp_path):

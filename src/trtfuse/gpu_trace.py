@@ -26,7 +26,8 @@ class BatchSpan:
     run_end: float
 
 
-def _stats(values: list[float]) -> dict:
+def stats(values: list[float]) -> dict:
+    """mean, p50 and max of ``values`` (ms or counts), rounded; None each without values."""
     if not values:
         return {"mean": None, "p50": None, "max": None}
     ordered = sorted(values)
@@ -62,9 +63,9 @@ def summarize(spans: list[BatchSpan], host_span_ms: float | None = None) -> dict
         "span_ms": round(span, 3),
         "busy_fraction": round(busy / span, 4) if span > 0 else None,
         "idle_ms": round(sum(gaps), 3),
-        "gaps": {"count": len(gaps), **_stats(gaps)},
-        "run_ms": _stats([s.run_end - s.run_start for s in spans]),
-        "copy_ms": _stats([s.copy_end - s.copy_start for s in spans]),
+        "gaps": {"count": len(gaps), **stats(gaps)},
+        "run_ms": stats([s.run_end - s.run_start for s in spans]),
+        "copy_ms": stats([s.copy_end - s.copy_start for s in spans]),
     })
     return out
 

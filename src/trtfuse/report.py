@@ -9,6 +9,7 @@ from pathlib import Path
 from trtfuse import query_timeline
 from trtfuse.errors import UserError
 from trtfuse.gpu_trace import describe
+from trtfuse.request_trace import describe as describe_requests
 
 RANDOM_WEIGHTS_NOTE = "random weights: performance only"
 PERCENTILES = ("50.00", "90.00", "95.00", "97.00", "99.00", "99.90")
@@ -173,10 +174,12 @@ def format_table(report: dict) -> str:
         verdict = "VALID" if lg["valid"] else "INVALID: " + "; ".join(lg["invalid_reasons"] or ["see log"])
         rows.append(("result", verdict))
         gpu = (report.get("harness") or {}).get("gpu") or {}
-        for lane, trace in enumerate(gpu.get("lanes") or [gpu]):  # several GPUs: a line each
-            line = describe(trace)
+        for lane, trace in enumerate(gpu.get("lanes") or [gpu]):  # several GPUs or servers: a line each
+            # a backend's trace: the GPU's batches (gpu_trace), or a server's requests (request_trace)
+            what, line = (("requests", describe_requests(trace)) if trace and "requests" in trace
+                          else ("GPU", describe(trace)))
             if line:
-                rows.append(("GPU" + (f" {lane}" if "lanes" in gpu else ""), line))
+                rows.append((what + (f" {lane}" if "lanes" in gpu else ""), line))
         rows.extend(lane_lines(report.get("lanes") or []))
         where = query_timeline.describe((report.get("harness") or {}).get("query_timeline"))
         if where:

@@ -29,10 +29,13 @@ import itertools
 import os
 import queue
 import threading
+import time
 
 import numpy as np
 from trtfuse.backends import TOP_K, Backend, gather_rows
 from trtfuse.errors import UserError
+from trtfuse.request_trace import RequestSpan
+from trtfuse.request_trace import summarize as summarize_requests
 
 TRANSPORTS = ("grpc", "shm", "cuda")
 _region_ids = itertools.count()
@@ -216,6 +219,7 @@ class TritonBackend(Backend):
         self._streamed: dict[str, _Answer] = {}  # by request id, those sent over the stream and not answered
         self._stream_lock = threading.Lock()
         self._stream_ids = itertools.count()
+        self._trace: list[RequestSpan] | None = None  # the requests while a trace is on (start_trace)
 
     # -- load: the server's model, checked against ours ----------------------------------------
     def load(self, model, batch_size: int) -> None:
@@ -333,12 +337,25 @@ class TritonBackend(Backend):
             raise ValueError(f"batch {n} exceeds max_batch {self.max_batch}")
         slot = self._free.get()
         try:
+            start = time.perf_counter()
             fill(slot, n)
-            if k is None:
-                return self._request(slot, n, top=False).astype(np.float32)
-            return self._request(slot, n, top=True)[:, :k]
+            sent = time.perf_counter()
+            answer = self._request(slot, n, top=k is not None)
+            trace = self._trace
+            if trace is not None:
+                trace.append(RequestSpan(n, start, sent, time.perf_counter()))
+            return answer.astype(np.float32) if k is None else answer[:, :k]
         finally:
             self._free.put(slot)
+
+    def start_trace(self) -> None:
+        """Time every request from now on on the client's clock (request_trace): its fill and its answer."""
+        self._trace = []
+
+    def stop_trace(self) -> dict | None:
+        """The requests since ``start_trace``, summed up (request_trace.summarize); None without a trace."""
+        spans, self._trace = self._trace, None
+        return None if spans is None else summarize_requests(spans, self.inflight)
 
     def _request(self, slot: _Slot, n: int, top: bool) -> np.ndarray:
         """One asynchronous request for the first n rows of the slot's input; its answer, or a

@@ -30,7 +30,7 @@ def loadgen_row(backend, model, dataset, scenario: str, batch: int, qps: float, 
            "p99_ms": round((latency.get("99.00") or 0) / 1e6, 3), "p50_ms": round((latency.get("50.00") or 0) / 1e6, 3),
            "invalid_reasons": lg.get("invalid_reasons"), "mean_batch": harness["mean_batch"],
            "cpu_per_wall": round(harness["cpu_s"] / harness["wall_s"], 2), "lanes": result.get("lanes"),
-           "stalls": harness.get("stalls")}
+           "stalls": harness.get("stalls"), "trace": harness.get("gpu")}
     log(f"{name} {scenario} batch {batch} target {qps:,.0f}: {row}")
     return row
 
