@@ -62,7 +62,8 @@ def test_pieces_gathered_over_calls_unpack_once_whole(tmp_path):
 
     for i, name in enumerate(names[:-1]):
         p = _call(tmp_path, pieces, [name])
-        assert p.returncode == 0 and f"payload: {i + 1} of {len(names)} pieces; missing" in p.stdout, p.stdout + p.stderr
+        said = f"payload: {i + 1} of {len(names)} pieces; missing"
+        assert p.returncode == 0 and said in p.stdout, p.stdout + p.stderr
         assert not (tmp_path / "dest").exists()
     p = _call(tmp_path, pieces, [names[-1]])
     assert p.returncode == 0 and "PAYLOAD READY: e2e mlperf native" in p.stdout, p.stdout + p.stderr

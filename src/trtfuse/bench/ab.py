@@ -654,8 +654,8 @@ def run(args) -> int:
             argv = [sys.executable, "-m", "pytest", "-q", "-rA", "-m", marks, "-p", "no:cacheprovider", *files]
             t0 = time.time()
             try:
-                p = subprocess.run(argv, cwd=REPO, env=tests_env(name, env), capture_output=True, text=True, check=False,
-                                   timeout=max(deadline.left(), 30))
+                p = subprocess.run(argv, cwd=REPO, env=tests_env(name, env), capture_output=True, text=True,
+                                   check=False, timeout=max(deadline.left(), 30))
                 stdout, rc = p.stdout, p.returncode
                 (logs / f"ab-{name}.log").write_text(p.stdout + p.stderr)
             except subprocess.TimeoutExpired as e:   # killed at the deadline: run it again in the next call

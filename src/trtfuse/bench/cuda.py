@@ -76,8 +76,8 @@ def time_ms(fn, stream, reps: int, warmup: int = 10) -> float:
 
 
 def result_header(script: str, stream, with_trt: bool, **fields) -> dict:
-    """What a layer benchmark's JSON starts with: the GPU, the host CPU, the script, the weights note, the copy bandwidth measured
-    now, then `fields`; with TensorRT also its version and the plugin library (loaded here)."""
+    """What a layer benchmark's JSON starts with: the GPU, the host CPU, the script, the weights note, the copy
+    bandwidth measured now, then `fields`; with TensorRT also its version and the plugin library (loaded here)."""
     prop = ck(cudart.cudaGetDeviceProperties(0))
     from trtfuse.sysinfo import cpu_model
 

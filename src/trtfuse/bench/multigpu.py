@@ -27,8 +27,8 @@ import time
 from pathlib import Path
 
 from trtfuse.bench import native as nbench  # RandomImages, settings_for
-from trtfuse.sysinfo import cpu_model
 from trtfuse.bench.runs import run_stage, save_record
+from trtfuse.sysinfo import cpu_model
 
 STAGES = ("engines", "engine", "offline", "server", "host-path")
 RUNS_DIR = "/tmp/trtfuse-multigpu-runs"
