@@ -162,7 +162,8 @@ int trtfuse_residual_conv_select_config(int cin, int cout, int n, int hw);
 int trtfuse_residual_conv_load_cache(char const* path);
 /* The loaded tuning cache's configuration name for a GPU named `gpu` (as the driver names it), a family ("" the 1x1
    conv, "conv3x3", "stem") and a layer (hw: output positions per image) at batch n: the entry of the nearest batch
-   within a factor of 16 of n, copied into name[cap]. Returns its length, 0 if there is none, negative on bad arguments. Needs no GPU. */
+   within a factor of 16 of n, copied into name[cap]. Returns its length, 0 if there is none, negative on bad
+   arguments. Needs no GPU. */
 int trtfuse_residual_conv_cache_lookup(char const* gpu, char const* family, int cin, int cout, int hw, int n,
                                        int residual, int stride, int proj_cin, char* name, int cap);
 char const* trtfuse_residual_conv_error_string(int status);

@@ -132,7 +132,7 @@ CacheEntry const* lookup(std::vector<CacheEntry> const& entries, std::string con
         if (e.family != family || e.gpu != gpu || e.cin != cin || e.cout != cout || e.hw != hw) continue;
         if ((e.residual != 0) != residual || e.stride != stride || e.proj_cin != proj_cin) continue;
         double d = std::fabs(std::log(std::max(e.batch, 1)) - std::log(std::max(batch, 1)));
-        if (d > std::log(static_cast<double>(kMaxBatchRatio))) continue;
+        if (d > std::log(static_cast<double>(kMaxBatchRatio)) + 1e-9) continue;  // 1e-9: a ratio of exactly 16 is in
         if (!best || d < best_d) { best = &e; best_d = d; }
     }
     return best;
