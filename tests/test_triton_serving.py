@@ -83,17 +83,18 @@ FIXED_OFFLINE = {"offline.min_duration_ms": 0, "offline.min_query_count": 4 * SA
 
 
 def test_offline_through_triton_is_valid_and_every_sample_answered(servers, imagenet_sample, tmp_path):
-    result = session.run(settings(tmp_path, imagenet_sample, **{"triton.url": servers[0].url, **FIXED_OFFLINE}),
-                         progress=False)
+    s = settings(tmp_path, imagenet_sample, **{"triton.url": servers[0].url, **FIXED_OFFLINE})
+    result = session.run(s, progress=False)
     lg = result["loadgen"]
     assert lg["valid"], lg
     assert result["backend"] == "triton" and lg["samples_per_s"] > 0
     assert result["harness"]["completed"] == result["harness"]["issued"] == 4 * SAMPLES
-    # the client's trace of its requests: every sample in one of them, each filled before it was answered
+    # the client's trace of its requests: every sample in one of them, on the backend's slots (its times are the
+    # benchmark's to read: request_trace's own test checks how they are summed up)
     trace = result["harness"]["gpu"]
     assert trace["requests"] >= 4 * SAMPLES // BATCH and trace["rows"]["max"] <= BATCH
     assert round(trace["requests"] * trace["rows"]["mean"]) == 4 * SAMPLES
-    assert 0 < trace["in_flight_mean"] <= trace["slots"] and trace["answer_ms"]["p50"] > 0
+    assert trace["slots"] == s["triton"]["inflight"] and {"fill_ms", "answer_ms", "in_flight_mean"} <= set(trace)
 
 
 def test_server_scenario_through_triton_is_valid_at_a_cpu_target(servers, imagenet_sample, tmp_path):

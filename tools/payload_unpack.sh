@@ -12,9 +12,7 @@ dest=${PAYLOAD_DEST:-/tmp/payload}
 keep=${PAYLOAD_PIECES:-/tmp/pay-pieces}
 stash=${TRTFUSE_E2E_STASH:-/tmp/trtfuse-e2e}
 if [ -f "$dest/.ready" ]; then echo "PAYLOAD READY (already)"; exit 0; fi
-rc=0; gather_pieces "$here" "$keep" payload || rc=$?
-[ "$rc" = 3 ] && exit 0
-[ "$rc" = 0 ] || exit "$rc"
+gather_pieces "$here" "$keep" payload   # exits unless every piece is there
 zstd=$(pieces_zstd "$here")
 rm -rf "$dest.tmp"
 mkdir -p "$dest.tmp" "$stash"

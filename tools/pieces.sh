@@ -23,19 +23,19 @@ write_pieces() {
     ls -l "$out" | tail -n +2
 }
 
-# gather_pieces HERE KEEP LABEL: HERE's pieces kept in KEEP (outside the tree). 0: every piece of HERE/MANIFEST is
-# there and their sha256 is its (`cat KEEP/piece??` is the archive); 3: some are still missing (said on stdout);
-# 1: a checksum mismatch (said on stderr, with the fix).
+# gather_pieces HERE KEEP LABEL: HERE's pieces kept in KEEP (outside the tree). Returns when every piece of
+# HERE/MANIFEST is there and their sha256 is its (`cat KEEP/piece??` is the archive); else ends the unpacker: exit 0
+# while some are still missing (said on stdout), exit 1 on a checksum mismatch (said on stderr, with the fix).
 gather_pieces() {
     local here=$1 keep=$2 label=$3 n sum missing p
     mkdir -p "$keep"
     for p in "$here"/piece??; do [ -f "$p" ] && cp "$p" "$keep/"; done
     n=$(head -1 "$here/MANIFEST"); sum=$(sed -n 2p "$here/MANIFEST")
     missing=$(for i in $(seq 0 $((n - 1))); do p=$(printf 'piece%02d' "$i"); [ -f "$keep/$p" ] || printf '%s ' "$p"; done)
-    if [ -n "$missing" ]; then echo "$label: $(ls "$keep" | grep -c '^piece') of $n pieces; missing: $missing"; return 3; fi
+    if [ -n "$missing" ]; then echo "$label: $(ls "$keep" | grep -c '^piece') of $n pieces; missing: $missing"; exit 0; fi
     [ "$(cat "$keep"/piece?? | sha256sum | cut -d' ' -f1)" = "$sum" ] && return 0
     echo "$label checksum mismatch: pieces of different stagings? rm -rf $keep and carry them again" >&2
-    return 1
+    exit 1
 }
 
 # pieces_zstd HERE: the zstd to unpack with: a carried .devcache/stage/zstd, the one the TensorRT staging left in

@@ -16,9 +16,7 @@ dest=${TRITON_DEST:-/tmp/triton}
 keep=${TRITON_PIECES:-/tmp/triton-pieces}
 stash=${TRTFUSE_E2E_STASH:-/tmp/trtfuse-e2e}
 if [ -f "$dest/.ready" ]; then echo "TRITON READY (already): $dest"; exit 0; fi
-rc=0; gather_pieces "$here" "$keep" "triton payload" || rc=$?
-[ "$rc" = 3 ] && exit 0
-[ "$rc" = 0 ] || exit "$rc"
+gather_pieces "$here" "$keep" "triton payload"   # exits unless every piece is there
 zstd=$(pieces_zstd "$here")
 rm -rf "$dest.tmp"
 mkdir -p "$dest.tmp"
