@@ -32,9 +32,10 @@ import threading
 import time
 
 import numpy as np
+
 from trtfuse.backends import TOP_K, Backend, gather_rows
 from trtfuse.errors import UserError
-from trtfuse.request_trace import RequestSpan
+from trtfuse.request_trace import RequestSpan, server_side
 from trtfuse.request_trace import summarize as summarize_requests
 
 TRANSPORTS = ("grpc", "shm", "cuda")
@@ -220,6 +221,7 @@ class TritonBackend(Backend):
         self._stream_lock = threading.Lock()
         self._stream_ids = itertools.count()
         self._trace: list[RequestSpan] | None = None  # the requests while a trace is on (start_trace)
+        self._stats_before: dict | None = None  # the server's statistics when the trace started
 
     # -- load: the server's model, checked against ours ----------------------------------------
     def load(self, model, batch_size: int) -> None:
@@ -349,13 +351,29 @@ class TritonBackend(Backend):
             self._free.put(slot)
 
     def start_trace(self) -> None:
-        """Time every request from now on on the client's clock (request_trace): its fill and its answer."""
+        """Time every request from now on on the client's clock (request_trace): its fill and its answer; and
+        read the server's statistics, for what it counted in between."""
         self._trace = []
+        self._stats_before = self._server_statistics()
 
     def stop_trace(self) -> dict | None:
-        """The requests since ``start_trace``, summed up (request_trace.summarize); None without a trace."""
+        """The requests since ``start_trace``, summed up (request_trace.summarize), with the server's own share
+        (request_trace.server_side) where it could be read; None without a trace."""
         spans, self._trace = self._trace, None
-        return None if spans is None else summarize_requests(spans, self.inflight)
+        if spans is None:
+            return None
+        out = summarize_requests(spans, self.inflight)
+        server = server_side(self._stats_before, self._server_statistics(), self.spec.name)
+        if server is not None:
+            out["server"] = server
+        return out
+
+    def _server_statistics(self) -> dict | None:
+        """The served model's statistics, or None where the server does not give them (they only explain)."""
+        try:
+            return self.client.get_inference_statistics(self.spec.name, as_json=True, client_timeout=10)
+        except Exception:  # noqa: BLE001 - a server without statistics still serves
+            return None
 
     def _request(self, slot: _Slot, n: int, top: bool) -> np.ndarray:
         """One asynchronous request for the first n rows of the slot's input; its answer, or a
