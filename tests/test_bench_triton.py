@@ -102,6 +102,9 @@ def stand_ins(tmp_path, monkeypatch):
         assert Path(plan).is_file() and kwargs.get("force") is True
         folder = Path(repo) / prepared.name
         folder.mkdir(parents=True, exist_ok=True)
+        # the instance groups the export writes: one per optimization profile (2) unless asked otherwise
+        groups = kwargs.get("instances_per_gpu") or 2
+        (folder / "config.pbtxt").write_text("instance_group { count: 1 kind: KIND_GPU gpus: [0] }\n" * groups)
         return folder
     monkeypatch.setattr(export, "export_repository", export_repository)
 
@@ -170,8 +173,9 @@ def test_the_tensorrt_backend_stages_write_their_rows_beside_direct(tmp_path, st
     assert [(r["triton_backend"], r["transport"]) for r in native["offline"]] == [("tensorrt", "cuda"),
                                                                                  ("tensorrt", "shm")]
     assert native["offline_ratio_to_direct"] == pytest.approx(native["offline_samples_per_s"] / 80000.0, abs=1e-4)
-    # The Server search for each of --server-inflight on one server.
-    assert [s["inflight"] for s in native["server_searches"]] == [2, 4]
+    assert all(r["instances"] == 2 for r in native["offline"])
+    # The Server search for each of --server-inflight on one server, with the instances it served.
+    assert [(s["instances"], s["inflight"]) for s in native["server_searches"]] == [(2, 2), (2, 4)]
     assert all(s["triton_backend"] == "tensorrt" and len(s["tries"]) == 3 for s in native["server_searches"])
     assert native["server_ratio_to_direct"] == pytest.approx(native["server_qps"] / 60000.0, abs=1e-4)
     # Each served repository: the plan's TensorRT, read from its serialization tag.
@@ -207,7 +211,7 @@ def test_a_transport_the_machine_refuses_leaves_the_others_measured(tmp_path, st
     rc = bench_triton.main(["run", "--bundle", str(tmp_path / "bundle"), "--out", str(out),
                             "--stages", "native-offline"])
     native = json.loads(out.read_text())["triton_tensorrt_backend"]
-    assert rc == 0 and native["offline"][0] == {"triton_backend": "tensorrt", "transport": "cuda",
+    assert rc == 0 and native["offline"][0] == {"triton_backend": "tensorrt", "transport": "cuda", "instances": 2,
                                                 "error": "RuntimeError: cudaIpcGetMemHandle failed: "
                                                          "cudaErrorNotSupported"}
     assert native["offline_transport"] == "shm" and native["offline_ratio_to_direct"]
@@ -215,3 +219,19 @@ def test_a_transport_the_machine_refuses_leaves_the_others_measured(tmp_path, st
     rc = bench_triton.main(["run", "--bundle", str(tmp_path / "bundle"), "--out", str(out),
                             "--stages", "native-offline", "--native-transports", "cuda"])
     assert rc == 1 and "no transport measured" in json.loads(out.read_text())["errors"]["native-offline"]
+
+
+def test_searches_of_other_instances_stay_beside_and_ties_go_to_the_lower_p99(tmp_path, stand_ins, monkeypatch):
+    out = tmp_path / "triton_h200.json"
+    out.write_text(json.dumps({"direct": DIRECT, "errors": {}}))
+    run = ["run", "--bundle", str(tmp_path / "bundle"), "--out", str(out), "--server-tries", "3",
+           "--stages", "native-server"]
+    assert bench_triton.main([*run, "--server-inflight", "4"]) == 0
+    searches = json.loads(out.read_text())["triton_tensorrt_backend"]["server_searches"]
+    # a second call serving one instance: found the same QPS at a lower p99
+    monkeypatch.setattr(bench_triton, "server_search", lambda *a, **k: {"qps": searches[0]["qps"], "p99_ms": 5.0,
+                                                                        "valid": True, "tries": []})
+    assert bench_triton.main([*run, "--server-inflight", "4", "--native-instances", "1"]) == 0
+    native = json.loads(out.read_text())["triton_tensorrt_backend"]
+    assert [(s["instances"], s["inflight"]) for s in native["server_searches"]] == [(2, 4), (1, 4)]
+    assert (native["server_instances"], native["server_inflight"], native["p99_ms"]) == (1, 4, 5.0)

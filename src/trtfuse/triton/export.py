@@ -411,7 +411,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     e.add_argument("--name", help="the Triton model name (default: the model's name)")
     e.add_argument("--gpus", default="0", metavar="I,I", help="GPU indices, one instance group each (default %(default)s)")
     e.add_argument("--instances-per-gpu", type=int, metavar="N",
-                   help="instances per GPU, each on its own optimization profile (default: the engine's profiles)")
+                   help="instances per GPU, each on its own optimization profile (default: the engine's profiles; "
+                        "1 served LoadGen Server best on the H200: docs/triton_tensorrt_backend.md)")
     e.add_argument("--preferred-batch-sizes", metavar="N,N",
                    help="dynamic batching's preferred sizes (default: the engine's max batch)")
     e.add_argument("--max-queue-delay-us", type=int, default=DEFAULT_QUEUE_DELAY_US, metavar="US",
