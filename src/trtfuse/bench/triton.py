@@ -290,7 +290,7 @@ def run(args, stages) -> int:
 
     def native(batch: int, prepared=model, plan: Path | None = None) -> ServeProcess:
         """An engine (the batch's ResNet-50 one by default) exported for Triton's TensorRT backend and
-        served by it."""
+        served by it; ``instances_per_gpu`` says how many instances the export made."""
         from trtfuse.triton.native import plan_tensorrt
 
         plan = plan or engine(batch)
@@ -303,11 +303,12 @@ def run(args, stages) -> int:
         res.save()
         folder = export_repository(prepared, plan, repo, max_queue_delay_us=args.max_queue_delay_us, force=True,
                                    instances_per_gpu=args.native_instances)
+        server = ServeProcess([str(repo), *(["--skip-plan-check"] if args.native_skip_plan_check else [])],
+                              runs / f"native-serve-{name}", command=("triton", "serve"))
         # what the export made of --native-instances (its default: one per optimization profile), for each row
         config = parse_config((folder / "config.pbtxt").read_text())
-        out["instances_per_gpu"] = sum(group.count for group in config.instance_group)
-        return ServeProcess([str(repo), *(["--skip-plan-check"] if args.native_skip_plan_check else [])],
-                            runs / f"native-serve-{name}", command=("triton", "serve"))
+        server.instances_per_gpu = sum(group.count for group in config.instance_group)
+        return server
 
     def native_accuracy():
         """EfficientNet-Lite0's int8 plugin engine on the bundle's evaluation images, direct and through
@@ -357,7 +358,7 @@ def run(args, stages) -> int:
                     log(f"native-offline over {transport}: {type(e).__name__}: {e}")
                     r = {"error": f"{type(e).__name__}: {e}"}
                 out["offline"].append({"triton_backend": "tensorrt", "transport": transport,
-                                       "instances": out["instances_per_gpu"], **r})
+                                       "instances": server.instances_per_gpu, **r})
                 res.save()
         measured = [r for r in out["offline"] if "error" not in r]
         if not measured:
@@ -381,7 +382,7 @@ def run(args, stages) -> int:
                     found = search(backend, f"native-inflight{inflight}", start)
                 finally:
                     backend.close()
-                instances = out["instances_per_gpu"]
+                instances = server.instances_per_gpu
                 searches[:] = [f for f in searches if (f.get("instances"), f["inflight"]) != (instances, inflight)]
                 searches.append({"triton_backend": "tensorrt", "instances": instances, "inflight": inflight, **found})
                 res.save()
