@@ -51,8 +51,9 @@ def _add_run_arguments(p: argparse.ArgumentParser, compliance: bool = False) -> 
         p.add_argument("--mode", dest="run.mode", choices=["performance", "accuracy"])
     p.add_argument("--backend", dest="run.backend", choices=["auto", "onnxruntime", "tensorrt", "triton", "null"],
                    help="what runs the batches (triton: Triton servers at --triton-url)")
-    p.add_argument("--sut", dest="run.sut", choices=["python", "native"],
-                   help="the run loop: python, or native (C++ SUT and LoadGen; --backend tensorrt or null)")
+    p.add_argument("--sut", dest="run.sut", choices=["auto", "python", "native"],
+                   help="the run loop: python, native (C++ SUT and LoadGen; --backend tensorrt or null), or auto "
+                        "(default: native for TensorRT once built with `trtfuse plugins build --native`)")
     p.add_argument("--batch-timeout-us", dest="native.batch_timeout_us", type=float,
                    help="--sut native: how long a free slot waits after the oldest query for a fuller batch")
     p.add_argument("--batch-size", dest="run.batch_size", type=int)

@@ -67,7 +67,7 @@ def run_compliance(test: str, settings: dict, out: str | Path | None = None,
                    progress: bool = True, weights: str | None = None,
                    model=None, dataset=None, backend=None) -> dict:
     """Run ``test`` in the settings' scenario and return (and write) its verdict."""
-    from trtfuse import session
+    from trtfuse import native_sut, session
     from trtfuse.report import read_loadgen_results
 
     if test not in TESTS:
@@ -103,12 +103,12 @@ def run_compliance(test: str, settings: dict, out: str | Path | None = None,
             shutil.copytree(run_dir, ref_dirs[mode])
 
     own_backend = backend is None
+    settings = native_sut.resolve_sut(settings, backend)  # one SUT for the reference and audited runs
+    r = settings["run"]
     native = r["sut"] == "native"
     model, dataset, backend = session.open_inputs(settings, weights, progress, model, dataset, backend,
                                                   with_backend=not native)
     if native and backend is None:  # one native engine for the reference and audited runs
-        from trtfuse import native_sut
-
         backend = native_sut.open_engine(settings, model, dataset)
     try:
         for mode, d in ref_dirs.items():

@@ -140,8 +140,8 @@ def _check(s: Settings) -> None:
     if run["threads"] < 0:
         raise UserError(f"run.threads must be 0 (one per backend stream) or more, not {run['threads']}",
                         "use --threads 0")
-    if run["sut"] not in ("python", "native"):
-        raise UserError(f"run.sut must be python or native, not {run['sut']!r}", "e.g. --sut native")
+    if run["sut"] not in ("auto", "python", "native"):
+        raise UserError(f"run.sut must be auto, python or native, not {run['sut']!r}", "e.g. --sut native")
     if run["sut"] == "native" and run["backend"] not in ("tensorrt", "null", "auto"):
         raise UserError(f"the native SUT runs TensorRT engines and the null engine, not --backend {run['backend']}",
                         "use --sut python for onnxruntime or triton, or --backend tensorrt / null")

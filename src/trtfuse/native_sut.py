@@ -14,6 +14,7 @@ machine without a GPU).
 from __future__ import annotations
 
 import ctypes
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -210,6 +211,60 @@ def _devices(spec: str) -> list[int]:
     from trtfuse.cuda_runtime import device_count
 
     return parse_devices(spec, device_count())
+
+
+def built_with_tensorrt() -> bool:
+    """A native library with TensorRT, built from native/'s sources as they are now, is here (nothing is
+    built or loaded to tell)."""
+    path = native_build.library_path()
+    if path is None or native_build.is_stale(path):
+        return False
+    stamp = native_build.built_from(path)
+    return stamp is None or bool(stamp.get("tensorrt"))  # no stamp: a user's own $TRTFUSE_NATIVE_LIB, taken as is
+
+
+def _tensorrt_usable() -> bool:
+    """Whether backend "auto" means TensorRT here: its Python API imports and a GPU is visible."""
+    import importlib.util
+
+    if importlib.util.find_spec("tensorrt") is None:
+        return False
+    from trtfuse import cuda_runtime
+
+    try:
+        return cuda_runtime.device_count() > 0
+    except Exception:  # noqa: BLE001 - no driver, no CUDA Python: no GPU to run on
+        return False
+
+
+_NOTED: set[str] = set()
+
+
+def resolve_sut(settings: dict, backend=None) -> dict:
+    """The settings with ``run.sut`` "auto" made python or native: native where the run's engine is
+    TensorRT's and the native library is built with TensorRT (``built_with_tensorrt``; it is never built
+    here unasked), else python, with a note when only the build is missing. A backend given ready-made
+    decides: a native engine, native; any other, python. The Python SUT's own diagnostics
+    (server.query_timeline) keep it."""
+    run = settings["run"]
+    if run["sut"] != "auto":
+        return settings
+    if backend is not None:
+        sut = "native" if isinstance(backend, NativeEngine) else "python"
+    elif run["backend"] not in ("tensorrt", "auto") or settings["server"]["query_timeline"]:
+        sut = "python"
+    elif run["backend"] == "auto" and not _tensorrt_usable():
+        sut = "python"  # auto's backend is onnxruntime here
+    elif built_with_tensorrt():
+        sut = "native"
+    else:
+        sut = "python"
+        note = ("note: the native SUT is not built (trtfuse plugins build --native --tensorrt-root DIR): "
+                "the Python SUT runs this")
+        if note not in _NOTED:
+            _NOTED.add(note)
+            print(note, file=sys.stderr)
+    return {**settings, "run": {**run, "sut": sut}}
 
 
 def open_engine(settings: dict, model, dataset, progress=print) -> NativeEngine:

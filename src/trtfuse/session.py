@@ -81,9 +81,10 @@ def run(settings: dict, progress: bool = True, weights: str | None = None,
     come from the settings. ``command``: the command line that asked for the run, kept in the report
     (a submission's README says how each run was made).
     """
-    from trtfuse import accuracy, files, interrupts, report, sysinfo
+    from trtfuse import accuracy, files, interrupts, native_sut, report, sysinfo
     from trtfuse.lg_run import run_loadgen
 
+    settings = native_sut.resolve_sut(settings, backend)
     r = settings["run"]
     native = r["sut"] == "native"
     given_dir = run_dir is not None
@@ -92,8 +93,6 @@ def run(settings: dict, progress: bool = True, weights: str | None = None,
     model, dataset, backend = open_inputs(settings, weights, progress, model, dataset, backend,
                                           with_backend=not native)
     if native:  # the engine lives in the native library: no Python backend is loaded beside it
-        from trtfuse import native_sut
-
         if backend is None:
             backend = native_sut.open_engine(settings, model, dataset)
         elif not isinstance(backend, native_sut.NativeEngine):
