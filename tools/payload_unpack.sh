@@ -7,16 +7,13 @@
 # PAYLOAD_DEST, PAYLOAD_PIECES, TRTFUSE_E2E_STASH.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
-declare -F gather_pieces > /dev/null || source "$here/pieces.sh"   # run from tools/ itself
+declare -F extract_pieces > /dev/null || source "$here/pieces.sh"   # run from tools/ itself
 dest=${PAYLOAD_DEST:-/tmp/payload}
 keep=${PAYLOAD_PIECES:-/tmp/pay-pieces}
 stash=${TRTFUSE_E2E_STASH:-/tmp/trtfuse-e2e}
 if [ -f "$dest/.ready" ]; then echo "PAYLOAD READY (already)"; exit 0; fi
-gather_pieces "$here" "$keep" payload   # exits unless every piece is there
-zstd=$(pieces_zstd "$here")
-rm -rf "$dest.tmp"
-mkdir -p "$dest.tmp" "$stash"
-cat "$keep"/piece?? | "$zstd" -d -q --long=27 | tar -C "$dest.tmp" -xf -
+extract_pieces "$here" "$keep" payload "$dest.tmp"   # exits unless every piece is there
+mkdir -p "$stash"
 cp -r "$dest.tmp/e2e/." "$stash/"
 rm -rf "$dest" "$keep"
 mv "$dest.tmp" "$dest"

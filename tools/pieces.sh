@@ -1,6 +1,6 @@
 # Pieces of an archive that ride in device calls (each call replaces the tree and carries at most 64 MiB).
-# Here, sourced by tools/stage_payload.sh and tools/stage_triton.sh: write_pieces. On the GPU machine: gather_pieces
-# and pieces_zstd, for the payloads' unpackers (tools/payload_unpack.sh, tools/triton_unpack.sh), which write_pieces
+# Here, sourced by tools/stage_payload.sh and tools/stage_triton.sh: write_pieces. On the GPU machine: extract_pieces
+# (gather_pieces, then pieces_zstd to unpack), for the payloads' unpackers (tools/payload_unpack.sh, tools/triton_unpack.sh), which write_pieces
 # puts after this file in the one unpack.sh that travels beside the pieces.
 
 # write_pieces ARCHIVE OUT UNPACK FIRST PIECE: ARCHIVE split into OUT/piece00 (FIRST bytes) and OUT/piece01.. (PIECE
@@ -36,6 +36,17 @@ gather_pieces() {
     [ "$(cat "$keep"/piece?? | sha256sum | cut -d' ' -f1)" = "$sum" ] && return 0
     echo "$label checksum mismatch: pieces of different stagings? rm -rf $keep and carry them again" >&2
     exit 1
+}
+
+# extract_pieces HERE KEEP LABEL INTO: gather_pieces, then the archive unpacked into INTO, made afresh (an earlier
+# interrupted unpacking's is removed first).
+extract_pieces() {
+    local here=$1 keep=$2 label=$3 into=$4 zstd
+    gather_pieces "$here" "$keep" "$label"   # exits unless every piece is there
+    zstd=$(pieces_zstd "$here")
+    rm -rf "$into"
+    mkdir -p "$into"
+    cat "$keep"/piece?? | "$zstd" -d -q --long=27 | tar -C "$into" -xf -
 }
 
 # pieces_zstd HERE: the zstd to unpack with: a carried .devcache/stage/zstd, the one the TensorRT staging left in

@@ -11,16 +11,12 @@
 # TRITON_DEST, TRITON_PIECES, TRTFUSE_E2E_STASH, TRT85.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
-declare -F gather_pieces > /dev/null || source "$here/pieces.sh"   # run from tools/ itself
+declare -F extract_pieces > /dev/null || source "$here/pieces.sh"   # run from tools/ itself
 dest=${TRITON_DEST:-/tmp/triton}
 keep=${TRITON_PIECES:-/tmp/triton-pieces}
 stash=${TRTFUSE_E2E_STASH:-/tmp/trtfuse-e2e}
 if [ -f "$dest/.ready" ]; then echo "TRITON READY (already): $dest"; exit 0; fi
-gather_pieces "$here" "$keep" "triton payload"   # exits unless every piece is there
-zstd=$(pieces_zstd "$here")
-rm -rf "$dest.tmp"
-mkdir -p "$dest.tmp"
-cat "$keep"/piece?? | "$zstd" -d -q --long=27 | tar -C "$dest.tmp" -xf -
+extract_pieces "$here" "$keep" "triton payload" "$dest.tmp"   # exits unless every piece is there
 # The libraries the backend loads: TensorRT 8.5 of the staging (libnvinfer and its plugin-library stand-in),
 # as `trtfuse triton build-backend` lays the folder out (trtfuse triton serve takes $TENSORRT_LIB_DIR first).
 trt=${TRT85:-/opt/trt85}
